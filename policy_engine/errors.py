@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Iterable, Sequence
 from typing import Literal
 
@@ -64,6 +65,12 @@ def json_path(parts: Iterable[str | int]) -> str:
         else:
             out += f"[{part!r}]"
     return out
+
+
+def did_you_mean(word: str, choices: Iterable[str]) -> str:
+    """`` (did you mean 'ranks'?)`` when a choice is close to ``word``, else ``""``."""
+    close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
+    return f" (did you mean {close[0]!r}?)" if close else ""
 
 
 class PolicyError(Exception):

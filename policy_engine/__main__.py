@@ -1,0 +1,3 @@
+from policy_engine.cli.main import entry
+
+entry()

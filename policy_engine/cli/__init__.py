@@ -1,0 +1,1 @@
+"""The ``policy-engine`` command line. It never imports torch."""

@@ -1,0 +1,65 @@
+"""Options and helpers shared by subcommands."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Mapping
+from typing import Any
+
+from ..errors import PolicyError
+from ..loader import PolicyFileError
+from ..policy import Analysis, analyze, read_source
+from ..topology import parse_mesh
+from .main import UsageError
+
+
+def mesh_arg(text: str) -> dict[str, int]:
+    try:
+        return parse_mesh(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+
+
+def positive_int(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return int(text)
+
+
+def add_layout_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--world", type=positive_int, metavar="N",
+                        help="number of ranks in the job (checks rank selectors)")
+    parser.add_argument("--mesh", type=mesh_arg, metavar="pp=2,dp=2,tp=2",
+                        help="parallel mesh, outermost first (replaces the policy's mesh)")
+    parser.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
+                        help="override a policy value (dotted key, YAML value); repeatable")
+
+
+def add_format_option(parser: argparse.ArgumentParser, *choices: str) -> None:
+    parser.add_argument("--format", choices=choices or ("text", "json"), default="text")
+
+
+def analyze_file(path: str, args: argparse.Namespace) -> Analysis:
+    """Read and check one policy file. Unreadable files raise PolicyFileError."""
+    doc = read_source(path, args.sets)
+    return analyze(doc, world=args.world, mesh=args.mesh)
+
+
+def load_checked(path: str, args: argparse.Namespace) -> Analysis:
+    """Like analyze_file, for commands that need a valid policy: errors raise."""
+    try:
+        result = analyze_file(path, args)
+    except PolicyFileError as err:
+        raise UsageError(str(err)) from None
+    if result.errors:
+        raise PolicyError(result.errors)
+    for warning in result.warnings:
+        print(warning.render(), file=sys.stderr)
+    return result
+
+
+def print_json(data: Mapping[str, Any] | list[Any]) -> None:
+    json.dump(data, sys.stdout, indent=2)
+    sys.stdout.write("\n")

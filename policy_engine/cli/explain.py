@@ -1,0 +1,97 @@
+"""policy-engine explain FILE --role R: what the policy does on every rank."""
+
+from __future__ import annotations
+
+import argparse
+import re
+from collections.abc import Iterable
+from typing import Any
+
+import attrs
+
+from .._frozen import FrozenDict
+from ..explain import iter_ranks
+from ..model import build_policy
+from ..topology import mesh_size
+from ._common import add_format_option, add_layout_options, load_checked, positive_int, print_json
+from .main import UsageError
+
+
+def add_parser(sub: Any, name: str) -> None:
+    parser = sub.add_parser(name, help="show what a role does on every rank",
+                            description=__doc__)
+    parser.add_argument("file", metavar="FILE")
+    parser.add_argument("--role", required=True)
+    add_layout_options(parser)
+    parser.add_argument("--steps", default="0-20", metavar="A-B",
+                        help="outer steps to show (default 0-20)")
+    parser.add_argument("--inner-steps", type=positive_int, metavar="N",
+                        help="inner steps of the schedule to show")
+    parser.add_argument("--local-world", type=positive_int, metavar="N",
+                        help="processes per node (for <node>/<local_rank>)")
+    add_format_option(parser)
+    parser.set_defaults(run=run)
+
+
+def _window(text: str) -> tuple[int, int]:
+    match = re.fullmatch(r"\s*(\d+)\s*(?:-\s*(\d+)\s*)?", text)
+    if not match:
+        raise UsageError(f"--steps {text!r}: expected A-B or N, such as 1-20")
+    lo = int(match.group(1))
+    hi = int(match.group(2) or lo)
+    if hi < lo:
+        raise UsageError(f"--steps {text!r}: range is reversed")
+    return lo, hi
+
+
+def run(args: argparse.Namespace) -> int:
+    result = load_checked(args.file, args)
+    doc = result.document
+    policy = build_policy(doc.data, source=doc.origin, sources=doc.sources)
+    if args.mesh:
+        policy = attrs.evolve(policy, mesh=FrozenDict(args.mesh))
+    world = args.world or (mesh_size(policy.mesh) if policy.mesh else None)
+    if world is None:
+        raise UsageError("give --world N (or a mesh) to explain a role")
+    lo, hi = _window(args.steps)
+    ranks = iter_ranks(policy, args.role, world=world, mesh=policy.mesh, lo=lo, hi=hi,
+                       inner=args.inner_steps, local_world=args.local_world)
+    if args.format == "json":
+        print_json({"role": args.role, "world": world, "ranks": list(ranks)})
+    else:
+        _print_text(args.role, world, lo, hi, ranks)
+    return 0
+
+
+def _coords(entry: dict[str, Any]) -> str:
+    return "".join(f"{k}{v}" for k, v in entry["coords"].items()) or "-"
+
+
+def _print_text(role: str, world: int, lo: int, hi: int,
+                ranks: Iterable[dict[str, Any]]) -> None:
+    print(f"role {role}, world {world}, outer steps {lo}-{hi}")
+    groups: list[list[dict[str, Any]]] = []
+    for entry in ranks:
+        last = groups[-1][-1] if groups else None
+        same = last is not None and last["profiled"] == entry["profiled"] and (
+            not entry["profiled"] or (last["steps"] == entry["steps"]
+                                      and last["actions"] == entry["actions"]))
+        if same:
+            groups[-1].append(entry)
+        else:
+            groups.append([entry])
+    for group in groups:
+        first, last = group[0], group[-1]
+        span = (f"rank {first['rank']}" if len(group) == 1
+                else f"ranks {first['rank']}-{last['rank']}")
+        if not first["profiled"]:
+            print(f"  {span}: not profiled")
+            continue
+        steps = ",".join(map(str, first["steps"])) or "none in range"
+        print(f"  {span}: profiled with {first['backend']}, steps {steps}")
+        print(f"    actions per inner step: {' '.join(a for a in first['actions'])}")
+        shown = group if len(group) <= 4 else [group[0], group[-1]]
+        for entry in shown:
+            print(f"    rank {entry['rank']} ({_coords(entry)}): {entry['name']}")
+        if len(group) > 4:
+            print(f"    ... {len(group) - 2} more ranks")

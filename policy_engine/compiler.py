@@ -1,0 +1,67 @@
+"""compile_plan: a policy, a role and a process's place in the job -> an immutable Plan."""
+
+from __future__ import annotations
+
+import socket
+
+from ._frozen import FrozenDict
+from .errors import PolicyError, Problem
+from .model import Policy
+from .plan import Plan, RegionPlan
+from .topology import DIMS, Topology
+
+
+def resolve_topology(policy: Policy, topology: Topology | None) -> Topology:
+    """``topology`` (or the discovered one) with coordinates from the policy's mesh."""
+    if topology is None:
+        topology = Topology.discover(dict(policy.mesh) or None)
+    if policy.mesh and any(dim not in topology.coords for dim in policy.mesh):
+        try:
+            topology = topology.with_mesh(dict(policy.mesh))
+        except ValueError as err:
+            raise PolicyError([Problem(str(err), "$.mesh", None)]) from None
+    return topology
+
+
+def compile_plan(policy: Policy, role: str, topology: Topology | None = None) -> Plan:
+    """The plan for ``role`` on the process ``topology`` describes (discovered if None).
+
+    A rank the role's ``ranks`` do not select, or a disabled role, gets a plan with
+    ``enabled`` false: the runtime then does nothing at all.
+    """
+    topo = resolve_topology(policy, topology)
+    spec = policy.role(role)
+    selected = spec.enabled and spec.ranks.matches(
+        topo.rank, topo.world, topo.selector_coords(), topo.selector_sizes())
+    bound = {
+        "prefix": policy.prefix, "role": role, "rank": topo.rank, "world": topo.world,
+        "local_rank": topo.local_rank, "node": topo.node, "backend": spec.backend,
+        **{dim: topo.coords.get(dim) for dim in DIMS},
+    }
+    if "host" in spec.template.fields() and topo.source != "simulated":
+        bound["host"] = socket.gethostname().split(".")[0]
+    regions = tuple(
+        RegionPlan(r.name, r.enabled, r.schedule if r.own_schedule else spec.schedule)
+        for r in spec.regions
+    )
+    return Plan(
+        role=role,
+        rank=topo.rank,
+        world=topo.world,
+        enabled=selected,
+        backend=spec.backend,
+        local_rank=topo.local_rank,
+        node=topo.node,
+        coords=FrozenDict({k: topo.coords[k] for k in DIMS if k in topo.coords}),
+        settings=spec.settings,
+        steps=spec.steps,
+        merge_steps=spec.merge_steps,
+        schedule=spec.schedule,
+        regions=regions,
+        discrete=spec.discrete,
+        template=spec.template.bind(bound),
+        output_dir=policy.output_dir,
+        on_error=spec.on_error,
+        policy_source=policy.source,
+        policy_hash=policy.policy_hash,
+    )

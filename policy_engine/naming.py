@@ -1,0 +1,211 @@
+"""Trace name templates: ``<prefix>_<role>[_step<step>]_rank<rank>-of-<world>``.
+
+``<field>`` is replaced by a sanitized value; ``[...]`` is an optional group that vanishes
+when every field inside it is empty. Literal text may hold ``[0-9A-Za-z._=+-]`` and ``/``
+(sub-folders under the output folder).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Mapping
+from typing import Union
+
+import attrs
+
+from .errors import did_you_mean
+from .topology import DIMS
+
+DEFAULT_TEMPLATE = (
+    "<prefix>_<role>[_<region>][_step<step>]_rank<rank>-of-<world>"
+    "[_<tp><pp><dp><cp><ep>]_pid<pid>_<timestamp>"
+)
+FIELDS: tuple[str, ...] = (
+    "prefix", "role", "region", "step", "cycle", "rank", "world", "local_rank", "node",
+    "host", "pid", "timestamp", "backend", *DIMS,
+)
+#: Fields only known in the running process; explain shows them as placeholders.
+LATE_FIELDS = frozenset({"pid", "host", "timestamp"})
+MAX_COMPONENT_BYTES = 255
+
+_LITERAL_OK = re.compile(r"[0-9A-Za-z._=+\-/]")
+_SANITIZE = re.compile(r"[^0-9A-Za-z.=+-]+")
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+class TemplateError(ValueError):
+    """A malformed name template; ``offset`` is the 0-based character position."""
+
+    def __init__(self, message: str, offset: int) -> None:
+        super().__init__(message)
+        self.message = message
+        self.offset = offset
+
+
+def sanitize(value: object) -> str:
+    """A field value as it appears in names: runs of other characters become ``-``."""
+    return _SANITIZE.sub("-", str(value))
+
+
+@attrs.frozen
+class Field:
+    name: str
+
+
+@attrs.frozen
+class Group:
+    parts: tuple[str | Field, ...]
+
+
+Part = Union[str, Field, Group]
+
+
+def _field(text: str, offset: int) -> Field:
+    if not text:
+        raise TemplateError("empty field '<>'", offset)
+    if text.startswith("env:"):
+        if not _ENV_NAME.fullmatch(text[4:]):
+            raise TemplateError(f"bad environment field <{text}>: expected <env:NAME>", offset)
+        return Field(text)
+    if text not in FIELDS:
+        raise TemplateError(
+            f"unknown field <{text}>{did_you_mean(text, FIELDS)}; "
+            f"fields: {', '.join(FIELDS)}, env:NAME", offset)
+    return Field(text)
+
+
+def _parse(text: str) -> tuple[Part, ...]:
+    parts: list[Part] = []
+    group: list[str | Field] | None = None
+    group_start = 0
+    literal = ""
+    i = 0
+
+    def flush() -> None:
+        nonlocal literal
+        if literal:
+            (group if group is not None else parts).append(literal)
+            literal = ""
+
+    while i < len(text):
+        ch = text[i]
+        if ch == "<":
+            end = text.find(">", i)
+            if end < 0:
+                raise TemplateError("unclosed '<'", i)
+            flush()
+            (group if group is not None else parts).append(_field(text[i + 1:end], i))
+            i = end + 1
+            continue
+        if ch == ">":
+            raise TemplateError("unexpected '>'", i)
+        if ch == "[":
+            if group is not None:
+                raise TemplateError("optional groups cannot nest", i)
+            flush()
+            group, group_start = [], i
+        elif ch == "]":
+            if group is None:
+                raise TemplateError("unexpected ']'", i)
+            flush()
+            if not any(isinstance(p, Field) for p in group):
+                raise TemplateError("optional group has no field", group_start)
+            parts.append(Group(tuple(group)))
+            group = None
+        elif _LITERAL_OK.fullmatch(ch):
+            literal += ch
+        else:
+            raise TemplateError(
+                f"character {ch!r} is not allowed in names "
+                "(allowed: letters, digits, . _ = + - and /)", i)
+        i += 1
+    if group is not None:
+        raise TemplateError("unclosed '['", group_start)
+    flush()
+    return tuple(parts)
+
+
+def _check_paths(text: str) -> None:
+    if text.startswith("/"):
+        raise TemplateError("names must be relative: no leading '/'", 0)
+    if text.endswith("/"):
+        raise TemplateError("names must not end with '/'", len(text) - 1)
+    pos = 0
+    for comp in text.split("/"):
+        if comp == "":
+            raise TemplateError("empty path component ('//')", pos)
+        if comp in (".", ".."):
+            raise TemplateError(f"{comp!r} is not allowed as a path component", pos)
+        pos += len(comp) + 1
+
+
+def _shorten(component: str) -> str:
+    raw = component.encode()
+    if len(raw) <= MAX_COMPONENT_BYTES:
+        return component
+    digest = hashlib.sha256(raw).hexdigest()[:10]
+    keep = raw[: MAX_COMPONENT_BYTES - len(digest) - 1].decode(errors="ignore")
+    return f"{keep}-{digest}"
+
+
+@attrs.frozen
+class NameTemplate:
+    """A parsed name template. ``bound`` holds values fixed at compile time."""
+
+    text: str
+    parts: tuple[Part, ...]
+    bound: tuple[tuple[str, str], ...] = ()
+
+    @classmethod
+    def parse(cls, text: str) -> NameTemplate:
+        parts = _parse(text)
+        _check_paths(text)
+        return cls(text, parts)
+
+    def fields(self) -> frozenset[str]:
+        out: set[str] = set()
+        for part in self.parts:
+            inner = part.parts if isinstance(part, Group) else (part,)
+            out.update(p.name for p in inner if isinstance(p, Field))
+        return frozenset(out)
+
+    def bind(self, values: Mapping[str, object]) -> NameTemplate:
+        """Fix the given fields' values now (sanitized), leaving the rest for render()."""
+        merged = dict(self.bound)
+        merged.update({k: _value(k, v) for k, v in values.items() if k in self.fields()})
+        return attrs.evolve(self, bound=tuple(sorted(merged.items())))
+
+    def render(self, values: Mapping[str, object] | None = None,
+               placeholders: frozenset[str] = frozenset()) -> str:
+        """The name for ``values`` (unknown fields are empty), path components shortened.
+
+        Fields in ``placeholders`` that have no value render as ``<field>`` (for explain).
+        """
+        known = {name: f"<{name}>" for name in placeholders}
+        known.update(self.bound)
+        for key, value in (values or {}).items():
+            if key not in known:
+                known[key] = _value(key, value)
+        out: list[str] = []
+        for part in self.parts:
+            if isinstance(part, Group):
+                rendered = [known.get(p.name, "") if isinstance(p, Field) else p
+                            for p in part.parts]
+                if any(known.get(p.name, "") for p in part.parts if isinstance(p, Field)):
+                    out.extend(rendered)
+            elif isinstance(part, Field):
+                out.append(known.get(part.name, ""))
+            else:
+                out.append(part)
+        comps = [c for c in "".join(out).split("/") if c]
+        # A value of only dots would climb out of the output folder.
+        return "/".join(_shorten(c if c.strip(".") else c.replace(".", "-")) for c in comps)
+
+
+def _value(key: str, value: object) -> str:
+    if value is None or value == "":
+        return ""
+    if key in DIMS:
+        return f"{key}{sanitize(value)}"
+    return sanitize(value)

@@ -1,0 +1,1 @@
+"""The runtime interpreter: carries out a Plan inside the training process."""

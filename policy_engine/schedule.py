@@ -1,0 +1,171 @@
+"""The inner-step schedule of a capture: ``torch.profiler.schedule`` without torch.
+
+A capture advances one *inner step* per ``prof.step()`` call. :class:`Schedule` says what
+the profiler does at each inner step, with the fields and semantics of
+``torch.profiler.schedule`` exactly, so every backend (torch, mstx, nsight) records the
+same steps a plain torch profiler would. The CLI uses it too, which is why this module
+must not import torch.
+"""
+
+from __future__ import annotations
+
+import difflib
+import enum
+from collections.abc import Mapping
+from typing import Any
+
+import attrs
+
+__all__ = ["Action", "Schedule", "ScheduleError"]
+
+
+class Action(enum.Enum):
+    """What the profiler does at one inner step (names as ``torch.profiler.ProfilerAction``)."""
+
+    NONE = 0
+    WARMUP = 1
+    RECORD = 2
+    RECORD_AND_SAVE = 3
+
+
+class ScheduleError(ValueError):
+    """A schedule field is invalid; ``path`` names the field (``("active",)``), or ``()``."""
+
+    def __init__(self, message: str, path: tuple[str | int, ...] = ()) -> None:
+        super().__init__(message)
+        self.message = message
+        self.path = path
+
+
+_FIELDS = ("skip_first", "skip_first_wait", "wait", "warmup", "active", "repeat")
+
+
+def _check_count(minimum: int) -> Any:
+    def check(_inst: object, attribute: attrs.Attribute[int], value: object) -> None:
+        # bool is an int subclass; `active: true` is surely a mistake, not 1.
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise ScheduleError(
+                f"schedule field '{attribute.name}' must be an integer, got {type(value).__name__}",
+                (attribute.name,),
+            )
+        if value < minimum:
+            raise ScheduleError(
+                f"schedule field '{attribute.name}' must be >= {minimum}, got {value}",
+                (attribute.name,),
+            )
+
+    return check
+
+
+@attrs.frozen
+class Schedule:
+    """``torch.profiler.schedule(skip_first=, skip_first_wait=, wait=, warmup=, active=, repeat=)``.
+
+    After ``skip_first`` steps, cycles of ``wait`` + ``warmup`` + ``active`` steps follow;
+    the last active step of each cycle saves a trace. ``repeat`` bounds the number of
+    cycles (0 = until the capture ends). A non-zero ``skip_first_wait`` drops the ``wait``
+    phase of the first cycle only.
+    """
+
+    skip_first: int = attrs.field(default=0, validator=_check_count(0))
+    skip_first_wait: int = attrs.field(default=0, validator=_check_count(0))
+    wait: int = attrs.field(default=0, validator=_check_count(0))
+    warmup: int = attrs.field(default=0, validator=_check_count(0))
+    active: int = attrs.field(default=1, validator=_check_count(1))
+    repeat: int = attrs.field(default=0, validator=_check_count(0))
+
+    # Precomputed so that action() is a handful of integer comparisons on the hot path.
+    _shift: int = attrs.field(init=False, repr=False, eq=False, hash=False)
+    _period: int = attrs.field(init=False, repr=False, eq=False, hash=False)
+    _record_from: int = attrs.field(init=False, repr=False, eq=False, hash=False)
+    _limit: int = attrs.field(init=False, repr=False, eq=False, hash=False)
+
+    def __attrs_post_init__(self) -> None:
+        period = self.wait + self.warmup + self.active
+        # torch subtracts skip_first, then adds wait when skip_first_wait is set: shifting
+        # the first cycle left by its wait phase. Later cycles keep their full wait.
+        shift = -self.skip_first + (self.wait if self.skip_first_wait else 0)
+        object.__setattr__(self, "_shift", shift)
+        object.__setattr__(self, "_period", period)
+        object.__setattr__(self, "_record_from", self.wait + self.warmup)
+        # torch tests `step / num_steps >= repeat`; for integers that is
+        # `step >= repeat * num_steps`, which needs no float division. 0 = unbounded.
+        object.__setattr__(self, "_limit", self.repeat * period)
+
+    @classmethod
+    def from_mapping(cls, mapping: Mapping[str, object]) -> Schedule:
+        """Build a schedule from a policy's ``schedule:`` mapping; missing fields take defaults.
+
+        ``skip_first_wait`` may be a boolean (YAML ``true``); every other field must be an
+        integer. Unknown keys raise :class:`ScheduleError` with a "did you mean".
+        """
+        values: dict[str, Any] = {}
+        for key, value in mapping.items():
+            if key not in _FIELDS:
+                close = difflib.get_close_matches(str(key), _FIELDS, n=1)
+                hint = f", did you mean '{close[0]}'?" if close else ""
+                raise ScheduleError(
+                    f"unknown schedule field '{key}'{hint} (known: {', '.join(_FIELDS)})",
+                    (str(key),),
+                )
+            if key == "skip_first_wait" and isinstance(value, bool):
+                value = int(value)
+            values[key] = value
+        return cls(**values)
+
+    def to_json(self) -> dict[str, int]:
+        """Every field, in ``torch.profiler.schedule`` keyword form."""
+        return {name: getattr(self, name) for name in _FIELDS}
+
+    @property
+    def period(self) -> int:
+        """Steps in one full cycle: ``wait + warmup + active``."""
+        return self._period
+
+    @property
+    def cycles(self) -> int | None:
+        """Traces saved in an unbounded run: ``repeat``, or None when it repeats forever."""
+        return self.repeat or None
+
+    @property
+    def steps_needed(self) -> int | None:
+        """Inner steps needed to finish every cycle (the last one saves), None if unbounded."""
+        if not self.repeat:
+            return None
+        return self._limit - self._shift
+
+    def action(self, step: int) -> Action:
+        """The action at inner step ``step`` (0-based), equal to torch's schedule function."""
+        if step < 0:
+            raise ValueError(f"step must be non-negative, got {step}")
+        if step < self.skip_first:
+            return Action.NONE
+        step += self._shift
+        if self._limit and step >= self._limit:
+            return Action.NONE
+        phase = step % self._period
+        if phase < self.wait:
+            return Action.NONE
+        if phase < self._record_from:
+            return Action.WARMUP
+        if phase < self._period - 1:
+            return Action.RECORD
+        return Action.RECORD_AND_SAVE
+
+    def cycle(self, step: int) -> int | None:
+        """0-based index of the repeat cycle ``step`` falls in (wait and warmup included).
+
+        None for steps inside ``skip_first`` and after the last cycle.
+        """
+        if step < 0:
+            raise ValueError(f"step must be non-negative, got {step}")
+        if step < self.skip_first:
+            return None
+        index = (step + self._shift) // self._period
+        if self.repeat and index >= self.repeat:
+            return None
+        return index
+
+    def actions(self, n: int) -> tuple[Action, ...]:
+        """The actions of the first ``n`` inner steps."""
+        return tuple(self.action(step) for step in range(n))
