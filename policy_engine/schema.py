@@ -11,10 +11,9 @@ from __future__ import annotations
 import functools
 import json
 from collections.abc import Iterable, Iterator, Sequence
-from importlib import resources
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ._resources import read_resource
 from .errors import Problem, did_you_mean, json_path
 
 if TYPE_CHECKING:
@@ -27,11 +26,7 @@ SCHEMA_NAME = "profile_policy.schema.json"
 
 def schema_text() -> str:
     """The schema file's text, from the installed package or the source checkout."""
-    packaged = resources.files("policy_engine") / "_schema" / SCHEMA_NAME
-    if packaged.is_file():
-        return packaged.read_text(encoding="utf-8")
-    checkout = Path(__file__).resolve().parent.parent / "schemas" / SCHEMA_NAME
-    return checkout.read_text(encoding="utf-8")
+    return read_resource(f"_schema/{SCHEMA_NAME}", f"schemas/{SCHEMA_NAME}")
 
 
 @functools.lru_cache(maxsize=1)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import warnings
 from collections.abc import Mapping
 from contextlib import AbstractContextManager
 from typing import Any, ClassVar
@@ -85,7 +86,11 @@ class TorchSession:
 
     # The interpreter calls these only on schedule transitions.
     def prepare(self) -> None:
-        self._prof.prepare_trace()
+        with warnings.catch_warnings():
+            # Each cycle after the first re-prepares the profiler; torch warns that events
+            # of earlier cycles are cleared, which is exactly what a per-cycle trace wants.
+            warnings.filterwarnings("ignore", message=".*Profiler clears events")
+            self._prof.prepare_trace()
         self._prepared = True
 
     def start(self) -> None:

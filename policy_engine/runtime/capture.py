@@ -79,6 +79,7 @@ class Capture:
         self.cycle_started = time.time()
         self.cycle_stamp = _timestamp()
         self.saved = 0
+        self.phase = "start"  # the backend call under way, for failure messages
 
     # -- the schedule ---------------------------------------------------------------
     def _action_at(self, step: int) -> Action:
@@ -113,7 +114,7 @@ class Capture:
         try:
             self._transit(self.action, new)
         except Exception as err:  # a backend failure: the owner decides (warn or raise)
-            self.on_failure(err, "step")
+            self.on_failure(err, self.phase)
             return
         self.action = new
         self.quiet_until = self._next_change()
@@ -121,18 +122,23 @@ class Capture:
     def _transit(self, old: Action | None, new: Action) -> None:
         session = self.session
         if old is SAVE or (old is RECORD and new in (NONE, WARMUP)):
+            self.phase = "save"
             self._save(complete=old is SAVE)
         if old is WARMUP and new is NONE:
+            self.phase = "discard"
             session.discard()  # cannot happen with a valid schedule; never leak a warm-up
         elif new is WARMUP and old is not WARMUP:
+            self.phase = "prepare"
             session.prepare()
         elif new in (RECORD, SAVE):
             if not self.recording:
+                self.phase = "start"
                 session.start()
                 self.recording = True
                 self.cycle_steps = []
                 self.cycle_started = time.time()
                 self.cycle_stamp = _timestamp()
+            self.phase = "step"
             session.step(self.inner)
             self.cycle_steps.append(self.inner)
 

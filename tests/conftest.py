@@ -1,0 +1,21 @@
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+
+def _policy(output_dir: str, **role: Any) -> dict[str, Any]:
+    body = {"enabled": True, "backend": "torch", "torch": {"activities": ["cpu"]}}
+    body.update(role)
+    return {"version": 1, "prefix": "t", "output_dir": output_dir, "roles": {"actor": body}}
+
+
+@pytest.fixture
+def make_policy(tmp_path: Any) -> Callable[..., dict[str, Any]]:
+    """A one-role (actor) policy writing under tmp_path/out; keyword args go in the role."""
+    def make(**role: Any) -> dict[str, Any]:
+        return copy.deepcopy(_policy(str(tmp_path / "out"), **role))
+    return make
