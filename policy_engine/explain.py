@@ -10,7 +10,7 @@ from .model import Policy
 from .plan import Plan
 from .schedule import Action, Schedule
 from .selectors import StepSet
-from .topology import Topology
+from .topology import DIMS, Topology, coords_from_mesh
 
 
 def capture_runs(steps: StepSet, lo: int, hi: int, merge: bool) -> list[tuple[int, int]]:
@@ -98,13 +98,19 @@ def iter_ranks(policy: Policy, role: str, *, world: int, mesh: Mapping[str, int]
                local_world: int | None) -> Iterator[dict[str, Any]]:
     mesh = dict(mesh or policy.mesh)
     spec = policy.role(role)
+    # Plain arithmetic per rank; a Topology and a Plan only for ranks that profile, which
+    # keeps 65536 ranks well under a second.
+    sizes = Topology.for_rank(0, world, mesh or None, local_world).selector_sizes()
     for rank in range(world):
-        topo = Topology.for_rank(rank, world, mesh or None, local_world)
-        if not spec.enabled or not spec.ranks.matches(
-                rank, world, topo.selector_coords(), topo.selector_sizes()):
-            # Not profiled: skip building a plan, which matters for 65536 ranks.
-            yield {"rank": rank, "profiled": False, "coords": dict(topo.coords),
-                   "local_rank": topo.local_rank, "node": topo.node}
+        at = coords_from_mesh(rank, mesh) if mesh else {}
+        coords = {dim: at[dim] for dim in DIMS if dim in at}  # the order plans and names use
+        local_rank, node = (rank % local_world, rank // local_world) if local_world \
+            else (rank, 0)
+        selector = dict(coords, local_rank=local_rank, node=node)
+        if not spec.enabled or not spec.ranks.matches(rank, world, selector, sizes):
+            yield {"rank": rank, "profiled": False, "coords": coords,
+                   "local_rank": local_rank, "node": node}
             continue
-        plan = compile_plan(policy, role, topo)
+        plan = compile_plan(policy, role, Topology.for_rank(rank, world, mesh or None,
+                                                            local_world))
         yield rank_entry(plan, lo, hi, inner if inner is not None else default_inner_steps(plan))

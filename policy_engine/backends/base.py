@@ -9,6 +9,10 @@ The interpreter owns the schedule. It calls a backend only on transitions:
     capture ends in WARMUP    session.discard()
     capture over              session.close()
 
+Before each cycle's prepare() (or start() when there is no warm-up) the interpreter calls
+``session.set_stem(stem)`` when the session has it, for tools that name their output
+when they start rather than when they save (torch_npu).
+
 A ``Backend`` object lives once per process per backend name (the runtime's arbiter
 keeps it); ``open`` makes one ``Session`` per capture. Backend modules must import
 nothing heavy at module level: the CLI imports them to validate settings and must never

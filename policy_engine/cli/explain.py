@@ -3,17 +3,20 @@
 from __future__ import annotations
 
 import argparse
+import json
 import re
+import sys
 from collections.abc import Iterable
 from typing import Any
 
 import attrs
 
 from .._frozen import FrozenDict
+from ..errors import did_you_mean
 from ..explain import iter_ranks
 from ..model import build_policy
 from ..topology import mesh_size
-from ._common import add_format_option, add_layout_options, load_checked, positive_int, print_json
+from ._common import add_format_option, add_layout_options, load_checked, positive_int
 from .main import UsageError
 
 
@@ -50,6 +53,10 @@ def run(args: argparse.Namespace) -> int:
     policy = build_policy(doc.data, source=doc.origin, sources=doc.sources)
     if args.mesh:
         policy = attrs.evolve(policy, mesh=FrozenDict(args.mesh))
+    if args.role not in policy.roles:
+        hint = did_you_mean(args.role, policy.roles)
+        print(f"policy-engine explain: warning: role {args.role!r} is not in the policy{hint}; "
+              "it gets the defaults", file=sys.stderr)
     world = args.world or (mesh_size(policy.mesh) if policy.mesh else None)
     if world is None:
         raise UsageError("give --world N (or a mesh) to explain a role")
@@ -57,10 +64,21 @@ def run(args: argparse.Namespace) -> int:
     ranks = iter_ranks(policy, args.role, world=world, mesh=policy.mesh, lo=lo, hi=hi,
                        inner=args.inner_steps, local_world=args.local_world)
     if args.format == "json":
-        print_json({"role": args.role, "world": world, "ranks": list(ranks)})
+        _print_json(args.role, world, ranks)
     else:
         _print_text(args.role, world, lo, hi, ranks)
     return 0
+
+
+def _print_json(role: str, world: int, ranks: Iterable[dict[str, Any]]) -> None:
+    """One rank per line: readable, and fast for 65536 ranks (the C encoder does it)."""
+    out = sys.stdout
+    out.write(f'{{"role": {json.dumps(role)}, "world": {world}, "ranks": [\n')
+    first = True
+    for entry in ranks:
+        out.write(("  " if first else ",\n  ") + json.dumps(entry))
+        first = False
+    out.write("\n]}\n")
 
 
 def _coords(entry: dict[str, Any]) -> str:

@@ -78,6 +78,7 @@ class Capture:
         self.cycle_steps: list[int] = []
         self.cycle_started = time.time()
         self.cycle_stamp = _timestamp()
+        self.stem = ""
         self.saved = 0
         self.phase = "start"  # the backend call under way, for failure messages
 
@@ -129,23 +130,34 @@ class Capture:
             session.discard()  # cannot happen with a valid schedule; never leak a warm-up
         elif new is WARMUP and old is not WARMUP:
             self.phase = "prepare"
+            self._begin_cycle()
             session.prepare()
         elif new in (RECORD, SAVE):
             if not self.recording:
                 self.phase = "start"
+                if old is not WARMUP:
+                    self._begin_cycle()
                 session.start()
                 self.recording = True
                 self.cycle_steps = []
-                self.cycle_started = time.time()
-                self.cycle_stamp = _timestamp()
             self.phase = "step"
             session.step(self.inner)
             self.cycle_steps.append(self.inner)
 
+    def _begin_cycle(self) -> None:
+        """A cycle starts (warm-up or recording): fix its start time and name."""
+        self.cycle_started = time.time()
+        self.cycle_stamp = _timestamp()
+        cycle = self.cycle if self.schedule is not None else None
+        self.stem = self.name(cycle=cycle, timestamp=self.cycle_stamp)
+        set_stem = getattr(self.session, "set_stem", None)
+        if set_stem is not None:  # backends that name outputs at start (torch_npu)
+            set_stem(self.stem)
+
     def _save(self, *, complete: bool, status: str | None = None) -> None:
         self.recording = False
         cycle = self.cycle if self.schedule is not None else None
-        stem = self.name(cycle=cycle, timestamp=self.cycle_stamp)
+        stem = self.stem
         start = self.cycle_started
         artifacts = self.session.save(stem, self.cycle)
         self.cycle += 1

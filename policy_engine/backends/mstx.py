@@ -1,0 +1,482 @@
+"""The Ascend NPU backend: ``torch_npu.profiler`` with mstx ranges (``backend: mstx``, ``npu``).
+
+torch_npu swallows its own errors and resets a bad argument to its default with only a
+printed line, so this module checks every setting itself (:func:`check_settings`), passes
+only valid values, compares the settings with the installed torch_npu's signatures
+(:func:`version_warnings`) and reads back what torch_npu kept: a setting that does not take
+effect is one clear warning, never a silent drop. torch_npu is imported only by
+:meth:`MstxBackend.open`; validation reads its sources instead (importing it without the
+Ascend CANN toolkit can break ``import torch``).
+"""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+import importlib
+import importlib.util
+import inspect
+import json
+import multiprocessing
+import os
+import re
+import shutil
+import subprocess
+import warnings
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import AbstractContextManager, contextmanager, nullcontext
+from pathlib import Path
+from typing import Any, ClassVar
+
+from policy_engine.backends.base import Artifact, BackendUnavailable, CaptureInfo
+
+__all__ = ["MstxBackend", "MstxSession", "check_runtime", "check_settings", "version_warnings"]
+
+# Policy value -> attribute of torch_npu's class, which holds torch_npu's own constant.
+LEVELS = {"level_none": "Level_none", "level0": "Level0", "level1": "Level1", "level2": "Level2"}
+# fmt: off
+AIC_METRICS = {
+    "none": "AiCoreNone", "pipe_utilization": "PipeUtilization",
+    "arithmetic_utilization": "ArithmeticUtilization", "memory": "Memory",
+    "memory_l0": "MemoryL0", "memory_ub": "MemoryUB", "l2_cache": "L2Cache",
+    "resource_conflict_ratio": "ResourceConflictRatio", "memory_access": "MemoryAccess",
+}
+# fmt: on
+EXPORT_TYPES = {"text": "Text", "db": "Db"}
+ACTIVITIES = {"cpu": "CPU", "npu": "NPU"}
+FLAGS = ("record_shapes", "profile_memory", "with_stack", "with_modules", "with_flops")
+
+EMPTY = "activities is empty: list at least one of cpu, npu (an empty list never means all)"
+CANN = "it needs the Ascend CANN toolkit installed and its set_env.sh sourced"
+INSTALL = (
+    f"torch_npu is not installed: `pip install torch_npu` (the release matching torch); {CANN}"
+)
+# torch_npu names its folder "<worker>_<pid>_<%Y%m%d%H%M%S + ms>_ascend_pt" and refuses worker
+# names of 226 characters or more; with 7 pid digits (Linux's most) the folder fits 255 bytes.
+WORKER_MAX = 255 - len("_4194304_20250101000000000_ascend_pt")
+_UNSAFE = re.compile(r"[^0-9A-Za-z._~-]+")  # torch_npu warns about other path characters
+_DOMAINS = ("mstx_domain_include", "mstx_domain_exclude")
+_RESETS = "torch_npu resets it to none"
+_KEEPS = "torch_npu keeps only the include list"
+# (setting, torch_npu callable, keyword it needs there), for version_warnings.
+_NEEDS = (
+    ("ranges", "_ExperimentalConfig", "mstx"),
+    *((k, "_ExperimentalConfig", k) for k in ("l2_cache", "data_simplification", "record_op_args")),
+    *((k, "_ExperimentalConfig", k) for k in _DOMAINS),
+    ("with_flops", "profile", "with_flops"),
+    ("domain", "range_start", "domain"),  # range_end takes domain in the same releases
+)
+# Where each checked callable is defined in the torch_npu package: file, class, function.
+SOURCES = {
+    "_ExperimentalConfig": ("profiler/experimental_config.py", "_ExperimentalConfig", "__init__"),
+    "profile": ("profiler/profiler.py", "profile", "__init__"),
+    "tensorboard_trace_handler": ("profiler/profiler.py", None, "tensorboard_trace_handler"),
+    "range_start": ("npu/mstx.py", "mstx", "range_start"),
+    "range_end": ("npu/mstx.py", "mstx", "range_end"),
+}
+Params = Mapping[str, "frozenset[str] | None"]  # keywords per callable; None = unknown, allow all
+
+_OWNER: MstxSession | None = None  # torch_npu has one profiler per process
+
+
+def _as_list(value: Any) -> list[str]:
+    return [value] if isinstance(value, str) else [str(v) for v in value or ()]
+
+
+def _problems(s: Mapping[str, Any]) -> Iterator[tuple[str, str]]:
+    acts, level = list(s.get("activities", ["cpu", "npu"])), s.get("level", "level1")
+    ranges, aic, domain = bool(s.get("ranges", True)), s.get("aic_metrics"), s.get("domain")
+    include, exclude = (list(s.get(key) or ()) for key in _DOMAINS)
+    if not acts:
+        yield "activities", EMPTY
+    if aic not in (None, "none") and level in ("level0", "level_none"):
+        yield "aic_metrics", f"aic_metrics {aic!r} needs level1 or level2 ({_RESETS} at {level})"
+    if level == "level_none" and not ranges:
+        yield "ranges", "level_none records only mstx ranges: set ranges: true"
+    if include and exclude:
+        yield _DOMAINS[1], f"{_DOMAINS[1]} cannot be set with {_DOMAINS[0]} ({_KEEPS})"
+    for key in _DOMAINS if not ranges else ():
+        if s.get(key):
+            yield key, f"{key} needs ranges: true (torch_npu ignores it while mstx is off)"
+    if domain and ranges and ((include and domain not in include) or domain in exclude):
+        yield "domain", f"domain {domain!r} is filtered out by the mstx_domain_* lists"
+    for key in ("aic_metrics", "l2_cache", "record_op_args") if acts and "npu" not in acts else ():
+        if s.get(key) not in (None, False, "none"):
+            yield key, f"{key} needs npu in activities (torch_npu ignores it without NPU)"
+
+
+def check_settings(settings: Mapping[str, Any]) -> list[tuple[str, tuple[str | int, ...]]]:
+    """Contradictions in an ``mstx:`` block the schema cannot see, as torch_npu defines them."""
+    return [(message, (key,)) for key, message in _problems(settings)]
+
+
+def version_warnings(settings: Mapping[str, Any], params: Params, version: str) -> list[str]:
+    """One message per setting in use that the installed torch_npu has no keyword for."""
+    out = []
+    for key, target, keyword in _NEEDS:
+        known = params.get(target)
+        value = settings.get(key, key in ("ranges", "data_simplification"))  # True by default
+        # data_simplification defaults to True in torch_npu; only False asks for something.
+        asks = value is False if key == "data_simplification" else bool(value)
+        if known is None or keyword in known or not asks:
+            continue
+        if keyword == "mstx" and "msprof_tx" in known:
+            continue  # torch_npu < 2.7 names the same switch msprof_tx: used, nothing lost
+        if keyword == "domain" and not settings.get("ranges", True):
+            continue
+        out.append(
+            f"torch_npu {version} has no '{keyword}' argument in {target}: mstx.{key} is "
+            "ignored there (a newer torch_npu supports it)"
+        )
+    return list(dict.fromkeys(out))
+
+
+def _keywords(fn: Callable[..., Any]) -> frozenset[str] | None:
+    try:
+        sig = inspect.signature(fn)  # follows functools.wraps, which torch_npu's decorators use
+    except (TypeError, ValueError):
+        return None
+    kinds = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in sig.parameters.values()):
+        return None
+    return frozenset(n for n, p in sig.parameters.items() if p.kind in kinds) - {"self"}
+
+
+def source_params(root: Path) -> dict[str, frozenset[str] | None]:
+    """Keywords of each callable in :data:`SOURCES`, read from torch_npu's files with ``ast``."""
+    out: dict[str, frozenset[str] | None] = {}
+    for name, (rel, cls, fn) in SOURCES.items():
+        try:
+            body = ast.parse((root / rel).read_text(encoding="utf-8")).body
+        except (OSError, SyntaxError, ValueError):
+            out[name] = None
+            continue
+        if cls is not None:
+            body = next((n.body for n in body if isinstance(n, ast.ClassDef) and n.name == cls), [])
+        node = next((n for n in body if isinstance(n, ast.FunctionDef) and n.name == fn), None)
+        args = None if node is None or node.args.kwarg else node.args
+        out[name] = (
+            None
+            if args is None
+            else frozenset(a.arg for a in (*args.args, *args.kwonlyargs) if a.arg != "self")
+        )
+    return out
+
+
+def _db_problem() -> str | None:
+    # torch_npu's analysis raises unless `msprof --help` lists --type (CANN that can export db).
+    msprof = shutil.which("msprof")
+    if msprof is None:
+        return "export_type db needs CANN's msprof on PATH (torch_npu asks it about db export)"
+    try:
+        text = subprocess.run([msprof, "--help"], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.SubprocessError) as exc:
+        return f"export_type db: `msprof --help` failed ({exc})"
+    return None if "--type" in text else "export_type db: this CANN's msprof cannot export db"
+
+
+def check_runtime(settings: Mapping[str, Any]) -> list[str]:
+    """What stops the backend here (or drops a setting), found without importing torch_npu."""
+    spec = importlib.util.find_spec("torch_npu")  # a top-level find_spec imports nothing
+    if spec is None:
+        return [INSTALL]
+    out = []
+    if not (os.environ.get("ASCEND_HOME_PATH") or os.environ.get("ASCEND_TOOLKIT_HOME")):
+        out.append(
+            "the Ascend CANN environment is not set (no ASCEND_HOME_PATH): source "
+            "<CANN>/set_env.sh before training, or importing torch_npu fails"
+        )
+    for root in map(Path, spec.submodule_search_locations or ()):
+        try:
+            found = re.search(
+                r"__version__\s*=\s*['\"]([^'\"]+)", (root / "version.py").read_text()
+            )
+        except OSError:
+            found = None
+        out += version_warnings(settings, source_params(root), found[1] if found else "?")
+    if "db" in _as_list(settings.get("export_type", "text")) and (problem := _db_problem()):
+        out.append(problem)
+    return out
+
+
+def _worker_name(base: str) -> str:
+    """``base`` as torch_npu takes it: safe characters, at most WORKER_MAX (cut + hash)."""
+    name = _UNSAFE.sub("-", base) or "capture"
+    if len(name) <= WORKER_MAX:
+        return name
+    return f"{name[: WORKER_MAX - 11]}-{hashlib.sha256(name.encode()).hexdigest()[:10]}"
+
+
+def _folders(directory: str) -> frozenset[str]:
+    try:
+        return frozenset(e.name for e in os.scandir(directory) if e.name.endswith("_ascend_pt"))
+    except OSError:
+        return frozenset()
+
+
+def _warn(message: str) -> None:
+    warnings.warn(f"mstx backend: {message}", RuntimeWarning, stacklevel=3)
+
+
+class _Cell:
+    """The schedule handed to torch_npu: the session sets the action, torch_npu reads it."""
+
+    __slots__ = ("action",)  # no __dict__: torch_npu writes the schedule's __dict__ as JSON
+
+    def __init__(self, action: object) -> None:
+        self.action = action
+
+    def __call__(self, step: int) -> object:
+        return self.action
+
+
+class MstxBackend:
+    """``torch_npu.profiler.profile`` driven by the engine's schedule."""
+
+    name: ClassVar[str] = "mstx"
+    extension: ClassVar[str] = ""  # torch_npu names its own "_ascend_pt" folder
+
+    def open(self, info: CaptureInfo) -> MstxSession:
+        problems = check_settings(info.settings)
+        if problems:
+            raise ValueError("invalid mstx settings: " + "; ".join(m for m, _ in problems))
+        if importlib.util.find_spec("torch_npu") is None:
+            raise BackendUnavailable(INSTALL)
+        try:
+            npu = importlib.import_module("torch_npu")
+            prof = importlib.import_module("torch_npu.profiler")
+            mstx = importlib.import_module("torch_npu.npu").mstx  # the class, not the module
+        except Exception as exc:  # missing CANN libraries surface as OSError, RuntimeError, ...
+            raise BackendUnavailable(f"torch_npu failed to import ({exc}); {CANN}") from exc
+        params = {
+            "_ExperimentalConfig": _keywords(prof._ExperimentalConfig.__init__),
+            "profile": _keywords(prof.profile.__init__),
+            "tensorboard_trace_handler": _keywords(prof.tensorboard_trace_handler),
+            "range_start": _keywords(mstx.range_start),
+            "range_end": _keywords(mstx.range_end),
+        }
+        version = str(getattr(npu, "__version__", "?"))
+        for message in version_warnings(info.settings, params, version):
+            _warn(message)
+        return MstxSession(info, prof, mstx, params, version)
+
+
+class MstxSession:
+    """One capture; each recorded cycle gets a fresh torch_npu profiler and handler."""
+
+    def __init__(self, info: CaptureInfo, prof: Any, mstx: Any, params: Params, version: str):
+        self._info, self._s, self._npu_prof, self._mstx = info, info.settings, prof, mstx
+        self._params, self._version, self._actions = params, version, prof.ProfilerAction
+        self._prof: Any = None
+        self._cell: _Cell | None = None
+        self._state = "idle"  # idle | warmup | record
+        self._stem: str | None = None
+        self._worker, self._dir, self._analysed, self._fresh = "", "", False, False
+        self._before: frozenset[str] = frozenset()
+
+    def set_stem(self, stem: str) -> None:
+        """Name the coming cycle before prepare()/start(); else save() renames the folder."""
+        self._stem = stem
+
+    def prepare(self) -> None:
+        if self._state == "idle":
+            self._begin(self._actions.WARMUP)  # torch_npu: create folder, init, warm up
+            self._state = "warmup"
+
+    def start(self) -> None:
+        if self._state == "warmup" and self._cell is not None:
+            self._cell.action = self._actions.RECORD
+            self._prof.step()  # WARMUP -> RECORD: torch_npu starts the warmed-up trace
+        elif self._state == "idle":
+            self._begin(self._actions.RECORD)
+        self._state, self._fresh = "record", True
+
+    def step(self, inner_step: int) -> None:
+        # The runtime calls step(n) as each recorded inner step begins, the first one right
+        # after start(), whose ProfilerStep# marker torch_npu has just opened.
+        if self._state == "record" and not self._fresh:
+            self._prof.step()  # RECORD -> RECORD: only torch_npu's ProfilerStep# marker moves
+        self._fresh = False
+
+    def save(self, stem: str, cycle: int) -> list[Artifact]:
+        if self._state != "record":
+            return []
+        self._stop()
+        found = self._new_folders()
+        if not found:
+            _warn(f"torch_npu wrote no {self._worker}_*_ascend_pt folder in {self._dir}")
+            return []
+        return [self._artifact(self._rename(max(found, key=os.path.getmtime), stem))]
+
+    def discard(self) -> None:
+        if self._state != "idle":
+            self._stop()  # from WARMUP torch_npu finalizes and deletes its folder itself
+            for folder in self._new_folders():
+                shutil.rmtree(folder, ignore_errors=True)
+
+    def close(self) -> None:
+        if self._state != "idle":
+            self._stop()  # flushes what was recorded; only save() reports it
+
+    def range(self, name: str) -> AbstractContextManager[object]:
+        if self._state != "record" or not self._s.get("ranges", True):
+            return nullcontext()
+        return self._range(name)
+
+    @contextmanager
+    def _range(self, name: str) -> Iterator[None]:
+        domain = self._s.get("domain")
+        start_kw = {"domain": domain} if domain and self._has("range_start", "domain") else {}
+        end_kw = {"domain": domain} if domain and self._has("range_end", "domain") else {}
+        range_id = self._mstx.range_start(name, None, **start_kw)  # stream None: host side
+        try:
+            yield
+        finally:
+            if range_id:  # torch_npu returns 0 when it refused to open the range
+                self._mstx.range_end(range_id, **end_kw)
+
+    def _has(self, target: str, keyword: str) -> bool:
+        known = self._params.get(target)
+        return known is None or keyword in known
+
+    def _only(self, target: str, kwargs: dict[str, Any]) -> dict[str, Any]:
+        known = self._params.get(target)  # what this drops, open() warned about
+        return kwargs if known is None else {k: v for k, v in kwargs.items() if k in known}
+
+    def _begin(self, action: object) -> None:
+        global _OWNER
+        if _OWNER is not None and _OWNER is not self:
+            raise RuntimeError(
+                "torch_npu has one profiler per process and another capture holds it"
+            )
+        sub, base = os.path.split(self._stem or self._provisional())
+        self._dir = os.path.normpath(os.path.join(self._info.output_dir, sub))
+        os.makedirs(self._dir, exist_ok=True)
+        self._worker, self._before = _worker_name(base), _folders(self._dir)
+        prof, s = self._npu_prof, self._s
+        sent = self._experimental()
+        config = prof._ExperimentalConfig(**sent)
+        self._readback(config, sent)
+        self._analysed = bool(s.get("analysis", False))
+        if self._analysed and multiprocessing.current_process().daemon:
+            self._analysed = False  # torch_npu refuses to parse in a daemon process
+            _warn("analysis: true cannot run in a daemon process; run the offline analyse")
+        # Built right before start: the handler sets torch_npu's process-wide output path
+        # when it is constructed, not when it runs.
+        handler = prof.tensorboard_trace_handler(
+            dir_name=self._dir, worker_name=self._worker, analyse_flag=self._analysed
+        )
+        self._cell = _Cell(action)
+        activities = [
+            getattr(prof.ProfilerActivity, ACTIVITIES[a])
+            for a in s.get("activities", ("cpu", "npu"))
+        ]
+        kwargs: dict[str, Any] = {k: bool(s.get(k)) for k in FLAGS}
+        kwargs.update(activities=activities, schedule=self._cell, on_trace_ready=handler)
+        kwargs["experimental_config"] = config
+        self._prof = prof.profile(**self._only("profile", kwargs))
+        meta = self._info.metadata()
+        if len(meta["steps"]) > 64:  # torch_npu skips a metadata value over 4096 characters
+            meta["steps"] = meta["steps"][:1] + meta["steps"][-1:]
+        _OWNER = self
+        try:
+            self._prof.add_metadata_json("policy_engine", json.dumps(meta))
+            self._prof.start()
+        except BaseException:
+            self._state = "warmup"  # whatever torch_npu reached, stop() from here ends it
+            self._stop()
+            raise
+
+    def _experimental(self) -> dict[str, Any]:
+        prof, s, level = self._npu_prof, self._s, self._s.get("level", "level1")
+        aic = (
+            "none"
+            if level in ("level0", "level_none")
+            else s.get("aic_metrics", "pipe_utilization")
+        )
+        kw: dict[str, Any] = {
+            "profiler_level": getattr(prof.ProfilerLevel, LEVELS[level]),
+            # Always explicit: torch_npu 2.13's default (pipe utilization) is reset with a
+            # warning below level1, and 2.5.1's default export_type (None) likewise.
+            "aic_metrics": getattr(prof.AiCMetrics, AIC_METRICS[aic]),
+            "export_type": [
+                getattr(prof.ExportType, EXPORT_TYPES[t])
+                for t in _as_list(s.get("export_type", "text"))
+            ],
+            "mstx": bool(s.get("ranges", True)),
+            "data_simplification": s.get("data_simplification", True) is not False,
+            "l2_cache": bool(s.get("l2_cache")),
+            "record_op_args": bool(s.get("record_op_args")),
+        }
+        kw.update({k: list(s[k]) for k in _DOMAINS if s.get(k)})
+        known = self._params.get("_ExperimentalConfig")
+        if known is not None and "mstx" not in known and "msprof_tx" in known:
+            kw["msprof_tx"] = kw.pop("mstx")  # torch_npu < 2.7 names the same switch msprof_tx
+        return self._only("_ExperimentalConfig", kw)
+
+    def _readback(self, config: object, sent: Mapping[str, Any]) -> None:
+        """Warn about each value torch_npu's own checks replaced (it only prints a line)."""
+        for key, value in sent.items():
+            kept = getattr(config, key if key == "record_op_args" else f"_{key}", value)
+            if (sorted(kept) if isinstance(kept, list) else kept) != (
+                sorted(value) if isinstance(value, list) else value
+            ):
+                _warn(f"torch_npu {self._version} replaced {key}={value!r} by {kept!r}")
+
+    def _provisional(self) -> str:
+        i = self._info
+        region, step = f"_{i.region}" if i.region else "", f"_step{i.steps[0]}" if i.steps else ""
+        return f"{i.role}{region}{step}_rank{i.rank}-of-{i.world}"
+
+    def _stop(self) -> None:
+        global _OWNER
+        prof, cell, state = self._prof, self._cell, self._state
+        self._prof, self._cell, self._state = None, None, "idle"
+        try:
+            if state == "record" and cell is not None and hasattr(prof, "current_action"):
+                # stop() in RECORD makes torch_npu print "Incorrect schedule"; its own end of a
+                # cycle, RECORD_AND_SAVE -> NONE, stops, finalizes and calls the handler quietly.
+                prof.current_action, cell.action = self._actions.RECORD_AND_SAVE, self._actions.NONE
+                prof.step()
+        finally:
+            try:
+                if prof is not None:
+                    prof.stop()  # after NONE a no-op; from WARMUP it finalizes and cleans up
+            finally:
+                if _OWNER is self:
+                    _OWNER = None
+
+    def _new_folders(self) -> list[str]:
+        own = re.compile(re.escape(self._worker) + rf"_{os.getpid()}_\d+_ascend_pt")
+        fresh = sorted(_folders(self._dir) - self._before)
+        return [os.path.join(self._dir, name) for name in fresh if own.fullmatch(name)]
+
+    def _rename(self, folder: str, stem: str) -> str:
+        """Name the folder after ``stem`` if it was unknown at start, keeping torch_npu's tail."""
+        sub, base = os.path.split(stem)
+        tail = os.path.basename(folder)[len(self._worker) :]  # "_<pid>_<timestamp>_ascend_pt"
+        target = os.path.join(self._info.output_dir, sub, _worker_name(base) + tail)
+        if os.path.normpath(target) == os.path.normpath(folder):
+            return folder
+        if os.path.exists(target):
+            _warn(f"{target} exists; the capture stays at {folder}")
+            return folder
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        os.rename(folder, target)
+        return target
+
+    def _artifact(self, folder: str) -> Artifact:
+        extra: dict[str, Any] = {
+            "worker_name": os.path.basename(folder).rsplit("_", 4)[0],
+            "torch_npu": self._version,
+            "export_type": _as_list(self._s.get("export_type", "text")),
+            "analysed": self._analysed,
+        }
+        if not self._analysed:
+            extra["needs_offline_analysis"] = True
+            extra["analyse"] = f"torch_npu.profiler.profiler.analyse({folder!r})"
+        size = sum(p.stat().st_size for p in Path(folder).rglob("*") if p.is_file())
+        return Artifact(path=folder, bytes=size, extra=extra)
+
+
+BACKEND = MstxBackend
