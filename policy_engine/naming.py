@@ -7,14 +7,13 @@ when every field inside it is empty. Literal text may hold ``[0-9A-Za-z._=+-]`` 
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import re
 from collections.abc import Mapping
-from typing import Union
 
 import attrs
 
-from .errors import did_you_mean
 from .topology import DIMS
 
 DEFAULT_TEMPLATE = (
@@ -28,6 +27,8 @@ FIELDS: tuple[str, ...] = (
 #: Fields only known in the running process; explain shows them as placeholders.
 LATE_FIELDS = frozenset({"pid", "host", "timestamp"})
 MAX_COMPONENT_BYTES = 255
+#: What a name becomes when every field in it is empty (a file needs a name).
+EMPTY_NAME = "trace"
 
 _LITERAL_OK = re.compile(r"[0-9A-Za-z._=+\-/]")
 _SANITIZE = re.compile(r"[^0-9A-Za-z.=+-]+")
@@ -58,20 +59,21 @@ class Group:
     parts: tuple[str | Field, ...]
 
 
-Part = Union[str, Field, Group]
+Part = str | Field | Group
 
 
 def _field(text: str, offset: int) -> Field:
     if not text:
-        raise TemplateError("empty field '<>'", offset)
+        raise TemplateError("empty field <>", offset)
     if text.startswith("env:"):
         if not _ENV_NAME.fullmatch(text[4:]):
-            raise TemplateError(f"bad environment field <{text}>: expected <env:NAME>", offset)
+            raise TemplateError(
+                f"bad field <{text}>: expected <env:NAME> with NAME a variable name", offset)
         return Field(text)
     if text not in FIELDS:
-        raise TemplateError(
-            f"unknown field <{text}>{did_you_mean(text, FIELDS)}; "
-            f"fields: {', '.join(FIELDS)}, env:NAME", offset)
+        close = difflib.get_close_matches(text, FIELDS, n=1, cutoff=0.6)
+        hint = f"did you mean <{close[0]}>?" if close else f"fields: {', '.join(FIELDS)}, env:NAME"
+        raise TemplateError(f"unknown field <{text}> ({hint})", offset)
     return Field(text)
 
 
@@ -110,15 +112,14 @@ def _parse(text: str) -> tuple[Part, ...]:
                 raise TemplateError("unexpected ']'", i)
             flush()
             if not any(isinstance(p, Field) for p in group):
-                raise TemplateError("optional group has no field", group_start)
+                raise TemplateError("optional group [...] holds no field", group_start)
             parts.append(Group(tuple(group)))
             group = None
         elif _LITERAL_OK.fullmatch(ch):
             literal += ch
         else:
             raise TemplateError(
-                f"character {ch!r} is not allowed in names "
-                "(allowed: letters, digits, . _ = + - and /)", i)
+                f"character {ch!r} is not allowed (use letters, digits, . _ = + - or /)", i)
         i += 1
     if group is not None:
         raise TemplateError("unclosed '['", group_start)
@@ -128,15 +129,16 @@ def _parse(text: str) -> tuple[Part, ...]:
 
 def _check_paths(text: str) -> None:
     if text.startswith("/"):
-        raise TemplateError("names must be relative: no leading '/'", 0)
+        raise TemplateError("absolute path: a name is relative to output_dir", 0)
     if text.endswith("/"):
-        raise TemplateError("names must not end with '/'", len(text) - 1)
+        raise TemplateError("a name cannot end with '/'", len(text) - 1)
     pos = 0
     for comp in text.split("/"):
         if comp == "":
-            raise TemplateError("empty path component ('//')", pos)
+            raise TemplateError("empty path component '//'", pos)
         if comp in (".", ".."):
-            raise TemplateError(f"{comp!r} is not allowed as a path component", pos)
+            raise TemplateError(
+                f"{comp!r} cannot be a path component (names stay under output_dir)", pos)
         pos += len(comp) + 1
 
 
@@ -181,12 +183,15 @@ class NameTemplate:
         """The name for ``values`` (unknown fields are empty), path components shortened.
 
         Fields in ``placeholders`` that have no value render as ``<field>`` (for explain).
+        A name left empty is :data:`EMPTY_NAME`.
         """
-        known = {name: f"<{name}>" for name in placeholders}
-        known.update(self.bound)
+        known = dict(self.bound)
         for key, value in (values or {}).items():
             if key not in known:
                 known[key] = _value(key, value)
+        for name in placeholders:
+            if not known.get(name):
+                known[name] = f"<{name}>"
         out: list[str] = []
         for part in self.parts:
             if isinstance(part, Group):
@@ -200,7 +205,8 @@ class NameTemplate:
                 out.append(part)
         comps = [c for c in "".join(out).split("/") if c]
         # A value of only dots would climb out of the output folder.
-        return "/".join(_shorten(c if c.strip(".") else c.replace(".", "-")) for c in comps)
+        name = "/".join(_shorten(c if c.strip(".") else c.replace(".", "-")) for c in comps)
+        return name or EMPTY_NAME
 
 
 def _value(key: str, value: object) -> str:

@@ -5,11 +5,11 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ..errors import PolicyError
-from ..loader import PolicyFileError
+from ..errors import PolicyError, Problem
+from ..loader import Override, PolicyFileError, overrides_from_env, parse_override
 from ..policy import Analysis, analyze, read_source
 from ..topology import parse_mesh
 from .main import UsageError
@@ -41,9 +41,27 @@ def add_format_option(parser: argparse.ArgumentParser, *choices: str) -> None:
     parser.add_argument("--format", choices=choices or ("text", "json"), default="text")
 
 
+def overrides(sets: Sequence[str]) -> list[Override]:
+    """``--set`` values, then ``PROFILE_POLICY_SET``'s; every bad one is reported, not the first."""
+    parsed: list[Override] = []
+    problems: list[Problem] = []
+    for text in sets:
+        try:
+            parsed.append(parse_override(text))
+        except PolicyError as err:
+            problems.extend(err.problems)
+    try:
+        parsed += overrides_from_env()
+    except PolicyError as err:
+        problems.extend(err.problems)
+    if problems:
+        raise PolicyError(problems)
+    return parsed
+
+
 def analyze_file(path: str, args: argparse.Namespace) -> Analysis:
     """Read and check one policy file. Unreadable files raise PolicyFileError."""
-    doc = read_source(path, args.sets)
+    doc = read_source(path, overrides(args.sets), environ={})
     return analyze(doc, world=args.world, mesh=args.mesh)
 
 

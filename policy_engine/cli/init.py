@@ -51,6 +51,8 @@ def run(args: argparse.Namespace) -> int:
     path: str = args.path
     if os.path.isdir(path):
         path = os.path.join(path, "profile_policy.yaml")
+    if os.path.splitext(path)[1].lower() not in (".yaml", ".yml"):
+        raise UsageError(f"{path}: init writes YAML; name the file .yaml or .yml")
     text = STARTER.format(name=os.path.basename(path))
     try:
         with open(path, "w" if args.force else "x", encoding="utf-8") as f:

@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 import argparse
-import sys
+import os
+from collections.abc import Mapping
 from typing import Any
 
-from ..errors import PolicyError, Problem
-from ..loader import PolicyFileError
+import attrs
+
+from .. import backends
+from ..errors import PolicyError, Problem, json_path
+from ..loader import Document, PolicyFileError
+from ..model import build_policy, build_role
 from ._common import add_format_option, add_layout_options, analyze_file, print_json
 
 
@@ -31,13 +36,49 @@ def _check_file(path: str, args: argparse.Namespace) -> tuple[int, list[Problem]
         return 1, list(err.problems)
     problems = list(result.problems)
     if args.check_runtime and not result.errors:
-        from ..runtime_checks import check_runtime
-
-        problems += check_runtime(result.document)
+        problems += _runtime_problems(result.document)
     if args.strict:
-        problems = [p if p.severity == "error" else Problem(p.message, p.json_path, p.location)
-                    for p in problems]
+        problems = [attrs.evolve(p, severity="error") for p in problems]
     return (1 if any(p.severity == "error" for p in problems) else 0), problems
+
+
+def _backend_at(data: Mapping[str, Any], role: str | None) -> tuple[str, ...]:
+    """Where the backend ``role`` uses was chosen (the role itself for the built-in one)."""
+    if role is not None and "backend" in ((data.get("roles") or {}).get(role) or {}):
+        return ("roles", role, "backend")
+    if "backend" in (data.get("defaults") or {}):
+        return ("defaults", "backend")
+    return ("roles", role) if role is not None else ("defaults",)
+
+
+def _runtime_problems(doc: Document) -> list[Problem]:
+    """What stops the policy from running here: each enabled role's backend (package,
+    device, toolkit) and the output folder. Found without importing torch."""
+    data = doc.data
+    roles: dict[str, Any] = dict(data.get("roles") or {})
+    defaults = data.get("defaults") or {}
+    problems: list[Problem] = []
+    seen: set[tuple[str, str]] = set()
+    names: list[str | None] = [*roles, *([None] if defaults.get("enabled") else [])]
+    for role in names:
+        spec = build_role(role or "defaults", defaults, roles.get(role) if role else None)
+        if not spec.enabled:
+            continue
+        at = _backend_at(data, role)
+        for message in backends.module(spec.backend).check_runtime(dict(spec.settings)):
+            if (spec.backend, message) not in seen:
+                seen.add((spec.backend, message))
+                problems.append(Problem(f"backend {spec.backend}: {message}",
+                                        json_path(at), doc.locate(at)))
+    policy = build_policy(data, source=doc.origin)
+    folder = policy.output_dir
+    while not os.path.exists(folder) and os.path.dirname(folder) != folder:
+        folder = os.path.dirname(folder)
+    if not os.access(folder, os.W_OK):
+        where = ("output_dir",) if "output_dir" in data else ()
+        problems.append(Problem(f"output_dir {policy.output_dir} is not writable here",
+                                json_path(where), doc.locate(where)))
+    return problems
 
 
 def run(args: argparse.Namespace) -> int:
@@ -50,7 +91,7 @@ def run(args: argparse.Namespace) -> int:
                        "problems": [p.to_json() for p in problems]})
         if args.format == "text":
             for problem in problems:
-                print(problem.render(), file=sys.stderr if code else sys.stdout)
+                print(problem.render())
             warnings = sum(p.severity == "warning" for p in problems)
             errors = len(problems) - warnings
             status = "valid" if code == 0 else "unreadable" if code == 2 else "invalid"

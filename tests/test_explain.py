@@ -1,0 +1,285 @@
+"""``policy-engine explain``: what a role does on every rank, as JSON and as text."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from policy_engine import load_policy
+from policy_engine.cli.main import main
+from policy_engine.explain import capture_runs, explain, step_label
+from policy_engine.selectors import StepSet
+
+ROOT = Path(__file__).resolve().parent.parent
+POLICIES = ROOT / "policies"
+MEGATRON = str(POLICIES / "megatron_3d.yaml")
+PLACEHOLDERS = "_pid<pid>_<timestamp>"
+
+
+def explain_json(capsys: pytest.CaptureFixture[str], *argv: str) -> dict[str, Any]:
+    assert main(["explain", *argv, "--format", "json"]) == 0
+    data: dict[str, Any] = json.loads(capsys.readouterr().out)
+    return data
+
+
+def profiled(data: dict[str, Any]) -> list[int]:
+    return [entry["rank"] for entry in data["ranks"] if entry["profiled"]]
+
+
+def write(tmp_path: Path, text: str, name: str = "p.yaml") -> str:
+    path = tmp_path / name
+    path.write_text(text)
+    return str(path)
+
+
+# ---------------------------------------------------------------- the JSON shape
+
+
+def test_coordinate_selectors_on_a_3d_mesh(capsys: pytest.CaptureFixture[str]) -> None:
+    """megatron_3d: {tp: 0, dp: [0, -1]} on pp=2,dp=2,tp=2 selects ranks 0, 2, 4 and 6."""
+    data = explain_json(capsys, MEGATRON, "--role", "trainer")
+    assert (data["role"], data["world"]) == ("trainer", 8)
+    assert [entry["rank"] for entry in data["ranks"]] == list(range(8))
+    assert profiled(data) == [0, 2, 4, 6]
+    first = data["ranks"][0]
+    assert first == {
+        "rank": 0, "profiled": True, "coords": {"tp": 0, "pp": 0, "dp": 0},
+        "local_rank": 0, "node": 0, "backend": "torch", "steps": [10, 11, 12],
+        "actions": ["NONE", "WARMUP", "RECORD", "RECORD", "RECORD_AND_SAVE",
+                    "NONE", "NONE", "NONE", "NONE", "NONE"],
+        "name": "gpt-8b_trainer_step10-12_rank0-of-8_tp0pp0dp0" + PLACEHOLDERS,
+        "captures": [{"steps": [10, 11, 12], "region": None,
+                      "name": "gpt-8b_trainer_step10-12_rank0-of-8_tp0pp0dp0" + PLACEHOLDERS}],
+    }
+    # Rank 5 is pp1 dp0 tp1 (the last dimension varies fastest) and is not profiled.
+    assert data["ranks"][5] == {"rank": 5, "profiled": False,
+                                "coords": {"tp": 1, "pp": 1, "dp": 0},
+                                "local_rank": 5, "node": 0}
+    assert [entry["coords"] for entry in data["ranks"] if entry["profiled"]] == [
+        {"tp": 0, "pp": 0, "dp": 0}, {"tp": 0, "pp": 0, "dp": 1},
+        {"tp": 0, "pp": 1, "dp": 0}, {"tp": 0, "pp": 1, "dp": 1}]
+    assert data["ranks"][6]["name"] == (
+        "gpt-8b_trainer_step10-12_rank6-of-8_tp0pp1dp1" + PLACEHOLDERS)
+
+
+def test_every_rank_has_the_documented_keys(capsys: pytest.CaptureFixture[str]) -> None:
+    data = explain_json(capsys, str(POLICIES / "verl_ppo.yaml"), "--role", "actor",
+                        "--world", "4")
+    assert set(data) == {"role", "world", "ranks"}
+    for entry in data["ranks"]:
+        assert {"rank", "profiled", "coords"} <= set(entry)
+        if entry["profiled"]:
+            assert {"backend", "steps", "actions", "name"} <= set(entry)
+    assert profiled(data) == [0, 3]  # ranks: [0, -1]
+
+
+def test_mesh_option_and_local_world(capsys: pytest.CaptureFixture[str]) -> None:
+    data = explain_json(capsys, MEGATRON, "--role", "trainer", "--mesh", "dp=4,tp=2",
+                        "--local-world", "4")
+    assert data["world"] == 8
+    assert profiled(data) == [0, 6]  # tp 0 of dp groups 0 and 3
+    assert [(e["node"], e["local_rank"]) for e in data["ranks"]][5:7] == [(1, 1), (1, 2)]
+
+
+# ---------------------------------------------------------------- overrides
+
+
+def test_set_overrides_apply_to_explain(capsys: pytest.CaptureFixture[str]) -> None:
+    data = explain_json(capsys, MEGATRON, "--role", "trainer", "--set", "roles.trainer.ranks=all")
+    assert profiled(data) == list(range(8))
+    data = explain_json(capsys, MEGATRON, "--role", "trainer",
+                        "--set", "roles.trainer.ranks={pp: -1, tp: 1}",
+                        "--set", "defaults.backend=nsys")
+    assert profiled(data) == [5, 7]
+    assert {e["backend"] for e in data["ranks"] if e["profiled"]} == {"nsight"}
+
+
+def test_bad_override_in_explain_is_reported_as_the_override(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["explain", MEGATRON, "--role", "trainer",
+                 "--set", "roles.trainer.ranks=bogus"]) == 1
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert err == ("--set roles.trainer.ranks=bogus: error: malformed rank range 'bogus' "
+                   "(expected N, -N or A-B with A, B >= 0) (at $.roles.trainer.ranks)\n")
+
+
+def test_environment_overrides_apply_to_explain(capsys: pytest.CaptureFixture[str],
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PROFILE_POLICY_SET", "roles.trainer.ranks=-1")
+    assert profiled(explain_json(capsys, MEGATRON, "--role", "trainer")) == [7]
+
+
+# ---------------------------------------------------------------- captures and names
+
+
+def test_merge_steps_labels_one_capture_per_run(capsys: pytest.CaptureFixture[str]) -> None:
+    data = explain_json(capsys, MEGATRON, "--role", "trainer",
+                        "--set", "roles.trainer.steps=[10, 12, 13, 14]")
+    first = data["ranks"][0]
+    assert first["steps"] == [10, 12, 13, 14]
+    assert [(c["steps"], c["name"]) for c in first["captures"]] == [
+        ([10], "gpt-8b_trainer_step10_rank0-of-8_tp0pp0dp0" + PLACEHOLDERS),
+        ([12, 13, 14], "gpt-8b_trainer_step12-14_rank0-of-8_tp0pp0dp0" + PLACEHOLDERS),
+    ]
+
+
+def test_without_merge_each_step_is_a_capture(capsys: pytest.CaptureFixture[str]) -> None:
+    data = explain_json(capsys, MEGATRON, "--role", "trainer",
+                        "--set", "roles.trainer.merge_steps=false", "--steps", "11-30")
+    names = [c["name"] for c in data["ranks"][2]["captures"]]
+    assert names == [f"gpt-8b_trainer_step{n}_rank2-of-8_tp0pp0dp1" + PLACEHOLDERS
+                     for n in (11, 12)]
+
+
+def test_discrete_regions_are_captures_of_their_own(capsys: pytest.CaptureFixture[str],
+                                                    tmp_path: Path) -> None:
+    path = write(tmp_path, """\
+version: 1
+prefix: rl
+roles:
+  actor:
+    enabled: true
+    steps: [4, 5]
+    discrete: true
+    name: "<prefix>_<role>_<region>_step<step>_rank<rank>[_c<cycle>]"
+    regions:
+      update_actor: {schedule: {warmup: 1, active: 1, repeat: 1}}
+      compute_log_prob: {}
+      generate: {enabled: false}
+""")
+    data = explain_json(capsys, path, "--role", "actor", "--world", "2", "--inner-steps", "4")
+    assert profiled(data) == [0]
+    rank0 = data["ranks"][0]
+    assert [(c["steps"], c["region"], c["name"]) for c in rank0["captures"]] == [
+        ([4], "update_actor", "rl_actor_update-actor_step4_rank0_c0"),
+        ([4], "compute_log_prob", "rl_actor_compute-log-prob_step4_rank0"),
+        ([5], "update_actor", "rl_actor_update-actor_step5_rank0_c0"),
+        ([5], "compute_log_prob", "rl_actor_compute-log-prob_step5_rank0"),
+    ]
+    assert rank0["regions"] == {
+        "update_actor": ["WARMUP", "RECORD_AND_SAVE", "NONE", "NONE"],
+        "compute_log_prob": ["RECORD"] * 4,
+    }
+    assert rank0["name"] == "rl_actor_update-actor_step4_rank0_c0"
+
+
+def test_names_keep_late_fields_as_placeholders(capsys: pytest.CaptureFixture[str],
+                                                tmp_path: Path) -> None:
+    path = write(tmp_path, """\
+version: 1
+roles:
+  actor:
+    enabled: true
+    steps: [1]
+    name: "<role>/<host>/rank<rank>-pid<pid>-<timestamp>[-<env:SLURM_JOB_ID>]"
+""")
+    data = explain_json(capsys, path, "--role", "actor", "--world", "1")
+    assert data["ranks"][0]["name"] == "actor/<host>/rank0-pid<pid>-<timestamp>"
+
+
+def test_ascend_policy(capsys: pytest.CaptureFixture[str]) -> None:
+    data = explain_json(capsys, str(POLICIES / "ascend_npu.yaml"), "--role", "actor",
+                        "--world", "4", "--inner-steps", "5")
+    assert profiled(data) == [0, 1]
+    rank1 = data["ranks"][1]
+    assert rank1["backend"] == "mstx"
+    assert rank1["regions"] == {"update_actor": ["NONE", "WARMUP", "RECORD", "RECORD_AND_SAVE",
+                                                 "NONE"]}
+    assert rank1["name"] == "grpo-npu_actor_update-actor_step5_rank1-of-4_c0"
+
+
+# ---------------------------------------------------------------- text
+
+
+def test_text_output(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["explain", str(POLICIES / "verl_ppo.yaml"), "--role", "actor",
+                 "--world", "4", "--inner-steps", "3"]) == 0
+    assert capsys.readouterr().out.splitlines() == [
+        "role actor, world 4, outer steps 0-20",
+        "  rank 0: profiled with torch, steps 2,3",
+        "    actions per inner step: RECORD RECORD RECORD",
+        "    rank 0 (-): ppo-qwen7b_actor_step2_rank0-of-4" + PLACEHOLDERS,
+        "  ranks 1-2: not profiled",
+        "  rank 3: profiled with torch, steps 2,3",
+        "    actions per inner step: RECORD RECORD RECORD",
+        "    rank 3 (-): ppo-qwen7b_actor_step2_rank3-of-4" + PLACEHOLDERS,
+    ]
+
+
+def test_text_output_shows_coordinates(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["explain", MEGATRON, "--role", "trainer", "--steps", "0-9"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == "role trainer, world 8, outer steps 0-9"
+    assert lines[1] == "  rank 0: profiled with torch, steps none in range"
+    assert lines[3] == "    rank 0 (tp0pp0dp0): gpt-8b_trainer_rank0-of-8_tp0pp0dp0" + PLACEHOLDERS
+
+
+# ---------------------------------------------------------------- mistakes
+
+
+def test_unknown_role_gets_the_defaults_with_a_warning(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["explain", MEGATRON, "--role", "trainr", "--format", "json"]) == 0
+    out, err = capsys.readouterr()
+    assert profiled(json.loads(out)) == []
+    assert err == ("policy-engine explain: warning: role 'trainr' is not in the policy "
+                   "(did you mean 'trainer'?); it gets the defaults\n")
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--role", "actor"], "give --world N (or a mesh) to explain a role"),
+    (["--role", "actor", "--world", "2", "--steps", "9-3"], "--steps '9-3': range is reversed"),
+    (["--role", "actor", "--world", "2", "--steps", "x"],
+     "--steps 'x': expected A-B or N, such as 1-20"),
+])
+def test_usage_errors(argv: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["explain", str(POLICIES / "verl_ppo.yaml"), *argv]) == 2
+    assert capsys.readouterr().err == f"policy-engine explain: error: {message}\n"
+
+
+def test_an_invalid_policy_is_not_explained(capsys: pytest.CaptureFixture[str]) -> None:
+    invalid = ROOT / "tests" / "data" / "invalid" / "unknown_key.yaml"
+    assert main(["explain", str(invalid), "--role", "actor", "--world", "2"]) == 1
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert err.endswith("error: unknown key 'rnaks' (did you mean 'ranks'?) "
+                        "(at $.roles.actor.rnaks)\n")
+
+
+def test_world_must_match_the_mesh(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["explain", MEGATRON, "--role", "trainer", "--world", "4"]) == 1
+    assert "error: mesh pp=2,dp=2,tp=2 has 8 ranks but the world has 4 (at $.mesh)" in (
+        capsys.readouterr().err)
+
+
+def test_unreadable_file_is_a_usage_error(capsys: pytest.CaptureFixture[str],
+                                          tmp_path: Path) -> None:
+    assert main(["explain", str(tmp_path / "none.yaml"), "--role", "a", "--world", "1"]) == 2
+    assert "cannot read" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------- the library side
+
+
+def test_explain_function() -> None:
+    policy = load_policy(MEGATRON)
+    data = explain(policy, "trainer", world=8, lo=11, hi=11, inner=2)
+    assert profiled(data) == [0, 2, 4, 6]
+    assert data["ranks"][4]["steps"] == [11]
+    assert data["ranks"][4]["actions"] == ["NONE", "WARMUP"]
+
+
+@pytest.mark.parametrize(("steps", "merge", "runs"), [
+    ([1, 2, 3, 5], True, [(1, 3), (5, 5)]),
+    ([1, 2, 3, 5], False, [(1, 1), (2, 2), (3, 3), (5, 5)]),
+    ("all", True, [(0, 20)]),
+    ([], True, []),
+])
+def test_capture_runs(steps: object, merge: bool, runs: list[tuple[int, int]]) -> None:
+    assert capture_runs(StepSet.parse(steps), 0, 20, merge) == runs
+    assert [step_label(a, b) for a, b in runs] == [str(a) if a == b else f"{a}-{b}"
+                                                   for a, b in runs]

@@ -1,0 +1,227 @@
+"""The JSON Schema: valid Draft 2020-12, in step with the code, and its errors made readable."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from jsonschema import Draft202012Validator
+
+from policy_engine import backends, schema
+from policy_engine.loader import document_from_mapping, parse_document
+from policy_engine.model import BUILTIN_DEFAULTS
+from policy_engine.schedule import Schedule
+from policy_engine.selectors import DIMENSIONS
+from policy_engine.topology import DIMS
+
+ROOT = Path(__file__).resolve().parent.parent
+SCHEMA = json.loads((ROOT / "schemas" / schema.SCHEMA_NAME).read_text(encoding="utf-8"))
+
+
+def messages(data: dict[str, Any]) -> list[tuple[str, str]]:
+    """(json path, message) of each schema problem in ``data``."""
+    return [(p.json_path, p.message) for p in schema.validate(document_from_mapping(data))]
+
+
+def role(**settings: Any) -> dict[str, Any]:
+    return {"version": 1, "roles": {"actor": settings}}
+
+
+# ---------------------------------------------------------------- the file
+
+
+def test_schema_is_valid_draft_2020_12() -> None:
+    Draft202012Validator.check_schema(SCHEMA)
+    assert SCHEMA["$schema"] == "https://json-schema.org/draft/2020-12/schema"
+    assert schema.schema() == SCHEMA
+    assert json.loads(schema.schema_text()) == SCHEMA
+
+
+def test_backend_enum_is_the_registry() -> None:
+    assert schema.backend_names() == [*backends.BACKENDS, *backends.ALIASES]
+    assert set(backends.ALIASES.values()) <= set(backends.BACKENDS)
+
+
+def test_every_registered_backend_has_a_settings_block() -> None:
+    role_props = SCHEMA["$defs"]["role"]["properties"]
+    for name in backends.BACKENDS:
+        assert role_props[name] == {"$ref": f"#/$defs/{name}"}
+        assert name in BUILTIN_DEFAULTS
+
+
+def test_dimensions_match_the_code() -> None:
+    assert set(SCHEMA["properties"]["mesh"]["propertyNames"]["enum"]) == set(DIMS)
+    assert list(SCHEMA["$defs"]["rank_item"]["properties"]) == list(DIMENSIONS)
+    assert list(SCHEMA["$defs"]["ranks"]["properties"]) == list(DIMENSIONS)
+
+
+def test_schedule_fields_match_the_code() -> None:
+    assert list(SCHEMA["$defs"]["schedule"]["properties"]) == list(Schedule().to_json())
+    assert SCHEMA["$defs"]["schedule"]["required"] == ["active"]
+
+
+def test_builtin_defaults_fit_the_schema() -> None:
+    assert schema.fits(dict(BUILTIN_DEFAULTS), "$defs", "role")
+
+
+def test_fits_a_part_of_the_schema() -> None:
+    assert schema.fits({"tp": 0, "dp": [0, -1]}, "$defs", "ranks")
+    assert not schema.fits({"tq": 0}, "$defs", "ranks")
+    assert schema.fits({"pp": 2, "tp": 4}, "properties", "mesh")
+    assert not schema.fits({"pp": 0}, "properties", "mesh")
+    assert schema.fits({"actor": {"enabled": True}}, "properties", "roles")
+    assert not schema.fits({"a b": {}}, "properties", "roles")
+
+
+# ---------------------------------------------------------------- messages
+
+
+@pytest.mark.parametrize(("data", "expected"), [
+    # oneOf: the alternative the value's kind picks speaks, with every one of its errors
+    (role(schedule={"active": 0, "wait": -1}), [
+        ("$.roles.actor.schedule.active", "active must be >= 1, got 0"),
+        ("$.roles.actor.schedule.wait", "wait must be >= 0, got -1"),
+    ]),
+    (role(schedule={"warmup": 1}), [
+        ("$.roles.actor.schedule", "missing required key 'active' "
+                                   "(the steps recorded in each cycle, >= 1)"),
+    ]),
+    (role(schedule={"active": 1, "warmpu": 1}), [
+        ("$.roles.actor.schedule.warmpu", "unknown key 'warmpu' (did you mean 'warmup'?)"),
+    ]),
+    (role(schedule=3), [
+        ("$.roles.actor.schedule", "schedule must be a mapping or null, got an integer 3"),
+    ]),
+    (role(regions=[1, "ok"]), [
+        ("$.roles.actor.regions[0]", "regions[0] must be a string, got an integer 1"),
+    ]),
+    (role(regions={"update_actor": {"enabled": "no"}}), [
+        ("$.roles.actor.regions.update_actor.enabled",
+         "enabled must be a boolean, got a string 'no'"),
+    ]),
+    (role(regions={"update_actor": 5}), [
+        ("$.roles.actor.regions.update_actor",
+         "region 'update_actor' must be a mapping or null, got an integer 5"),
+    ]),
+    (role(regions={"update_actor": {"schedule": {"active": -1}}}), [
+        ("$.roles.actor.regions.update_actor.schedule.active", "active must be >= 1, got -1"),
+    ]),
+    (role(regions=None), [
+        ("$.roles.actor.regions", "regions must be a list or a mapping, got null"),
+    ]),
+    (role(mstx={"export_type": 5}), [
+        ("$.roles.actor.mstx.export_type",
+         "export_type must be 'text', 'db' or a list, got an integer 5"),
+    ]),
+    (role(mstx={"export_type": []}), [
+        ("$.roles.actor.mstx.export_type", "export_type must not be empty"),
+    ]),
+    (role(mstx={"export_type": ["db", "db"]}), [
+        ("$.roles.actor.mstx.export_type", "export_type lists 'db' more than once"),
+    ]),
+    # kinds, with the value shown as the file writes it
+    (role(enabled=None), [("$.roles.actor.enabled", "enabled must be a boolean, got null")]),
+    (role(steps=2.5), [
+        ("$.roles.actor.steps", "steps must be an integer, a string or a list, got a number 2.5"),
+    ]),
+    (role(ranks=[[0, 1]]), [
+        ("$.roles.actor.ranks[0]",
+         "ranks[0] must be an integer, a string or a mapping, got a list [0, 1]"),
+    ]),
+    (role(torch={"activities": "cpu"}), [
+        ("$.roles.actor.torch.activities", "activities must be a list, got a string 'cpu'"),
+    ]),
+    ({"version": 1, "roles": {"actor": None}}, [
+        ("$.roles.actor", "role 'actor' must be a mapping, got null"),
+    ]),
+    ({"version": 1, "roles": []}, [("$.roles", "roles must be a mapping, got a list []")]),
+    ({"version": "1"}, [("$.version", "version must be 1, got '1'")]),
+    ({"version": 1, "prefix": 7}, [("$.prefix", "prefix must be a string, got an integer 7")]),
+    # enum suggestions: spelling, short words, and synonyms
+    (role(backend="nsight-systems"), [
+        ("$.roles.actor.backend", "backend must be one of torch, mstx, nsight, npu, nsys, got "
+                                  "'nsight-systems' (did you mean 'nsight'?)"),
+    ]),
+    (role(backend="pytorch"), [
+        ("$.roles.actor.backend", "backend must be one of torch, mstx, nsight, npu, nsys, got "
+                                  "'pytorch' (did you mean 'torch'?)"),
+    ]),
+    (role(ranks={"dq": 0}), [
+        ("$.roles.actor.ranks.dq", "unknown key 'dq' (did you mean 'dp'?)"),
+    ]),
+    ({"version": 1, "mesh": {"xx": 2}}, [
+        ("$.mesh.xx", "unknown mesh dimension 'xx' (expected one of pp, dp, cp, ep, tp)"),
+    ]),
+    ({"version": 1, "mesh": {"dp": 2.0}}, [
+        ("$.mesh.dp", "dp must be an integer, got a number 2.0"),
+    ]),
+    (role(colour=1, enabeld=True), [
+        ("$.roles.actor.colour", "unknown key 'colour'"),
+        ("$.roles.actor.enabeld", "unknown key 'enabeld' (did you mean 'enabled'?)"),
+    ]),
+])
+def test_messages(data: dict[str, Any], expected: list[tuple[str, str]]) -> None:
+    assert messages(data) == expected
+
+
+def test_unknown_keys_point_at_the_key() -> None:
+    doc = parse_document("version: 1\nroles:\n  actor: {enabled: true, rnaks: 0}\n", "p.yaml",
+                         "yaml")
+    [problem] = schema.validate(doc)
+    assert problem.render() == ("p.yaml:3:26: error: unknown key 'rnaks' (did you mean "
+                                "'ranks'?) (at $.roles.actor.rnaks)")
+
+
+def test_bad_names_point_at_the_key() -> None:
+    text = "version: 1\nmesh:\n  tp: 2\n  zz: 2\nroles:\n  ok: {}\n  1st: {}\n"
+    problems = schema.validate(parse_document(text, "p.yaml", "yaml"))
+    assert [p.render() for p in problems] == [
+        "p.yaml:4:3: error: unknown mesh dimension 'zz' (expected one of pp, dp, cp, ep, tp) "
+        "(at $.mesh.zz)",
+        "p.yaml:7:3: error: bad role name '1st': use a letter, then letters, digits, _ . + or - "
+        "(at $.roles['1st'])",
+    ]
+
+
+def test_problems_are_ranked_structure_first_then_file_order() -> None:
+    text = ("version: 1\n"
+            "roles:\n"
+            "  actor:\n"
+            "    schedule: {active: 0}\n"
+            "    backend: bad\n"
+            "extra: 1\n"
+            "prefix: 3\n")
+    problems = schema.validate(parse_document(text, "p.yaml", "yaml"))
+    assert [(p.location.line if p.location else None, p.json_path) for p in problems] == [
+        (6, "$.extra"),
+        (7, "$.prefix"),
+        (5, "$.roles.actor.backend"),
+        (4, "$.roles.actor.schedule.active"),
+    ]
+
+
+# ---------------------------------------------------------------- any input
+
+
+_scalars = st.none() | st.booleans() | st.integers(-3, 3) | st.sampled_from(
+    ["", "all", "0-3", "x", "torch", "text", "level1"])
+_values = st.recursive(_scalars, lambda inner: st.lists(inner, max_size=3) | st.dictionaries(
+    st.sampled_from(["active", "tp", "enabled", "schedule", "x", "export_type"]), inner,
+    max_size=3), max_leaves=8)
+_role_keys = st.sampled_from(["enabled", "backend", "ranks", "steps", "schedule", "regions",
+                              "name", "torch", "mstx", "nsight", "merge_steps", "typo"])
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.dictionaries(_role_keys, _values, max_size=4))
+def test_every_problem_is_specific(body: dict[str, Any]) -> None:
+    """Whatever a role holds, no message is jsonschema's generic oneOf/anyOf text."""
+    for path, message in messages({"version": 1, "roles": {"actor": body}}):
+        assert "is not valid under any of the given schemas" not in message
+        assert "is valid under each of" not in message
+        assert path.startswith("$.roles.actor")
+        assert message[0].islower() or message[0] in "'-<"

@@ -1,0 +1,611 @@
+"""``policy-engine validate``: the corpus of invalid policies, exact lines, every problem.
+
+Each file under ``tests/data/invalid`` holds one problem (a few hold several, to prove that
+every problem is reported); the tables below give the exact lines validate prints for it.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from policy_engine import PolicyError, load_policy
+from policy_engine.cli.main import main
+from policy_engine.loader import document_from_mapping
+from policy_engine.policy import analyze
+
+DATA = Path(__file__).parent / "data"
+INVALID = DATA / "invalid"
+VALID = DATA / "valid"
+
+E = "error"
+
+# file -> (extra arguments, exact problem lines)
+INVALID_CASES: dict[str, tuple[tuple[str, ...], list[str]]] = {
+    # ---- schema: keys
+    "unknown_key.yaml": ((), [
+        "unknown_key.yaml:7:5: error: unknown key 'rnaks' (did you mean 'ranks'?) "
+        "(at $.roles.actor.rnaks)",
+    ]),
+    "unknown_top_key.yaml": ((), [
+        "unknown_top_key.yaml:2:1: error: unknown key 'role' (did you mean 'roles'?) (at $.role)",
+    ]),
+    "unknown_key_listed.yaml": ((), [
+        "unknown_key_listed.yaml:3:25: error: unknown key 'pause' (expected one of skip_first, "
+        "skip_first_wait, wait, warmup, active, repeat) (at $.defaults.schedule.pause)",
+    ]),
+    "unknown_dimension_key.yaml": ((), [
+        "unknown_dimension_key.yaml:4:13: error: unknown key 'tq' (did you mean 'tp'?) "
+        "(at $.roles.actor.ranks.tq)",
+    ]),
+    "version_missing.yaml": ((), [
+        "version_missing.yaml:1:1: error: missing required key 'version' (add version: 1) (at $)",
+    ]),
+    "version_wrong.yaml": ((), [
+        "version_wrong.yaml:1:10: error: version must be 1, got 2 (at $.version)",
+    ]),
+    "role_name.yaml": ((), [
+        "role_name.yaml:4:3: error: bad role name 'critic!': use a letter, then letters, "
+        "digits, _ . + or - (at $.roles['critic!'])",
+    ]),
+    "duplicate_key.yaml": ((), [
+        "duplicate_key.yaml:4:3: error: duplicate key 'actor' (first defined at line 3) "
+        "(at $.roles.actor)",
+    ]),
+    # ---- schema: values
+    "backend.yaml": ((), [
+        "backend.yaml:3:12: error: backend must be one of torch, mstx, nsight, npu, nsys, "
+        "got 'torh' (did you mean 'torch'?) (at $.defaults.backend)",
+    ]),
+    "enabled_type.yaml": ((), [
+        "enabled_type.yaml:4:14: error: enabled must be a boolean, got a string 'yes' "
+        "(at $.roles.actor.enabled)",
+    ]),
+    "on_error.yaml": ((), [
+        "on_error.yaml:3:13: error: on_error must be one of warn, raise, got 'ignore' "
+        "(at $.defaults.on_error)",
+    ]),
+    "name_empty.yaml": ((), [
+        "name_empty.yaml:3:9: error: name must not be empty (at $.defaults.name)",
+    ]),
+    "mesh_dimension.yaml": ((), [
+        "mesh_dimension.yaml:2:15: error: unknown mesh dimension 'tq' (did you mean 'tp'?) "
+        "(at $.mesh.tq)",
+    ]),
+    "mesh_size_zero.yaml": ((), [
+        "mesh_size_zero.yaml:4:7: error: tp must be >= 1, got 0 (at $.mesh.tp)",
+    ]),
+    "ranks_type.yaml": ((), [
+        "ranks_type.yaml:4:12: error: ranks must be an integer, a string, a mapping or a list, "
+        "got a boolean true (at $.roles.actor.ranks)",
+    ]),
+    "ranks_empty_mapping.yaml": ((), [
+        "ranks_empty_mapping.yaml:4:12: error: ranks must not be empty (at $.roles.actor.ranks)",
+    ]),
+    "regions_type.yaml": ((), [
+        "regions_type.yaml:4:14: error: regions must be a list or a mapping, "
+        "got a string 'update_actor' (at $.roles.actor.regions)",
+    ]),
+    "region_name.yaml": ((), [
+        "region_name.yaml:4:29: error: bad region name 'compute-log-prob': use letters, digits "
+        "and _, not starting with a digit (at $.roles.actor.regions[1])",
+    ]),
+    "region_key_name.yaml": ((), [
+        "region_key_name.yaml:6:7: error: bad region name '2nd_pass': use letters, digits "
+        "and _, not starting with a digit (at $.roles.actor.regions['2nd_pass'])",
+    ]),
+    "region_duplicate.yaml": ((), [
+        "region_duplicate.yaml:4:14: error: regions lists 'update_actor' more than once "
+        "(at $.roles.actor.regions)",
+    ]),
+    "torch_activity.yaml": ((), [
+        "torch_activity.yaml:4:23: error: activities[1] must be one of cpu, cuda, xpu, "
+        "got 'gpu' (did you mean 'cuda'?) (at $.defaults.torch.activities[1])",
+    ]),
+    # ---- schema: schedule (active >= 1 when given, no negative values)
+    "schedule_negative.yaml": ((), [
+        "schedule_negative.yaml:3:20: error: wait must be >= 0, got -1 "
+        "(at $.defaults.schedule.wait)",
+    ]),
+    "schedule_active_zero.yaml": ((), [
+        "schedule_active_zero.yaml:5:13: error: active must be >= 1, got 0 "
+        "(at $.defaults.schedule.active)",
+    ]),
+    "schedule_no_active.yaml": ((), [
+        "schedule_no_active.yaml:3:13: error: missing required key 'active' (the steps "
+        "recorded in each cycle, >= 1) (at $.defaults.schedule)",
+    ]),
+    "schedule_type.yaml": ((), [
+        "schedule_type.yaml:3:13: error: schedule must be a mapping or null, got a string '1-3' "
+        "(at $.defaults.schedule)",
+    ]),
+    # ---- schema: mstx level and export values
+    "mstx_level.yaml": ((), [
+        "mstx_level.yaml:5:12: error: level must be one of level_none, level0, level1, level2, "
+        "got 'level3' (did you mean 'level2'?) (at $.defaults.mstx.level)",
+    ]),
+    "mstx_export.yaml": ((), [
+        "mstx_export.yaml:4:23: error: export_type must be one of text, db, got 'csv' "
+        "(at $.defaults.mstx.export_type)",
+    ]),
+    "mstx_export_list.yaml": ((), [
+        "mstx_export_list.yaml:5:25: error: export_type[1] must be one of text, db, got 'csv' "
+        "(at $.defaults.mstx.export_type[1])",
+    ]),
+    # ---- rank selectors
+    "ranks_syntax.yaml": ((), [
+        "ranks_syntax.yaml:4:12: error: malformed rank range '0-' (expected N, -N or A-B with "
+        "A, B >= 0) (at $.roles.actor.ranks)",
+    ]),
+    "ranks_reversed.yaml": ((), [
+        "ranks_reversed.yaml:4:16: error: range 7-4 is reversed (at $.roles.actor.ranks[1])",
+    ]),
+    "ranks_out_of_range.yaml": (("--world", "4"), [
+        "ranks_out_of_range.yaml:6:16: error: rank 4 is out of range for world 4 "
+        "(at $.roles.actor.ranks[1])",
+        "ranks_out_of_range.yaml:6:19: error: rank -5 is out of range for world 4 "
+        "(at $.roles.actor.ranks[2])",
+    ]),
+    "ranks_out_of_range_mesh.yaml": ((), [
+        "ranks_out_of_range_mesh.yaml:6:28: error: tp 2 is out of range (tp has 2) "
+        "(at $.roles.actor.ranks.tp[1])",
+    ]),
+    "ranks_dimension_not_in_mesh.yaml": ((), [
+        "ranks_dimension_not_in_mesh.yaml:6:17: error: dimension 'pp' is not in the mesh "
+        "(mesh: dp, tp) (at $.roles.actor.ranks.pp)",
+    ]),
+    # ---- steps
+    "steps_reversed.yaml": ((), [
+        "steps_reversed.yaml:4:12: error: range 12-10 is reversed (at $.roles.actor.steps)",
+    ]),
+    "steps_empty_range.yaml": ((), [
+        "steps_empty_range.yaml:4:12: error: malformed step range '' (expected N, A-B or A-B:S) "
+        "(at $.roles.actor.steps)",
+    ]),
+    "steps_negative.yaml": ((), [
+        "steps_negative.yaml:4:16: error: step -2 is negative (at $.roles.actor.steps[1])",
+    ]),
+    "steps_stride.yaml": ((), [
+        "steps_stride.yaml:4:12: error: stride must be > 0 in '0-100:0' (at $.roles.actor.steps)",
+    ]),
+    # ---- mesh vs world
+    "mesh_world.yaml": (("--world", "6"), [
+        "mesh_world.yaml:3:7: error: mesh dp=2,tp=2 has 4 ranks but the world has 6 (at $.mesh)",
+    ]),
+    # ---- name templates
+    "name_grammar.yaml": ((), [
+        "name_grammar.yaml:3:9: error: bad name template at character 7: unclosed '[' "
+        "(at $.defaults.name)",
+    ]),
+    "name_unknown_field.yaml": ((), [
+        "name_unknown_field.yaml:3:9: error: bad name template at character 12: unknown field "
+        "<setp> (did you mean <step>?) (at $.defaults.name)",
+    ]),
+    "name_character.yaml": ((), [
+        "name_character.yaml:3:9: error: bad name template at character 7: character ' ' is "
+        "not allowed (use letters, digits, . _ = + - or /) (at $.defaults.name)",
+    ]),
+    "name_dotdot.yaml": ((), [
+        "name_dotdot.yaml:3:9: error: bad name template at character 1: '..' cannot be a path "
+        "component (names stay under output_dir) (at $.defaults.name)",
+    ]),
+    "name_absolute.yaml": ((), [
+        "name_absolute.yaml:3:9: error: bad name template at character 1: absolute path: a "
+        "name is relative to output_dir (at $.defaults.name)",
+    ]),
+    "name_ranks.yaml": ((), [
+        "name_ranks.yaml:8:11: error: the name cannot tell apart the ranks of role 'actor' "
+        "(ranks: 0-3); add <rank> (at $.roles.actor.name)",
+    ]),
+    "name_ranks_mesh.yaml": ((), [
+        "name_ranks_mesh.yaml:9:11: error: the name cannot tell apart ranks 0 and 2 of role "
+        "'actor'; add <rank> (at $.roles.actor.name)",
+    ]),
+    "name_steps.yaml": ((), [
+        "name_steps.yaml:6:11: error: the name cannot tell apart the captures one rank makes for "
+        "role 'actor': steps 2-3 are separate captures; add <step> (at $.roles.actor.name)",
+    ]),
+    "name_regions.yaml": ((), [
+        "name_regions.yaml:8:11: error: the name cannot tell apart the captures one rank makes "
+        "for role 'actor': each region call is its own capture (discrete: true); add <region> "
+        "(at $.roles.actor.name)",
+    ]),
+    "name_cycles.yaml": ((), [
+        "name_cycles.yaml:3:9: error: the name cannot tell apart the captures one rank makes for "
+        "role 'actor': the schedule repeats 3 times within a capture; add <cycle> "
+        "(at $.defaults.name)",
+    ]),
+    # ---- backend settings and cross-field rules
+    "activities_empty.yaml": ((), [
+        "activities_empty.yaml:5:19: error: activities is empty: list at least one of cpu, cuda "
+        "(an empty list never means all) (at $.roles.actor.torch.activities)",
+    ]),
+    "mstx_activities_empty.yaml": ((), [
+        "mstx_activities_empty.yaml:5:24: error: activities is empty: list at least one of cpu, "
+        "npu (an empty list never means all) (at $.roles.actor.mstx.activities)",
+    ]),
+    "discrete_merge.yaml": ((), [
+        "discrete_merge.yaml:7:18: error: discrete: true cannot be combined with merge_steps: "
+        "true (each region call is its own capture) (at $.roles.actor.merge_steps)",
+    ]),
+    # ---- syntax, per format
+    "tab_indent.yaml": ((), [
+        "tab_indent.yaml:3:1: error: tabs cannot indent YAML; use spaces (at $)",
+    ]),
+    "bad_syntax.toml": ((), [
+        "bad_syntax.toml:2:13: error: Expected ']' at the end of a table declaration (at $)",
+    ]),
+    "bad_syntax.json": ((), [
+        "bad_syntax.json:2:38: error: Expecting property name enclosed in double quotes (at $)",
+    ]),
+    # ---- extends: a problem is reported in the file that holds it
+    "extends_base.yaml": ((), [
+        "bases/base.yaml:6:3: error: unknown key 'shedule' (did you mean 'schedule'?) "
+        "(at $.defaults.shedule)",
+        "extends_base.yaml:6:12: error: malformed rank range '0-' (expected N, -N or A-B with "
+        "A, B >= 0) (at $.roles.actor.ranks)",
+    ]),
+    "extends_cycle.yaml": ((), [
+        "extends_cycle.yaml:1:10: error: extends cycle: extends_cycle.yaml -> extends_cycle.yaml "
+        "(at $.extends)",
+    ]),
+    "extends_missing.yaml": ((), [
+        "extends_missing.yaml:2:28: error: cannot read bases/missing.yaml: No such file or "
+        "directory (at $.extends[1])",
+    ]),
+    # ---- several problems: every one is reported, ranked (structure first)
+    "several.yaml": ((), [
+        "several.yaml:4:1: error: unknown key 'outptu_dir' (did you mean 'output_dir'?) "
+        "(at $.outptu_dir)",
+        "several.yaml:7:33: error: active must be >= 1, got 0 (at $.defaults.schedule.active)",
+        "several.yaml:15:14: error: enabled must be a boolean, got an integer 1 "
+        "(at $.roles.critic.enabled)",
+        "several.yaml:11:12: error: malformed rank range '0-' (expected N, -N or A-B with "
+        "A, B >= 0) (at $.roles.actor.ranks)",
+        "several.yaml:12:12: error: range 5-3 is reversed (at $.roles.actor.steps)",
+        "several.yaml:13:11: error: bad name template at character 8: unknown field <stpe> "
+        "(did you mean <step>?) (at $.roles.actor.name)",
+        "several.yaml:17:25: error: activities is empty: list at least one of cpu, cuda "
+        "(an empty list never means all) (at $.roles.critic.torch.activities)",
+    ]),
+    "several.toml": ((), [
+        "several.toml:6:11: error: backend must be one of torch, mstx, nsight, npu, nsys, "
+        "got 'torh' (did you mean 'torch'?) (at $.defaults.backend)",
+        "several.toml:11:1: error: unknown key 'rnaks' (did you mean 'ranks'?) "
+        "(at $.roles.actor.rnaks)",
+        "several.toml:7:12: error: active must be >= 1, got 0 (at $.defaults.schedule.active)",
+        "several.toml:12:9: error: range 5-3 is reversed (at $.roles.actor.steps)",
+        "several.toml:13:8: error: bad name template at character 8: '..' cannot be a path "
+        "component (names stay under output_dir) (at $.roles.actor.name)",
+    ]),
+    "several.json": ((), [
+        "several.json:3:27: error: backend must be one of torch, mstx, nsight, npu, nsys, "
+        "got 'torh' (did you mean 'torch'?) (at $.defaults.backend)",
+        "several.json:7:7: error: unknown key 'rnaks' (did you mean 'ranks'?) "
+        "(at $.roles.actor.rnaks)",
+        "several.json:3:71: error: active must be >= 1, got 0 (at $.defaults.schedule.active)",
+        "several.json:8:16: error: range 5-3 is reversed (at $.roles.actor.steps)",
+        "several.json:9:15: error: bad name template at character 8: '..' cannot be a path "
+        "component (names stay under output_dir) (at $.roles.actor.name)",
+    ]),
+    "semantic_several.yaml": (("--world", "4"), [
+        "semantic_several.yaml:8:16: error: rank 9 is out of range for world 4 "
+        "(at $.roles.actor.ranks[1])",
+        "semantic_several.yaml:11:11: error: the name cannot tell apart the captures one rank "
+        "makes for role 'critic': steps 1-2 are separate captures; add <step> "
+        "(at $.roles.critic.name)",
+        "semantic_several.yaml:15:18: error: discrete: true cannot be combined with merge_steps: "
+        "true (each region call is its own capture) (at $.roles.ref.merge_steps)",
+        "semantic_several.yaml:18:12: warning: ranks: [] selects no rank: nothing is profiled "
+        "for role 'rollout' (at $.roles.rollout.ranks)",
+    ]),
+}
+
+# Valid files: the warnings each prints (none for most).
+VALID_CASES: dict[str, list[str]] = {
+    "minimal.yaml": [],
+    "full.yaml": [],
+    "policy.toml": [],
+    "policy.json": [],
+    "warn_ranks_none.yaml": [
+        "warn_ranks_none.yaml:5:12: warning: ranks: [] selects no rank: nothing is profiled for "
+        "role 'actor' (at $.roles.actor.ranks)",
+    ],
+    "warn_steps_none.yaml": [
+        "warn_steps_none.yaml:5:12: warning: steps: [] selects no step: nothing is profiled for "
+        "role 'actor' (at $.roles.actor.steps)",
+    ],
+    "warn_steps_unbounded.yaml": [
+        "warn_steps_unbounded.yaml:3:10: warning: steps: all profiles every training step for "
+        "roles 'actor' and 'ref': a long run writes a trace per step; list the steps or give a "
+        "range such as '10-12' (at $.defaults.steps)",
+    ],
+    "warn_region_schedule.yaml": [
+        "warn_region_schedule.yaml:7:32: warning: region 'update_actor' has its own schedule, "
+        "which only applies with discrete: true "
+        "(at $.roles.actor.regions.update_actor.schedule)",
+    ],
+}
+
+
+def validate(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, list[str], str]:
+    """Run validate; return the exit code, stdout's lines and stderr."""
+    code = main(["validate", *argv])
+    out, err = capsys.readouterr()
+    return code, out.splitlines(), err
+
+
+def test_every_corpus_file_has_a_case() -> None:
+    assert sorted(p.name for p in INVALID.iterdir() if p.is_file()) == sorted(INVALID_CASES)
+    assert sorted(p.name for p in VALID.iterdir() if p.is_file()) == sorted(VALID_CASES)
+
+
+@pytest.mark.parametrize("name", sorted(INVALID_CASES))
+def test_invalid_file(name: str, capsys: pytest.CaptureFixture[str],
+                      monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(INVALID)
+    args, expected = INVALID_CASES[name]
+    code, lines, err = validate(capsys, name, *args)
+    assert lines[:-1] == expected
+    errors = sum(": error: " in line for line in expected)
+    warnings = len(expected) - errors
+    detail = ", ".join(f"{n} {w}{'s' if n != 1 else ''}"
+                       for n, w in ((errors, "error"), (warnings, "warning")) if n)
+    assert lines[-1] == f"{name}: invalid ({detail})"
+    assert (code, err) == (1, "")
+
+
+@pytest.mark.parametrize("name", sorted(VALID_CASES))
+def test_valid_file(name: str, capsys: pytest.CaptureFixture[str],
+                    monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(VALID)
+    code, lines, _ = validate(capsys, name)
+    expected = VALID_CASES[name]
+    summary = f"{name}: valid" + (f" ({len(expected)} warning{'s' * (len(expected) > 1)})"
+                                  if expected else "")
+    assert (code, lines) == (0, [*expected, summary])
+
+
+@pytest.mark.parametrize("name", [n for n, lines in VALID_CASES.items() if lines])
+def test_strict_turns_warnings_into_errors(name: str, capsys: pytest.CaptureFixture[str],
+                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(VALID)
+    code, lines, _ = validate(capsys, name, "--strict")
+    assert code == 1
+    assert lines[:-1] == [line.replace(": warning: ", ": error: ", 1)
+                          for line in VALID_CASES[name]]
+    assert lines[-1] == f"{name}: invalid (1 error)"
+
+
+def test_every_file_is_checked_and_the_worst_exit_code_wins(
+        capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(DATA)
+    code, lines, _ = validate(capsys, "valid/minimal.yaml", "invalid/backend.yaml",
+                              "invalid/unknown_key.yaml", "valid/policy.toml")
+    assert code == 1
+    summaries = [line for line in lines if line.endswith(("valid", ")"))
+                 and ": error: " not in line]
+    assert summaries == ["valid/minimal.yaml: valid", "invalid/backend.yaml: invalid (1 error)",
+                         "invalid/unknown_key.yaml: invalid (1 error)",
+                         "valid/policy.toml: valid"]
+    code, lines, _ = validate(capsys, "invalid/backend.yaml", "missing.yaml")
+    assert code == 2
+    assert lines[-2:] == [
+        "missing.yaml: error: cannot read missing.yaml: No such file or directory (at $)",
+        "missing.yaml: unreadable (1 error)",
+    ]
+
+
+@pytest.mark.parametrize("name", ["policy.txt", "no_extension"])
+def test_unsupported_file_is_a_usage_error(name: str, capsys: pytest.CaptureFixture[str],
+                                           tmp_path: Path) -> None:
+    (tmp_path / name).write_text("version: 1\n")
+    code, lines, _ = validate(capsys, str(tmp_path / name))
+    assert code == 2
+    assert "unsupported extension" in lines[0]
+
+
+def test_json_format_lists_every_problem(capsys: pytest.CaptureFixture[str],
+                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(DATA)
+    code = main(["validate", "--format", "json", "--world", "4",
+                 "invalid/semantic_several.yaml", "valid/minimal.yaml"])
+    report = json.loads(capsys.readouterr().out)
+    assert code == 1
+    assert report["valid"] is False
+    [bad, good] = report["files"]
+    assert good == {"file": "valid/minimal.yaml", "valid": True, "problems": []}
+    assert bad["file"] == "invalid/semantic_several.yaml"
+    assert bad["valid"] is False
+    assert bad["problems"][0] == {
+        "file": "invalid/semantic_several.yaml", "line": 8, "column": 16,
+        "json_path": "$.roles.actor.ranks[1]", "severity": "error",
+        "message": "rank 9 is out of range for world 4",
+    }
+    assert [(p["line"], p["severity"]) for p in bad["problems"]] == [
+        (8, "error"), (11, "error"), (15, "error"), (18, "warning")]
+    for problem in bad["problems"]:
+        assert set(problem) == {"file", "line", "column", "json_path", "severity", "message"}
+
+
+def test_json_format_of_a_valid_file(capsys: pytest.CaptureFixture[str],
+                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(VALID)
+    assert main(["validate", "--format", "json", "warn_steps_none.yaml"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["valid"] is True
+    [problem] = report["files"][0]["problems"]
+    assert (problem["severity"], problem["line"], problem["column"]) == ("warning", 5, 12)
+
+
+# ---------------------------------------------------------------- --world and --mesh
+
+
+def test_mesh_option_replaces_the_policys_mesh(capsys: pytest.CaptureFixture[str],
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(INVALID)
+    code, lines, _ = validate(capsys, "ranks_dimension_not_in_mesh.yaml",
+                              "--mesh", "pp=2,dp=2,tp=2")
+    assert code == 0
+    assert lines == [
+        "ranks_dimension_not_in_mesh.yaml:2:7: warning: --mesh pp=2,dp=2,tp=2 replaces the "
+        "policy's mesh dp=2,tp=2 (at $.mesh)",
+        "ranks_dimension_not_in_mesh.yaml: valid (1 warning)",
+    ]
+
+
+def test_mesh_option_checks_dimensions_and_world(capsys: pytest.CaptureFixture[str],
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(VALID)
+    code, lines, _ = validate(capsys, "full.yaml", "--mesh", "dp=2,tp=2", "--world", "8")
+    assert code == 1
+    assert lines == [
+        "full.yaml:6:7: warning: --mesh dp=2,tp=2 replaces the policy's mesh pp=2,dp=2,tp=2 "
+        "(at $.mesh)",
+        "full.yaml:6:7: error: mesh dp=2,tp=2 has 4 ranks but the world has 8 (at $.mesh)",
+        "full.yaml: invalid (1 error, 1 warning)",
+    ]
+
+
+def test_world_checks_the_names_rank_by_rank(capsys: pytest.CaptureFixture[str],
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(INVALID)
+    code, lines, _ = validate(capsys, "name_ranks.yaml", "--world", "8")
+    assert code == 1
+    assert lines[0] == ("name_ranks.yaml:8:11: error: the name cannot tell apart ranks 0 and 1 "
+                        "of role 'actor'; add <rank> (at $.roles.actor.name)")
+
+
+@pytest.mark.parametrize("argv", [
+    ["--world", "0"], ["--world", "x"], ["--mesh", "pp=2,xx=2"], ["--mesh", "tp=0"],
+    ["--format", "xml"], [],
+])
+def test_bad_options_are_usage_errors(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    files = [] if not argv else [str(VALID / "minimal.yaml")]
+    assert main(["validate", *files, *argv]) == 2
+    assert "usage: policy-engine validate" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------- overrides
+
+
+def test_set_overrides_the_file(capsys: pytest.CaptureFixture[str],
+                                monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(VALID)
+    code, lines, _ = validate(capsys, "warn_ranks_none.yaml", "--set", "roles.actor.ranks=all")
+    assert (code, lines) == (0, ["warn_ranks_none.yaml: valid"])
+
+
+def test_a_bad_override_is_reported_as_the_override(capsys: pytest.CaptureFixture[str],
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(VALID)
+    code, lines, _ = validate(capsys, "minimal.yaml", "--set", "roles.actor.ranks=bogus")
+    assert code == 1
+    assert lines == [
+        "--set roles.actor.ranks=bogus: error: malformed rank range 'bogus' (expected N, -N or "
+        "A-B with A, B >= 0) (at $.roles.actor.ranks)",
+        "minimal.yaml: invalid (1 error)",
+    ]
+
+
+def test_every_bad_override_is_reported(capsys: pytest.CaptureFixture[str],
+                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(VALID)
+    monkeypatch.setenv("PROFILE_POLICY_SET", "roles.ref.steps=[1")
+    code, lines, _ = validate(capsys, "minimal.yaml", "--set", "roles.actor.ranks=[0",
+                              "--set", "nonsense", "--set", "roles.actor.rnaks=1")
+    assert code == 1
+    assert lines == [
+        "--set roles.actor.ranks=[0: error: did not find expected ',' or ']' (while parsing a "
+        "flow sequence started at line 1, column 1) (at $.roles.actor.ranks)",
+        "--set nonsense: error: override needs KEY=VALUE, got 'nonsense' (at $)",
+        "PROFILE_POLICY_SET[1]: roles.ref.steps=[1: error: did not find expected ',' or ']' "
+        "(while parsing a flow sequence started at line 1, column 1) (at $.roles.ref.steps)",
+        "minimal.yaml: invalid (3 errors)",
+    ]
+
+
+def test_environment_overrides_are_checked(capsys: pytest.CaptureFixture[str],
+                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(VALID)
+    monkeypatch.setenv("PROFILE_POLICY_SET",
+                       "roles.actor.ranks=all; roles.ref.stepz=1;roles.ref.backend=nsys")
+    code, lines, _ = validate(capsys, "warn_ranks_none.yaml")
+    assert code == 1
+    assert lines == [
+        "PROFILE_POLICY_SET[2]: roles.ref.stepz=1: error: unknown key 'stepz' "
+        "(did you mean 'steps'?) (at $.roles.ref.stepz)",
+        "warn_ranks_none.yaml: invalid (1 error)",
+    ]
+    monkeypatch.setenv("PROFILE_POLICY_SET", "roles.actor.ranks=all")
+    code, lines, _ = validate(capsys, "warn_ranks_none.yaml")
+    assert (code, lines) == (0, ["warn_ranks_none.yaml: valid"])
+
+
+def test_set_and_environment_both_apply(capsys: pytest.CaptureFixture[str],
+                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(VALID)
+    monkeypatch.setenv("PROFILE_POLICY_SET", "roles.actor.steps=[1, 2]")
+    code, lines, _ = validate(capsys, "warn_steps_none.yaml", "--set",
+                              "roles.actor.name=<role>_rank<rank>")
+    assert code == 1
+    assert lines[0] == (
+        "--set roles.actor.name=<role>_rank<rank>: error: the name cannot tell apart the "
+        "captures one rank makes for role 'actor': steps 1-2 are separate captures; add <step> "
+        "(at $.roles.actor.name)")
+
+
+# ---------------------------------------------------------------- the library agrees
+
+
+def test_load_policy_raises_every_problem(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(INVALID)
+    with pytest.raises(PolicyError) as info:
+        load_policy("several.yaml")
+    assert [p.render() for p in info.value.problems] == INVALID_CASES["several.yaml"][1]
+
+
+def test_load_policy_keeps_warnings_and_strict_raises_them(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(VALID)
+    policy = load_policy("warn_steps_none.yaml")
+    assert [p.render() for p in policy.warnings] == VALID_CASES["warn_steps_none.yaml"]
+    with pytest.raises(PolicyError):
+        load_policy("warn_steps_none.yaml", strict=True)
+
+
+# ---------------------------------------------------------------- any input
+
+
+_scalars = st.none() | st.booleans() | st.integers(-3, 9) | st.sampled_from(
+    ["", "all", "0-3", "3-1", "-1", "x", "torch", "mstx", "nsys", "text", "level0",
+     "<role>_<rank>", "<role>", "a/../b", "<step>_<region>_<rank>", "1-100:0", "1,,2", "5-9:2"])
+_keys = st.sampled_from(["active", "wait", "repeat", "tp", "dp", "pp", "local_rank", "enabled",
+                         "schedule", "activities", "export_type", "level", "update_actor"])
+_values = st.recursive(_scalars, lambda inner: st.lists(inner, max_size=3)
+                       | st.dictionaries(_keys, inner, max_size=3), max_leaves=8)
+_role = st.dictionaries(st.sampled_from(
+    ["enabled", "backend", "ranks", "steps", "schedule", "regions", "name", "torch", "mstx",
+     "merge_steps", "discrete", "on_error"]), _values, max_size=6)
+
+
+@settings(max_examples=150, deadline=None)
+@given(_role, st.dictionaries(st.sampled_from(["actor", "ref"]), _role, max_size=2),
+       st.none() | st.dictionaries(st.sampled_from(["tp", "dp", "zz"]), st.integers(0, 3),
+                                   max_size=2),
+       st.none() | st.integers(1, 16))
+def test_checking_never_crashes(defaults: dict[str, Any], roles: dict[str, Any],
+                                mesh: dict[str, int] | None, world: int | None) -> None:
+    """Whatever a policy holds, analysis returns problems: it never raises."""
+    data: dict[str, Any] = {"version": 1, "defaults": defaults, "roles": roles}
+    if mesh is not None:
+        data["mesh"] = mesh
+    result = analyze(document_from_mapping(data), world=world)
+    for problem in result.problems:
+        assert problem.json_path.startswith("$")
+        assert problem.message
