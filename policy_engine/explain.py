@@ -7,25 +7,24 @@ from typing import Any
 
 from .compiler import compile_plan
 from .model import Policy
+from .naming import LATE_FIELDS
 from .plan import Plan
 from .schedule import Action, Schedule
 from .selectors import StepSet
 from .topology import DIMS, Topology, coords_from_mesh
 
 
-def capture_runs(steps: StepSet, lo: int, hi: int, merge: bool) -> list[tuple[int, int]]:
-    """The captures outer steps ``lo..hi`` make: (first, last) step of each."""
-    runs: list[tuple[int, int]] = []
-    for step in steps.within(lo, hi):
-        if merge and runs and runs[-1][1] == step - 1:
-            runs[-1] = (runs[-1][0], step)
-        else:
-            runs.append((step, step))
+def capture_runs(plan: Plan, lo: int, hi: int) -> list[tuple[int, int | None]]:
+    """The captures that open in outer steps ``lo..hi``: (first, last) step of each."""
+    runs: list[tuple[int, int | None]] = []
+    covered = lo - 1
+    for step in plan.steps.within(lo, hi):
+        if step <= covered:
+            continue
+        last = plan.capture_last(step)
+        runs.append((step, last))
+        covered = hi if last is None else last
     return runs
-
-
-def step_label(first: int, last: int) -> str:
-    return str(first) if first == last else f"{first}-{last}"
 
 
 def actions(schedule: Schedule | None, n: int) -> list[str]:
@@ -43,21 +42,24 @@ def default_inner_steps(plan: Plan) -> int:
     return min(max([10, *known]), 200)
 
 
-def _captures(plan: Plan, lo: int, hi: int) -> list[dict[str, Any]]:
+def _capture_specs(plan: Plan, lo: int, hi: int) -> list[dict[str, Any]]:
+    """Each capture in the window: its steps, region, and the values its name needs."""
     out = []
-    cycle = 0 if plan.schedule is not None else None
-    for first, last in capture_runs(plan.steps, lo, hi, plan.merge_steps):
-        label = step_label(first, last)
+    for first, last in capture_runs(plan, lo, hi):
+        label = plan.capture_label(first)
+        steps = list(range(first, (hi if last is None else last) + 1))
         regions = [r for r in plan.regions if r.enabled] if plan.discrete else [None]
         for region in regions:
-            region_cycle = (0 if region.schedule is not None else None) if region else cycle
-            out.append({
-                "steps": list(range(first, last + 1)),
-                "region": region.name if region else None,
-                "name": plan.example_name(step=label, region=region.name if region else None,
-                                          cycle=region_cycle),
-            })
+            schedule = region.schedule if region is not None else plan.schedule
+            out.append({"steps": steps, "region": region.name if region else None,
+                        "step": label, "cycle": 0 if schedule is not None else None})
     return out
+
+
+def _named(specs: list[dict[str, Any]], name: Any) -> list[dict[str, Any]]:
+    return [{"steps": c["steps"], "region": c["region"],
+             "name": name(step=c["step"], region=c["region"], cycle=c["cycle"])}
+            for c in specs]
 
 
 def rank_entry(plan: Plan, lo: int, hi: int, inner: int) -> dict[str, Any]:
@@ -70,7 +72,7 @@ def rank_entry(plan: Plan, lo: int, hi: int, inner: int) -> dict[str, Any]:
     }
     if not plan.enabled:
         return entry
-    captures = _captures(plan, lo, hi)
+    captures = _named(_capture_specs(plan, lo, hi), plan.example_name)
     entry.update({
         "backend": plan.backend,
         "steps": plan.steps.within(lo, hi),
@@ -98,9 +100,14 @@ def iter_ranks(policy: Policy, role: str, *, world: int, mesh: Mapping[str, int]
                local_world: int | None) -> Iterator[dict[str, Any]]:
     mesh = dict(mesh or policy.mesh)
     spec = policy.role(role)
-    # Plain arithmetic per rank; a Topology and a Plan only for ranks that profile, which
-    # keeps 65536 ranks well under a second.
+    # Plain arithmetic per rank. One Plan is compiled, for the first rank that profiles;
+    # every other profiled rank differs from it only in its place, so its entry is that
+    # one with the names rendered again. This keeps 65536 ranks near a second.
     sizes = Topology.for_rank(0, world, mesh or None, local_world).selector_sizes()
+    base: dict[str, Any] | None = None
+    specs: list[dict[str, Any]] = []
+    template = spec.template.bind({"prefix": policy.prefix, "role": role, "world": world,
+                                   "backend": spec.backend})
     for rank in range(world):
         at = coords_from_mesh(rank, mesh) if mesh else {}
         coords = {dim: at[dim] for dim in DIMS if dim in at}  # the order plans and names use
@@ -111,6 +118,20 @@ def iter_ranks(policy: Policy, role: str, *, world: int, mesh: Mapping[str, int]
             yield {"rank": rank, "profiled": False, "coords": coords,
                    "local_rank": local_rank, "node": node}
             continue
-        plan = compile_plan(policy, role, Topology.for_rank(rank, world, mesh or None,
-                                                            local_world))
-        yield rank_entry(plan, lo, hi, inner if inner is not None else default_inner_steps(plan))
+        if base is None:
+            plan = compile_plan(policy, role, Topology.for_rank(rank, world, mesh or None,
+                                                                local_world))
+            base = rank_entry(plan, lo, hi,
+                              inner if inner is not None else default_inner_steps(plan))
+            specs = _capture_specs(plan, lo, hi)
+            yield base
+            continue
+        place = {"rank": rank, "local_rank": local_rank, "node": node, **coords}
+
+        def name(place: dict[str, Any] = place, **fields: Any) -> str:
+            return template.render({**place, **fields}, placeholders=LATE_FIELDS)
+
+        captures = _named(specs, name)
+        yield dict(base, rank=rank, coords=coords, local_rank=local_rank, node=node,
+                   captures=captures,
+                   name=captures[0]["name"] if captures else name(step=None))

@@ -97,6 +97,29 @@ class Plan:
         return self.template.render({"step": step, "region": region, "cycle": cycle},
                                     placeholders=LATE_FIELDS)
 
+    def capture_last(self, first: int) -> int | None:
+        """The last outer step of the capture that opens at ``first`` (None: no end)."""
+        if not self.merge_steps:
+            return first
+        if self.steps.is_all:
+            return None
+        last = first
+        while last + 1 in self.steps:
+            nxt = self.steps.next_after(last)
+            if nxt is None or nxt > last + 1:
+                break
+            last = nxt
+            if last - first > 10_000_000:
+                return None
+        return last
+
+    def capture_label(self, first: int) -> str:
+        """How ``<step>`` renders for the capture opening at ``first``: ``2``, ``2-4``, ``2+``."""
+        last = self.capture_last(first)
+        if last is None:
+            return f"{first}+"  # merged without end: the capture runs until close()
+        return str(first) if last == first else f"{first}-{last}"
+
     def region(self, name: str) -> RegionPlan | None:
         for region in self.regions:
             if region.name == name:

@@ -10,7 +10,8 @@ import pytest
 
 from policy_engine import load_policy
 from policy_engine.cli.main import main
-from policy_engine.explain import capture_runs, explain, step_label
+from policy_engine.explain import capture_runs, explain
+from policy_engine.plan import Plan
 from policy_engine.selectors import StepSet
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -276,10 +277,37 @@ def test_explain_function() -> None:
 @pytest.mark.parametrize(("steps", "merge", "runs"), [
     ([1, 2, 3, 5], True, [(1, 3), (5, 5)]),
     ([1, 2, 3, 5], False, [(1, 1), (2, 2), (3, 3), (5, 5)]),
-    ("all", True, [(0, 20)]),
+    ("all", True, [(0, None)]),
+    ("18-25", True, [(18, 25)]),
     ([], True, []),
 ])
-def test_capture_runs(steps: object, merge: bool, runs: list[tuple[int, int]]) -> None:
-    assert capture_runs(StepSet.parse(steps), 0, 20, merge) == runs
-    assert [step_label(a, b) for a, b in runs] == [str(a) if a == b else f"{a}-{b}"
-                                                   for a, b in runs]
+def test_capture_runs(steps: object, merge: bool, runs: list[tuple[int, int | None]]) -> None:
+    plan = Plan(role="r", rank=0, world=1, enabled=True, steps=StepSet.parse(steps),
+                merge_steps=merge)
+    assert capture_runs(plan, 0, 20) == runs
+    labels = [plan.capture_label(a) for a, _ in runs]
+    assert labels == [f"{a}+" if b is None else str(a) if a == b else f"{a}-{b}"
+                      for a, b in runs]
+
+
+@pytest.mark.parametrize("role_body", [
+    {"ranks": "all", "steps": [2, 3]},
+    {"ranks": {"dp": [0, -1]}, "steps": "4-6", "merge_steps": True,
+     "schedule": {"warmup": 1, "active": 2, "repeat": 1},
+     "name": "<role>_<step>_c<cycle>_<rank>_<tp><pp><dp>_<node>_<local_rank>_<host>"},
+    {"ranks": "all", "steps": [1], "discrete": True, "regions": ["a", "b"]},
+])
+def test_every_rank_equals_its_compiled_plan(role_body: dict[str, object]) -> None:
+    from policy_engine import Topology, compile_plan
+    from policy_engine.explain import default_inner_steps, rank_entry
+
+    body = {"enabled": True, **role_body}
+    policy = load_policy({"version": 1, "mesh": {"pp": 2, "dp": 2, "tp": 2},
+                          "roles": {"actor": body}})
+    data = explain(policy, "actor", world=8, lo=0, hi=10, local_world=4)
+    for entry in data["ranks"]:
+        if not entry["profiled"]:
+            continue
+        plan = compile_plan(policy, "actor", Topology.for_rank(
+            entry["rank"], 8, dict(policy.mesh), 4))
+        assert entry == rank_entry(plan, 0, 10, default_inner_steps(plan))

@@ -72,17 +72,6 @@ def _identity(fn: F) -> F:
     return fn
 
 
-def _step_label(plan: Plan, first: int) -> str:
-    if not plan.merge_steps:
-        return str(first)
-    last, steps = first, plan.steps
-    while last + 1 in steps:
-        last += 1
-        if last - first > 1_000_000:
-            return f"{first}-"
-    return str(first) if last == first else f"{first}-{last}"
-
-
 class RoleProfiler:
     """Carries out one role's plan in this process. Thread-safe; see DESIGN.md."""
 
@@ -194,7 +183,7 @@ class RoleProfiler:
             capture = self._own
             if capture is None or capture.record["steps"][-1] != n - 1 or not plan.merge_steps:
                 self._close(capture, "complete")
-                capture = self._own = self._open(_step_label(plan, n), None, (n,))
+                capture = self._own = self._open(plan.capture_label(n), None, (n,))
             else:
                 capture.record["steps"].append(n)
         elif self._own is not None:
