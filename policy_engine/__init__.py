@@ -30,7 +30,21 @@ _WHERE = {
     "OffProfiler": "runtime.profiler", "RoleProfiler": "runtime.profiler",
     "Topology": "topology",
 }
-__all__ = sorted(_WHERE)
+__all__ = [
+    "Location",
+    "OffProfiler",
+    "Plan",
+    "Policy",
+    "PolicyError",
+    "Problem",
+    "ProfilingError",
+    "RoleProfiler",
+    "Topology",
+    "apply_policy",
+    "compile_plan",
+    "load_policy",
+    "profile_session",
+]
 __version__ = "0.1.0"
 
 

@@ -15,7 +15,7 @@ from .topology import Topology
 
 log = logging.getLogger("policy_engine")
 PolicyArg = Union[str, "os.PathLike[str]", Mapping[str, Any], Policy, None]
-Profiler = Union[RoleProfiler, OffProfiler]
+Profiler = Union[RoleProfiler, OffProfiler]  # noqa: UP007
 
 
 def _resolve(policy: PolicyArg) -> Policy | None:

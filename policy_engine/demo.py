@@ -105,7 +105,8 @@ def run(policy: Policy, *, steps: int = 4, batch: int = 16,
     import torch
 
     topo = topology or Topology()
-    rollout, actor, ref, critic = (cls(policy, topo) for cls in (Rollout, Actor, Ref, Critic))
+    rollout, actor = Rollout(policy, topo), Actor(policy, topo)
+    ref, critic = Ref(policy, topo), Critic(policy, topo)
     profilers = [w.prof for w in (rollout, actor, ref, critic)]
     losses: dict[str, float] = {}
     for step in range(1, steps + 1):

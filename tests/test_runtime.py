@@ -145,10 +145,10 @@ def test_discrete_regions_are_captures(make_policy: Any, tmp_path: Path) -> None
 
 
 def test_session_capture_without_training_step(make_policy: Any, tmp_path: Path) -> None:
-    with recording_backend("torch") as rec:
-        with profile_session(make_policy(), "actor", Topology()) as prof:
-            for _ in range(3):
-                prof.step()
+    with recording_backend("torch") as rec, \
+            profile_session(make_policy(), "actor", Topology()) as prof:
+        for _ in range(3):
+            prof.step()
     rows = records(tmp_path / "out")
     assert len(rows) == 1 and rows[0]["steps"] == [] and "_step" not in rows[0]["path"]
     assert rows[0]["inner_steps"] == [0, 1, 2]
@@ -164,13 +164,12 @@ def test_exception_in_region_stops_capture_and_propagates(make_policy: Any,
     with recording_backend("torch") as rec:
         prof = apply_policy(worker, "actor", policy, Topology())
         err = None
-        with pytest.raises(KeyError) as info:
-            with prof.training_step(1):
-                try:
-                    worker.update_actor(fail=True)
-                except KeyError as e:
-                    err = e
-                    raise
+        with pytest.raises(KeyError) as info, prof.training_step(1):
+            try:
+                worker.update_actor(fail=True)
+            except KeyError as e:
+                err = e
+                raise
         assert info.value is err  # unchanged
         assert worker.calls == 1  # ran exactly once
         with prof.training_step(2):
@@ -185,7 +184,7 @@ def test_exception_in_discrete_region(make_policy: Any, tmp_path: Path) -> None:
     worker = Worker()
     policy = make_policy(steps="all", discrete=True, regions=["update_actor"])
     with recording_backend("torch"), warnings.catch_warnings():
-        prof = apply_policy(worker, "actor", policy, Topology())
+        apply_policy(worker, "actor", policy, Topology())
         with pytest.raises(KeyError):
             worker.update_actor(fail=True)
         worker.update_actor()
@@ -277,9 +276,8 @@ def test_backend_failure_warns_once_and_training_goes_on(make_policy: Any, tmp_p
 def test_backend_failure_raises_with_on_error_raise(make_policy: Any) -> None:
     with recording_backend("torch", fail_on="open"):
         prof = profile_session(make_policy(on_error="raise"), "actor", Topology())
-        with pytest.raises(ProfilingError, match="failed at start"):
-            with prof.training_step(0):
-                pass
+        with pytest.raises(ProfilingError, match="failed at start"), prof.training_step(0):
+            pass
 
 
 def test_unwritable_output_folder_warns(tmp_path: Path, caplog: Any) -> None:

@@ -47,7 +47,9 @@ def create(name: str) -> Any:
     return module(name).BACKEND()
 
 
-def check_settings(name: str, settings: Mapping[str, Any]) -> list[tuple[str, tuple[str | int, ...]]]:
+def check_settings(
+    name: str, settings: Mapping[str, Any]
+) -> list[tuple[str, tuple[str | int, ...]]]:
     """Problems in a backend's settings block that the schema cannot see."""
     mod = module(name)
     checker = getattr(mod, "check_settings", None)

@@ -71,10 +71,9 @@ class TorchSession:
         settings = info.settings
         self._info = info
         self._gzip = bool(settings.get("gzip", True))
+        flags: dict[str, Any] = {flag: bool(settings.get(flag, False)) for flag in _FLAGS}
         self._prof = torch.profiler.profile(
-            activities=_activities(settings.get("activities", ["cpu"])),
-            **{flag: bool(settings.get(flag, False)) for flag in _FLAGS},
-        )
+            activities=_activities(settings.get("activities", ["cpu"])), **flags)
         # Carried into every trace so tools can read role and rank without parsing names.
         self._prof.preset_metadata_json("policy_engine", json.dumps(info.metadata()))
         self._record = torch.autograd.profiler.record_function
@@ -103,7 +102,7 @@ class TorchSession:
         # Same marker torch.profiler's own step() leaves, so trace viewers show steps.
         self._end_marker()
         marker = self._record(f"ProfilerStep#{inner_step}")
-        marker.__enter__()
+        marker.__enter__()  # type: ignore[no-untyped-call]
         self._step_marker = marker
 
     def save(self, stem: str, cycle: int) -> list[Artifact]:

@@ -87,14 +87,15 @@ def run(args: argparse.Namespace) -> int:
         return 0
     header = ("ROLE", "REGION", "RANK", "STEPS", "CYCLE", "STATUS", "SIZE", "PATH")
     table = [header] + [
-        ("+".join([str(r.get("role")), *r.get("joined", [])]), r.get("region") or "-", str(r.get("rank")), _steps(r),
+        ("+".join([str(r.get("role")), *r.get("joined", [])]),
+         r.get("region") or "-", str(r.get("rank")), _steps(r),
          "-" if r.get("cycle") is None else str(r["cycle"]), str(r.get("status")),
          _size(r.get("bytes")), r.get("path") or f"({r.get('error', 'no file')})")
         for r in data["traces"]
     ]
     widths = [max(len(row[i]) for row in table) for i in range(len(header) - 1)]
     for row in table:
-        print("  ".join(c.ljust(w) for c, w in zip(row, widths)) + "  " + row[-1])
+        print("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=False)) + "  " + row[-1])
     statuses: dict[str, int] = {}
     for r in data["traces"]:
         statuses[str(r.get("status"))] = statuses.get(str(r.get("status")), 0) + 1

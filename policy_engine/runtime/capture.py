@@ -7,6 +7,7 @@ increment and a comparison: ``quiet_until`` is the next inner step that needs an
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import time
@@ -205,12 +206,9 @@ class Capture:
             if self.slot.capture is self:
                 self.slot.capture = None
         for call in (self.session.discard, self.session.close):
-            try:
+            # Already failing: the first error is the one reported.
+            with contextlib.suppress(Exception):
                 call()
-            except Exception:  # already failing; the first error is the one reported
-                pass
-        try:
+        with contextlib.suppress(OSError):
             self._log(None, self.cycle, "failed", self.cycle_started,
                       error=f"{type(error).__name__}: {error}")
-        except OSError:
-            pass

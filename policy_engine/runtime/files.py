@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 from collections.abc import Callable
@@ -45,9 +46,7 @@ def write_exclusive(output_dir: str, stem: str, ext: str,
         os.replace(tmp, final)
     except BaseException:
         for leftover in (tmp, final):
-            try:
+            with contextlib.suppress(FileNotFoundError):
                 os.unlink(leftover)
-            except FileNotFoundError:
-                pass
         raise
     return final

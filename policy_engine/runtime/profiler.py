@@ -85,7 +85,7 @@ class RoleProfiler:
         self._session_capture = False
         self._policy_sources = policy_sources
         self._policy_file_hash = manifest.file_hash(policy_sources)
-        self._env = {f: os.environ.get(f[4:], "") for f in plan.template.fields()
+        self._env: dict[str, Any] = {f: os.environ.get(f[4:], "") for f in plan.template.fields()
                      if f.startswith("env:")}
 
     # -- captures -------------------------------------------------------------------
@@ -240,7 +240,7 @@ class RoleProfiler:
         if self._failed or (found is not None and not found.enabled):
             return None
         n = self._outer
-        if n is None and self._used_steps or n is not None and n not in plan.steps:
+        if (n is None and self._used_steps) or (n is not None and n not in plan.steps):
             return None
         capture = self._open(None if n is None else str(n), name, () if n is None else (n,))
         if capture is None and self._slot.capture is not None:
