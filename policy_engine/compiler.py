@@ -14,7 +14,7 @@ from .topology import DIMS, Topology
 def resolve_topology(policy: Policy, topology: Topology | None) -> Topology:
     """``topology`` (or the discovered one) with coordinates from the policy's mesh."""
     if topology is None:
-        topology = Topology.discover(dict(policy.mesh) or None)
+        topology = Topology.discover()
     if policy.mesh and any(dim not in topology.coords for dim in policy.mesh):
         try:
             topology = topology.with_mesh(dict(policy.mesh))
@@ -29,8 +29,14 @@ def compile_plan(policy: Policy, role: str, topology: Topology | None = None) ->
     A rank the role's ``ranks`` do not select, or a disabled role, gets a plan with
     ``enabled`` false: the runtime then does nothing at all.
     """
-    topo = resolve_topology(policy, topology)
     spec = policy.role(role)
+    if not spec.enabled:
+        # A disabled role needs no coordinates: its group may not even match the mesh.
+        topo = topology if topology is not None else Topology.discover()
+        return Plan(role=role, rank=topo.rank, world=topo.world, enabled=False,
+                    backend=spec.backend, local_rank=topo.local_rank, node=topo.node,
+                    policy_source=policy.source, policy_hash=policy.policy_hash)
+    topo = resolve_topology(policy, topology)
     selected = spec.enabled and spec.ranks.matches(
         topo.rank, topo.world, topo.selector_coords(), topo.selector_sizes())
     bound = {
