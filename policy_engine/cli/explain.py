@@ -107,7 +107,12 @@ def _print_text(role: str, world: int, lo: int, hi: int,
             continue
         steps = ",".join(map(str, first["steps"])) or "none in range"
         print(f"  {span}: profiled with {first['backend']}, steps {steps}")
-        print(f"    actions per inner step: {' '.join(a for a in first['actions'])}")
+        if "regions" in first:  # discrete: each region call is a capture with its schedule
+            for region, acts in first["regions"].items():
+                print(f"    {region} (each call a capture), actions per inner step: "
+                      f"{' '.join(acts)}")
+        else:
+            print(f"    actions per inner step: {' '.join(first['actions'])}")
         shown = group if len(group) <= 4 else [group[0], group[-1]]
         for entry in shown:
             print(f"    rank {entry['rank']} ({_coords(entry)}): {entry['name']}")
