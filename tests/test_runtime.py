@@ -342,3 +342,17 @@ def test_name_clash_gets_suffix(make_policy: Any, tmp_path: Path, caplog: Any) -
     assert paths == ["actor_step1.1.rec", "actor_step1.rec"]
     assert any("already exists" in r.getMessage() for r in caplog.records)
     assert json.loads(json.dumps(paths)) == paths
+
+
+def test_policy_as_omegaconf_dictconfig(tmp_path: Path) -> None:
+    omegaconf = pytest.importorskip("omegaconf")
+    config = omegaconf.OmegaConf.create({
+        "version": 1, "output_dir": str(tmp_path / "out"),
+        "roles": {"actor": {"enabled": True, "steps": [0], "regions": ["update_actor"]}}})
+    worker = Worker()
+    with recording_backend("torch"):
+        prof = apply_policy(worker, "actor", config, Topology())
+        assert isinstance(prof, RoleProfiler)
+        with prof.training_step(0):
+            worker.update_actor()
+    assert [r["steps"] for r in records(tmp_path / "out")] == [[0]]
