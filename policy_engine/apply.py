@@ -18,13 +18,21 @@ PolicyArg = Union[str, "os.PathLike[str]", Mapping[str, Any], Policy, None]
 Profiler = Union[RoleProfiler, OffProfiler]  # noqa: UP007
 
 
+_warned: set[str] = set()
+
+
 def _resolve(policy: PolicyArg) -> Policy | None:
     if policy is None:
         path = os.environ.get(ENV_FILE)
         if not path:
             return None
         policy = path
-    return load_policy(policy)
+    loaded = load_policy(policy)
+    if loaded.warnings and loaded.policy_hash not in _warned:
+        _warned.add(loaded.policy_hash)  # once per policy per process, not per role
+        for problem in loaded.warnings:
+            log.warning("policy-engine: %s", problem.render())
+    return loaded
 
 
 def profile_session(policy: PolicyArg, role: str,

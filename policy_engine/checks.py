@@ -194,6 +194,12 @@ def _check_role(sink: _Sink, data: Mapping[str, Any], role: str,
     problems = spec.ranks.check(world, dict(mesh) if mesh else None)
     for err in problems:
         sink.add(err.message, (*ranks_at, *err.path))
+    coord_dims = sorted({axis.dim for axes in spec.ranks.clauses for axis in axes}
+                        & {"tp", "pp", "dp", "cp", "ep"})
+    if coord_dims and not mesh:
+        sink.add(f"ranks select by {', '.join(coord_dims)} but the policy has no mesh: these "
+                 "coordinates must come from a DeviceMesh or Megatron at run time, else no "
+                 "rank of {who} is profiled", ranks_at, "warning", role=role)
     if spec.ranks.selects_nothing:
         shown = "[]" if not spec.ranks.clauses else str(spec.ranks)
         sink.add(f"ranks: {shown} selects no rank: nothing is profiled for {{who}}", ranks_at,

@@ -142,12 +142,14 @@ def _check_paths(text: str) -> None:
         pos += len(comp) + 1
 
 
-def _shorten(component: str) -> str:
+def shorten(component: str, limit: int = MAX_COMPONENT_BYTES) -> str:
+    """``component`` cut to ``limit`` bytes, deterministically: a prefix plus a short hash
+    of the whole, so two long names that differ only at the end stay different."""
     raw = component.encode()
-    if len(raw) <= MAX_COMPONENT_BYTES:
+    if len(raw) <= limit:
         return component
     digest = hashlib.sha256(raw).hexdigest()[:10]
-    keep = raw[: MAX_COMPONENT_BYTES - len(digest) - 1].decode(errors="ignore")
+    keep = raw[: limit - len(digest) - 1].decode(errors="ignore")
     return f"{keep}-{digest}"
 
 
@@ -205,7 +207,7 @@ class NameTemplate:
                 out.append(part)
         comps = [c for c in "".join(out).split("/") if c]
         # A value of only dots would climb out of the output folder.
-        name = "/".join(_shorten(c if c.strip(".") else c.replace(".", "-")) for c in comps)
+        name = "/".join(shorten(c if c.strip(".") else c.replace(".", "-")) for c in comps)
         return name or EMPTY_NAME
 
 

@@ -89,8 +89,11 @@ def test_recorded_steps_equal_torch_schedule(tmp_path_factory: Any, wait: int, w
         with prof.training_step(1):
             for _ in range(n):
                 prof.step()
-    saved = [r["inner_steps"] for r in records(out)]
+    rows = records(out)
+    saved = [r["inner_steps"] for r in rows if r["path"]]
     assert saved == torch_cycles(fields, n + 1)
+    if not saved:  # every capture leaves a line, even one that recorded nothing
+        assert [(r["status"], r["path"]) for r in rows] == [("partial", None)]
     # The backend is called on transitions only: one start per cycle.
     assert sum(c[0] == "start" for c in rec.calls) == len(saved)
 
@@ -151,8 +154,34 @@ def test_session_capture_without_training_step(make_policy: Any, tmp_path: Path)
             prof.step()
     rows = records(tmp_path / "out")
     assert len(rows) == 1 and rows[0]["steps"] == [] and "_step" not in rows[0]["path"]
-    assert rows[0]["inner_steps"] == [0, 1, 2]
+    # As with torch.profiler.profile: recording from __enter__, a step marker per step().
+    assert rows[0]["inner_steps"] == [0, 1, 2, 3]
     assert rec.actions()[-2:] == [("save", rows[0]["path"][: -len(".rec")], 0), ("close",)]
+
+
+def test_session_capture_opens_at_first_step_without_with(make_policy: Any,
+                                                           tmp_path: Path) -> None:
+    with recording_backend("torch"):
+        prof = profile_session(make_policy(), "actor", Topology())
+        for _ in range(3):
+            prof.step()
+        prof.close()
+    assert [r["inner_steps"] for r in records(tmp_path / "out")] == [[0, 1, 2]]
+
+
+def test_discrete_region_joining_a_running_capture_is_a_range(tmp_path: Path) -> None:
+    policy = {"version": 1, "output_dir": str(tmp_path / "out"), "roles": {
+        "actor": {"enabled": True, "steps": [1]},
+        "ref": {"enabled": True, "steps": [1], "discrete": True,
+                "regions": ["compute_log_prob"]}}}
+    ref = Worker()
+    with recording_backend("torch") as rec:
+        a = profile_session(policy, "actor", Topology())
+        r = apply_policy(ref, "ref", policy, Topology())
+        with a.training_step(1), r.training_step(1):
+            ref.compute_log_prob()
+    assert ("range_start", "compute_log_prob") in rec.calls
+    assert [(x["role"], x["joined"]) for x in records(tmp_path / "out")] == [("actor", ["ref"])]
 
 
 # -- exception safety ---------------------------------------------------------------------
@@ -276,7 +305,7 @@ def test_backend_failure_warns_once_and_training_goes_on(make_policy: Any, tmp_p
 def test_backend_failure_raises_with_on_error_raise(make_policy: Any) -> None:
     with recording_backend("torch", fail_on="open"):
         prof = profile_session(make_policy(on_error="raise"), "actor", Topology())
-        with pytest.raises(ProfilingError, match="failed at start"), prof.training_step(0):
+        with pytest.raises(ProfilingError, match="failed at open"), prof.training_step(0):
             pass
 
 
@@ -356,3 +385,26 @@ def test_policy_as_omegaconf_dictconfig(tmp_path: Path) -> None:
         with prof.training_step(0):
             worker.update_actor()
     assert [r["steps"] for r in records(tmp_path / "out")] == [[0]]
+
+
+def test_very_long_names_fit_the_file_system(make_policy: Any, tmp_path: Path) -> None:
+    policy = make_policy(steps=[0])
+    policy["prefix"] = "p" * 300
+    with recording_backend("torch"):
+        prof = profile_session(policy, "actor", Topology())
+        for _ in range(2):  # the second clashes: its suffix must fit too
+            with prof.training_step(0):
+                prof.step()
+    rows = records(tmp_path / "out")
+    assert [r["status"] for r in rows] == ["complete", "complete"]
+    for row in rows:
+        assert (tmp_path / "out" / row["path"]).is_file()
+        assert len(row["path"].encode()) <= 255
+
+
+def test_policy_warnings_are_logged_when_applied(tmp_path: Path, caplog: Any) -> None:
+    policy = {"version": 1, "output_dir": str(tmp_path),
+              "roles": {"actor": {"enabled": True, "ranks": [], "steps": [9]}}}
+    with caplog.at_level(logging.WARNING):
+        apply_policy(Worker(), "actor", policy, Topology())
+    assert any("selects no rank" in r.getMessage() for r in caplog.records)

@@ -609,3 +609,18 @@ def test_checking_never_crashes(defaults: dict[str, Any], roles: dict[str, Any],
     for problem in result.problems:
         assert problem.json_path.startswith("$")
         assert problem.message
+
+
+def test_coordinate_selector_without_a_mesh_warns(capsys: pytest.CaptureFixture[str],
+                                                   tmp_path: Path) -> None:
+    path = tmp_path / "p.yaml"
+    path.write_text("version: 1\nroles:\n  actor:\n    enabled: true\n    steps: [1]\n"
+                    "    ranks: {tp: 0, node: 0}\n")
+    code, out, _ = validate(capsys, str(path))
+    assert code == 0
+    assert out[0] == (
+        f"{path}:6:12: warning: ranks select by tp but the policy has no mesh: these "
+        "coordinates must come from a DeviceMesh or Megatron at run time, else no rank of "
+        "role 'actor' is profiled (at $.roles.actor.ranks)")
+    code, _, _ = validate(capsys, str(path), "--mesh", "tp=2")
+    assert code == 0

@@ -157,16 +157,16 @@ class Capture:
 
     def _save(self, *, complete: bool, status: str | None = None) -> None:
         self.recording = False
-        cycle = self.cycle if self.schedule is not None else None
+        cycle = self.cycle
         stem = self.stem
         start = self.cycle_started
-        artifacts = self.session.save(stem, self.cycle)
+        artifacts = self.session.save(stem, cycle)
         self.cycle += 1
         self.saved += len(artifacts)
         for artifact in artifacts:
             self._log(artifact, cycle, status or ("complete" if complete else "partial"), start)
 
-    def _log(self, artifact: Artifact | None, cycle: int | None, status: str, start: float,
+    def _log(self, artifact: Artifact | None, cycle: int, status: str, start: float,
              error: str | None = None) -> None:
         record = dict(self.record)
         record.update({
@@ -186,18 +186,33 @@ class Capture:
         manifest.append(self.output_dir, record)
 
     def end(self, status: str = "complete") -> None:
-        """Stop the capture: save a cycle that is recording, discard a warm-up."""
+        """Stop the capture: save a cycle that is recording, discard a warm-up.
+
+        Every capture leaves a manifest line: one that never reached a recorded step says
+        so (status partial, no file); one whose save fails is recorded as failed.
+        """
         with self.slot.lock:
             if self.slot.capture is self:
                 self.slot.capture = None
             try:
                 if self.recording:
                     cut_short = self.schedule is not None and self.action is not SAVE
+                    self.phase = "save"
                     self._save(complete=not cut_short,
                                status="partial" if status != "complete" or cut_short else None)
-                elif self.action is WARMUP:
-                    self.session.discard()
+                else:
+                    if self.action is WARMUP:
+                        self.phase = "discard"
+                        self.session.discard()
+                    if not self.saved:
+                        self._log(None, self.cycle, "partial", self.cycle_started,
+                                  error="the capture ended before its schedule recorded a step")
+            except Exception as err:
+                self._log(None, self.cycle, "failed", self.cycle_started,
+                          error=f"{type(err).__name__}: {err}")
+                raise
             finally:
+                self.phase = "close"
                 self.session.close()
 
     def fail(self, error: BaseException) -> None:

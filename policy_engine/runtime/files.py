@@ -5,8 +5,11 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import threading
 from collections.abc import Callable
 from typing import Any
+
+from ..naming import MAX_COMPONENT_BYTES, shorten
 
 log = logging.getLogger("policy_engine")
 
@@ -17,6 +20,9 @@ def claim(output_dir: str, stem: str, ext: str) -> str:
     Returns the path claimed (an empty file). A clash is warned about: it means two
     captures rendered the same name.
     """
+    # Room for the backend's extension and a clash suffix within the file system's limit.
+    folder, base = os.path.split(stem)
+    stem = os.path.join(folder, shorten(base, MAX_COMPONENT_BYTES - len(ext.encode()) - 4))
     first = os.path.join(output_dir, stem + ext)
     os.makedirs(os.path.dirname(first), exist_ok=True)
     n = 0
@@ -39,8 +45,9 @@ def write_exclusive(output_dir: str, stem: str, ext: str,
     The temporary file keeps ``ext`` so writers that compress by extension (``.gz``) do.
     """
     final = claim(output_dir, stem, ext)
-    folder, base = os.path.split(final)
-    tmp = os.path.join(folder, f".{base[: -len(ext) or None]}.{os.getpid()}.tmp{ext}")
+    # Short and hidden, in the same folder (so the final rename is atomic).
+    tmp = os.path.join(os.path.dirname(final),
+                       f".policy-engine-{os.getpid()}-{threading.get_ident()}.tmp{ext}")
     try:
         writer(tmp)
         os.replace(tmp, final)

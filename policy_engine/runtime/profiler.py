@@ -7,9 +7,11 @@ A rank whose plan is off gets :class:`OffProfiler`, whose methods do nothing and
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import os
+import time
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from typing import Any, TypeVar
@@ -103,16 +105,6 @@ class RoleProfiler:
                 return None
             info = CaptureInfo(plan.role, plan.rank, plan.world, plan.coords, region, steps,
                                plan.output_dir, plan.settings, plan.plan_hash, plan.on_error)
-            try:
-                backend = self._slot_backend()
-                session = backend.open(info)
-            except Exception as err:
-                self._failure(err, "start")
-                return None
-            schedule = plan.schedule
-            if region is not None:
-                found = plan.region(region)
-                schedule = found.schedule if found is not None else schedule
             record = {
                 "role": plan.role, "region": region, "rank": plan.rank, "world": plan.world,
                 "coords": dict(plan.coords), "local_rank": plan.local_rank,
@@ -121,6 +113,15 @@ class RoleProfiler:
                 "policy_hash": plan.policy_hash, "policy_file_hash": self._policy_file_hash,
                 "pid": os.getpid(),
             }
+            try:
+                session = self._slot_backend().open(info)
+            except Exception as err:
+                self._open_failed(record, err)
+                return None
+            schedule = plan.schedule
+            if region is not None:
+                found = plan.region(region)
+                schedule = found.schedule if found is not None else schedule
             name = functools.partial(plan.name, step=label, region=region, pid=os.getpid(),
                                      **self._env)
             capture = Capture(slot=self._slot, owner=plan.role, session=session,
@@ -147,6 +148,14 @@ class RoleProfiler:
             self._failure(err, "stop", raising=status == "complete")
 
     # -- failures -------------------------------------------------------------------
+    def _open_failed(self, record: dict[str, Any], err: BaseException) -> None:
+        now = time.time()
+        with contextlib.suppress(OSError):  # the folder may be what failed
+            manifest.append(self.plan.output_dir, dict(
+                record, path=None, bytes=None, cycle=0, inner_steps=[], status="failed",
+                start=now, end=now, joined=[], error=f"{type(err).__name__}: {err}"))
+        self._failure(err, "open")
+
     def _capture_failed(self, err: BaseException, when: str) -> None:
         capture = self._slot.capture
         if capture is not None:
@@ -216,13 +225,16 @@ class RoleProfiler:
     def _region(self, name: str) -> Iterator[None]:
         if self.plan.discrete:
             capture = self._open_region(name)
-            try:
-                yield
-            except BaseException:
-                self._close(capture, "partial")
-                raise
-            self._close(capture, "complete")
-            return
+            if capture is not None:
+                try:
+                    yield
+                except BaseException:
+                    self._close(capture, "partial")
+                    raise
+                self._close(capture, "complete")
+                return
+        # Continuous mode, or a discrete region that joined another role's capture:
+        # a range inside whatever is recording.
         running = self._slot.capture
         if running is None or not running.recording:
             yield
@@ -243,10 +255,9 @@ class RoleProfiler:
         if (n is None and self._used_steps) or (n is not None and n not in plan.steps):
             return None
         capture = self._open(None if n is None else str(n), name, () if n is None else (n,))
-        if capture is None and self._slot.capture is not None:
-            return None  # joined another role's capture: our region is a range in it
-        self._own = capture
-        return capture
+        if capture is not None:
+            self._own = capture
+        return capture  # None: joined another role's capture, or failed
 
     def annotate(self, name: str | None = None) -> Callable[[F], F]:
         """Decorator: each call of the function is the region ``name`` (default: its name)."""
@@ -259,6 +270,11 @@ class RoleProfiler:
         self._close(self._own, "complete")
 
     def __enter__(self) -> RoleProfiler:
+        """``with profile_session(...) as prof:`` starts the whole-session capture here,
+        as ``with torch.profiler.profile(...)`` does (unless training_step() is used)."""
+        if not self._used_steps and not self.plan.discrete and self._own is None:
+            self._session_capture = True
+            self._own = self._open(None, None, ())
         return self
 
     def __exit__(self, exc_type: object, *rest: object) -> None:
