@@ -144,7 +144,10 @@ def _check_names(sink: _Sink, data: Mapping[str, Any], spec: RoleSpec, role: str
                  world: int | None, mesh: Mapping[str, int] | None) -> None:
     where = _origin(data, role, "name")
     fields = spec.template.fields()
-    for field, why in _captures_per_rank(spec):
+    # nsys numbers the reports of one process itself (X.1.nsys-rep, X.2...), so for nsight
+    # only the ranks need telling apart.
+    per_rank = [] if spec.backend == "nsight" else _captures_per_rank(spec)
+    for field, why in per_rank:
         if field not in fields:
             sink.add(f"the name cannot tell apart the captures one rank makes for {{who}}: "
                      f"{why}; add <{field}>", where, role=role)

@@ -10,7 +10,6 @@ from .model import Policy
 from .naming import LATE_FIELDS
 from .plan import Plan
 from .schedule import Action, Schedule
-from .selectors import StepSet
 from .topology import DIMS, Topology, coords_from_mesh
 
 

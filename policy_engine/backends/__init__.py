@@ -54,3 +54,10 @@ def check_settings(
     mod = module(name)
     checker = getattr(mod, "check_settings", None)
     return list(checker(settings)) if checker else []
+
+
+def session_settings(name: str, plan: Any) -> Mapping[str, Any]:
+    """The settings a backend's captures of ``plan`` get: the role's block, or what the
+    backend derives from the whole plan (nsight adds the output name nsys was given)."""
+    hook = getattr(module(name), "session_settings", None)
+    return hook(plan) if hook is not None else plan.settings  # type: ignore[no-any-return]

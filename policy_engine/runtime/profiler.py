@@ -80,6 +80,7 @@ class RoleProfiler:
     def __init__(self, plan: Plan, *, policy_sources: tuple[str, ...] = ()) -> None:
         self.plan = plan
         self._slot = slot(plan.backend)
+        self._settings = backends.session_settings(plan.backend, plan)
         self._failed = False
         self._outer: int | None = None
         self._used_steps = False
@@ -104,7 +105,7 @@ class RoleProfiler:
                     running.joined.append(plan.role)
                 return None
             info = CaptureInfo(plan.role, plan.rank, plan.world, plan.coords, region, steps,
-                               plan.output_dir, plan.settings, plan.plan_hash, plan.on_error)
+                               plan.output_dir, self._settings, plan.plan_hash, plan.on_error)
             record = {
                 "role": plan.role, "region": region, "rank": plan.rank, "world": plan.world,
                 "coords": dict(plan.coords), "local_rank": plan.local_rank,

@@ -1,0 +1,241 @@
+"""Nsight Systems launch arguments, computed from a plan.
+
+nsys is told at launch how capture ranges end. ``--capture-range-end=repeat-shutdown:N``
+writes the reports right after the N-th range closes; with a wrong N they appear only
+when the process exits (or never, if it is killed). The engine knows the plan, so it can
+give the exact N. The CLI (``policy-engine nsys-args``) and the nsight backend both use
+this module, so what a launch expects and what a process opens cannot drift apart.
+
+Pure Python: no torch, no nvtx, nothing that needs the tool.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping
+
+import attrs
+
+from .naming import NameTemplate
+
+#: The NVTX range the engine opens around every capture, and its domain. Fixed, so that
+#: ``--nvtx-capture=NAME@DOMAIN`` never depends on the policy; region names are method
+#: names (no dots), so they cannot collide with it.
+CAPTURE_RANGE = "policy_engine.capture"
+CAPTURE_DOMAIN = "policy_engine"
+#: Default NVTX domain of region ranges (``nsight.domain``).
+DEFAULT_DOMAIN = "policy_engine"
+EXTENSION = ".nsys-rep"
+
+_SHORT = {
+    "t": "trace",
+    "c": "capture-range",
+    "p": "nvtx-capture",
+    "o": "output",
+    "f": "force-overwrite",
+}
+#: nsys options the engine sets itself, and what to change instead.
+_RESERVED = {
+    "capture-range": "set nsight.capture instead",
+    "capture-range-end": "set nsight.capture_range_end instead",
+    "nvtx-capture": "the engine names its capture range itself",
+    "output": "the policy's name template sets it",
+    "force-overwrite": "traces are never overwritten",
+}
+_KEY = re.compile(r"[A-Za-z][A-Za-z0-9_-]*")
+_SHUTDOWN = ("stop-shutdown", "repeat-shutdown")
+_TOKEN = re.compile(r"%(%|p|h|q\{([^}]*)\})")
+
+
+class NsysArgsError(ValueError):
+    """The policy and the launch facts admit no correct nsys arguments."""
+
+
+# -------------------------------------------------------------------- options
+
+
+def _long(key: str) -> str:
+    key = key.replace("_", "-")
+    return _SHORT.get(key, key)
+
+
+def _text(value: object) -> str:
+    return ("true" if value else "false") if isinstance(value, bool) else str(value)
+
+
+def options_problems(settings: Mapping[str, object]) -> list[tuple[str, tuple[str | int, ...]]]:
+    """What is wrong in an ``nsight`` block beyond the schema: (message, sub-path)."""
+    problems: list[tuple[str, tuple[str | int, ...]]] = []
+    raw = settings.get("options") or {}
+    options = raw if isinstance(raw, Mapping) else {}
+    seen: dict[str, str] = {}
+    for key, value in options.items():
+        where: tuple[str | int, ...] = ("options", key)
+        name = _long(key)
+        if not _KEY.fullmatch(key):
+            problems.append((f"option {key!r} is not an nsys option name", where))
+        elif name in _RESERVED:
+            problems.append((f"option {key!r} is set by the engine: {_RESERVED[name]}", where))
+        elif name in seen:
+            # Options merge over the defaults' {trace: ...}, so `t:` meets `trace:` there.
+            hint = " (the defaults set it as 'trace')" if name == "trace" else ""
+            problems.append(
+                (
+                    f"options {seen[name]!r} and {key!r} both set nsys --{name}: keep one{hint}",
+                    where,
+                )
+            )
+        # Ray joins the options with spaces into a shell command line.
+        if re.search(r"\s", _text(value)):
+            problems.append((f"option {key!r}: value {value!r} must not contain spaces", where))
+        seen[name] = key
+    trace = next((_text(v) for k, v in options.items() if _long(k) == "trace"), "")
+    traced = set(trace.split(","))
+    if settings.get("capture", "auto") != "cuda_profiler_api" and "nvtx" not in traced:
+        problems.append(
+            (f"capture by NVTX range needs 'nvtx' in options.trace (got {trace!r})", ("options",))
+        )
+    elif settings.get("ranges", True) and "nvtx" not in traced:
+        problems.append(
+            (
+                f"ranges: true needs 'nvtx' in options.trace (got {trace!r}); or set ranges: false",
+                ("ranges",),
+            )
+        )
+    return problems
+
+
+# -------------------------------------------------------------------- output names
+
+#: Fields nsys substitutes itself at launch; the rest of the name is fixed by the plan.
+_NSYS_FIELDS = {"pid": "%p", "host": "%h"}
+#: Fields an nsys output cannot hold: nsys appends ``.N`` per capture range instead.
+_PER_CAPTURE = ("step", "region", "cycle", "timestamp")
+
+
+def nsys_output(template: NameTemplate, output_dir: str, *, generic_rank: bool = False) -> str:
+    """``-o`` for nsys: the name with nsys's own substitutions where only launch knows.
+
+    ``<pid>`` -> ``%p``, ``<host>`` -> ``%h``, ``<env:X>`` -> ``%q{X}``, and with
+    ``generic_rank`` ``<rank>`` -> ``%q{RANK}``. Per-capture fields render empty and the
+    separators they leave are dropped.
+    """
+    subst = dict(_NSYS_FIELDS)
+    subst.update({f: f"%q{{{f[4:]}}}" for f in template.fields() if f.startswith("env:")})
+    if generic_rank:
+        subst["rank"] = "%q{RANK}"
+    # Sentinels are plain letters, so sanitizing leaves them alone; tidying happens before
+    # the tokens go in, because %q{LOCAL_RANK} holds an underscore of its own.
+    sentinels = {name: f"PENSYS{i}X" for i, name in enumerate(subst)}
+    unbound = attrs.evolve(
+        template,
+        bound=tuple((k, v) for k, v in template.bound if k not in subst and k not in _PER_CAPTURE),
+    )
+    text = unbound.render(sentinels)
+    parts = [re.sub(r"_{2,}", "_", comp).strip("_") for comp in text.split("/")]
+    text = "/".join(p for p in parts if p)
+    for name, sentinel in sentinels.items():
+        text = text.replace(sentinel, subst[name])
+    return os.path.join(output_dir, text)
+
+
+def resolve_output(output: str, *, pid: int, host: str, environ: Mapping[str, str]) -> str:
+    """``output`` as nsys expands it in this process (an unset ``%q{X}`` stays as it is)."""
+
+    def expand(match: re.Match[str]) -> str:
+        token = match.group(1)
+        if token == "%":
+            return "%"
+        if token == "p":
+            return str(pid)
+        if token == "h":
+            return host
+        return environ.get(match.group(2), match.group(0))
+
+    return _TOKEN.sub(expand, output)
+
+
+def report_path(output: str, index: int, *, numbered: bool) -> str:
+    """The report nsys writes for capture range ``index`` (0-based).
+
+    nsys numbers reports from 1 when a session writes more than one, and writes a single
+    report without a number.
+    """
+    return f"{output}.{index + 1}{EXTENSION}" if numbered else output + EXTENSION
+
+
+# -------------------------------------------------------------------- arguments
+
+
+@attrs.frozen
+class NsysLaunch:
+    """What goes between ``nsys profile`` and the program, and the same for Ray."""
+
+    args: tuple[str, ...]
+    ray: Mapping[str, str]
+    capture_range_end: str
+    notes: tuple[str, ...] = ()
+
+
+def capture_range_end(setting: str, ranges: int | None) -> tuple[str, str]:
+    """The ``--capture-range-end`` value for ``setting``, and when reports appear."""
+    if ranges == 0:
+        raise NsysArgsError("the plan opens no capture range: launch without nsys")
+    if setting in ("auto", "repeat-shutdown") and ranges is not None:
+        return f"repeat-shutdown:{ranges}", f"right after capture range {ranges} closes"
+    if setting == "repeat-shutdown":
+        raise NsysArgsError(
+            "capture_range_end repeat-shutdown needs a known number of "
+            "capture ranges, and the plan cannot say how many"
+        )
+    if setting in ("auto", "repeat"):
+        value = "repeat" if ranges is None else f"repeat:{ranges}"
+        return value, "when the process exits"
+    if setting in ("stop", "stop-shutdown"):
+        after = "right after it closes" if setting == "stop-shutdown" else "at exit"
+        return setting, f"the first capture range only, {after}"
+    raise NsysArgsError(f"unknown capture_range_end {setting!r}")
+
+
+def nsys_profile_args(
+    *,
+    capture: str,
+    ranges: int | None,
+    capture_range_end_setting: str,
+    options: Mapping[str, object],
+    output: str | None,
+) -> NsysLaunch:
+    """The ``nsys profile`` arguments for one process.
+
+    ``capture``: ``nvtx``, ``cuda_profiler_api`` or ``auto`` (launched as ``nvtx``: in
+    auto mode the engine always opens the NVTX range, with or without a GPU).
+    ``ranges``: capture ranges the process opens (None: unknown).
+    ``output``: the ``-o`` value (see :func:`nsys_output`), or None to leave nsys's default.
+    """
+    end, when = capture_range_end(capture_range_end_setting, ranges)
+    pairs: list[tuple[str, str]] = []
+    if capture == "cuda_profiler_api":
+        pairs.append(("capture-range", "cudaProfilerApi"))
+    else:
+        pairs += [("capture-range", "nvtx"), ("nvtx-capture", f"{CAPTURE_RANGE}@{CAPTURE_DOMAIN}")]
+    pairs.append(("capture-range-end", end))
+    user = [(key.replace("_", "-"), _text(value)) for key, value in options.items()]
+    # nsys's default --kill sigterm ends the training when the session shuts down.
+    if end.split(":")[0] in _SHUTDOWN and not any(_long(k) == "kill" for k, _ in user):
+        pairs.append(("kill", "none"))
+    pairs += user
+    if output is not None:
+        pairs.append(("o", output))
+    args: list[str] = []
+    for key, value in pairs:
+        args += [f"-{key}", value] if len(key) == 1 else [f"--{key}={value}"]
+    notes = [f"reports: {when}"]
+    if ranges is None:
+        notes.append(
+            "the plan does not bound the number of capture ranges, so nsys "
+            "cannot shut its session down early"
+        )
+    elif end.startswith("stop") and ranges > 1:
+        notes.append(f"the process opens {ranges} capture ranges; nsys records the first")
+    return NsysLaunch(tuple(args), dict(pairs), end, tuple(notes))

@@ -1,0 +1,143 @@
+"""How many capture ranges a process opens, from its plan.
+
+nsys must be told at launch (``--capture-range-end=repeat-shutdown:N``). The interpreter
+calls a backend's ``start()`` at the first recorded step of every schedule cycle and
+``save()`` at its end, so each recorded cycle of each capture is one range. The counts
+here are checked against the interpreter itself in tests/test_nsys_args.py.
+"""
+
+from __future__ import annotations
+
+import attrs
+
+from .plan import Plan
+from .schedule import Action, Schedule
+from .selectors import StepSet
+
+
+@attrs.frozen
+class RangeCount:
+    """Capture ranges one profiled process opens; ``total`` None when the plan cannot say."""
+
+    total: int | None
+    why: str
+
+
+def cycle_ranges(schedule: Schedule | None, positions: int | None) -> int | None:
+    """Capture ranges in one capture: one per schedule cycle that records.
+
+    The interpreter calls ``start()`` at every cycle's first recorded step and ``save()``
+    at its end, so each recorded cycle is one range. ``positions``: how many inner steps
+    the capture visits (None: unknown).
+    """
+    if positions == 0:
+        return 0
+    if schedule is None:
+        return 1
+    if positions is None:
+        return schedule.repeat or None
+    recording = (Action.RECORD, Action.RECORD_AND_SAVE)
+    return len({schedule.cycle(s) for s in range(positions) if schedule.action(s) in recording})
+
+
+#: Merged runs are counted by listing the steps; past this many, the count is "unknown".
+_MAX_EXPANDED = 1_000_000
+
+
+def run_lengths(steps: StepSet, merge: bool) -> list[int] | None:
+    """Steps per capture: 1 each, or the lengths of runs of consecutive steps when merged.
+    None when the steps are unbounded (or too many to list)."""
+    count = steps.count()
+    if count is None or (merge and count > _MAX_EXPANDED):
+        return None
+    if not merge:
+        return [1] * count
+    if steps.is_empty:
+        return []
+    values = steps.within(steps.first() or 0, max(int(run[1] or 0) for run in steps.runs))
+    lengths: list[int] = []
+    for i, value in enumerate(values):
+        if i and values[i - 1] == value - 1:
+            lengths[-1] += 1
+        else:
+            lengths.append(1)
+    return lengths
+
+
+def _times(n: int | None, label: str) -> str:
+    if n is None:
+        return f"an unknown number of {label}"
+    return f"{n} {label[:-1] if n == 1 else label}"
+
+
+def count_ranges(
+    plan: Plan,
+    *,
+    inner_steps: int | None = None,
+    region_calls: int | None = None,
+    plain_loop: bool = False,
+) -> RangeCount:
+    """The capture ranges a process on ``plan`` opens.
+
+    ``plain_loop``: the code never calls ``training_step`` (one capture for the session).
+    ``region_calls``: calls of each region per profiled step (per session in a plain loop),
+    which discrete mode needs. ``inner_steps``: ``prof.step()`` calls per profiled step
+    (per region call in discrete mode, per session in a plain loop).
+    """
+    if plan.discrete:
+        return _discrete(plan, inner_steps, region_calls, plain_loop)
+    return _continuous(plan, inner_steps, plain_loop)
+
+
+# A capture visits inner step 0 when it opens (training_step, a region, or entering
+# `with profile_session(...) as prof:`) and one more per prof.step(). (A plain loop that
+# never enters the profiler opens its capture at the first prof.step(): one step fewer.)
+
+
+def _discrete(
+    plan: Plan, inner_steps: int | None, region_calls: int | None, plain_loop: bool
+) -> RangeCount:
+    windows = 1 if plain_loop else plan.steps.count()
+    regions = [r for r in plan.regions if r.enabled]
+    positions = None if inner_steps is None else inner_steps + 1
+    per = [cycle_ranges(r.schedule, positions) for r in regions]
+    each = None if None in per else sum(p or 0 for p in per)
+    total = None
+    if windows is not None and region_calls is not None and each is not None:
+        total = windows * region_calls * each
+    where = "the session" if plain_loop else _times(windows, "profiled steps")
+    why = (
+        f"discrete: {where} x {_times(region_calls, 'calls')} of each of "
+        f"{len(regions)} regions x their cycles"
+    )
+    if region_calls is None:
+        why += " (give --region-calls to count them)"
+    return RangeCount(total, why)
+
+
+def _continuous(plan: Plan, inner_steps: int | None, plain_loop: bool) -> RangeCount:
+    lengths = [1] if plain_loop else run_lengths(plan.steps, plan.merge_steps)
+    total = None
+    if lengths is not None:
+        per_length = {
+            n: cycle_ranges(
+                plan.schedule,
+                None if inner_steps is None else inner_steps * n + 1,
+            )
+            for n in set(lengths)
+        }
+        if None not in per_length.values():
+            total = sum(per_length[n] or 0 for n in lengths)
+    what = "merged runs of steps" if plan.merge_steps and not plain_loop else "captures"
+    where = "the session" if plain_loop else _times(plan.steps.count(), "profiled steps")
+    why = f"{_times(None if lengths is None else len(lengths), what)} in {where}"
+    if plan.schedule is None:
+        why += " x 1 range each (no schedule: the whole capture)"
+    elif inner_steps is None:
+        why += (
+            " x one range per recorded schedule cycle "
+            f"(repeat {plan.schedule.repeat}, assuming each capture runs them all)"
+        )
+    else:
+        why += f" x one range per recorded schedule cycle ({inner_steps} prof.step() a step)"
+    return RangeCount(total, why)
