@@ -50,7 +50,8 @@ def policy(out: str, **role: Any) -> dict[str, Any]:
 def off_rank(out: str) -> dict[str, float]:
     worker = Worker()
     method = worker.update_actor
-    prof = apply_policy(worker, "actor", policy(out, ranks=[1], regions=["update_actor"]),
+    prof = apply_policy(worker, "actor", policy(out, ranks=[1], steps=[1],
+                                                regions=["update_actor"]),
                         Topology(rank=0, world=2))
     assert worker.update_actor == method and "update_actor" not in vars(worker)
     noop = best(worker.noop)

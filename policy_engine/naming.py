@@ -160,6 +160,15 @@ class NameTemplate:
     text: str
     parts: tuple[Part, ...]
     bound: tuple[tuple[str, str], ...] = ()
+    # Derived once: render() runs per capture (and per rank in explain).
+    _fields: frozenset[str] = attrs.field(init=False, eq=False, hash=False, repr=False)
+
+    def __attrs_post_init__(self) -> None:
+        out: set[str] = set()
+        for part in self.parts:
+            inner = part.parts if isinstance(part, Group) else (part,)
+            out.update(p.name for p in inner if isinstance(p, Field))
+        object.__setattr__(self, "_fields", frozenset(out))
 
     @classmethod
     def parse(cls, text: str) -> NameTemplate:
@@ -168,11 +177,7 @@ class NameTemplate:
         return cls(text, parts)
 
     def fields(self) -> frozenset[str]:
-        out: set[str] = set()
-        for part in self.parts:
-            inner = part.parts if isinstance(part, Group) else (part,)
-            out.update(p.name for p in inner if isinstance(p, Field))
-        return frozenset(out)
+        return self._fields
 
     def bind(self, values: Mapping[str, object]) -> NameTemplate:
         """Fix the given fields' values now (sanitized), leaving the rest for render()."""
@@ -188,8 +193,9 @@ class NameTemplate:
         A name left empty is :data:`EMPTY_NAME`.
         """
         known = dict(self.bound)
+        fields = self._fields
         for key, value in (values or {}).items():
-            if key not in known:
+            if key in fields and key not in known:
                 known[key] = _value(key, value)
         for name in placeholders:
             if not known.get(name):
@@ -214,6 +220,8 @@ class NameTemplate:
 def _value(key: str, value: object) -> str:
     if value is None or value == "":
         return ""
+    if type(value) is int:  # digits and "-" only: nothing to sanitize
+        return f"{key}{value}" if key in DIMS else str(value)
     if key in DIMS:
         return f"{key}{sanitize(value)}"
     return sanitize(value)

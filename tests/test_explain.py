@@ -311,3 +311,15 @@ def test_every_rank_equals_its_compiled_plan(role_body: dict[str, object]) -> No
         plan = compile_plan(policy, "actor", Topology.for_rank(
             entry["rank"], 8, dict(policy.mesh), 4))
         assert entry == rank_entry(plan, 0, 10, default_inner_steps(plan))
+
+
+@pytest.mark.parametrize("world", [1, 4096, 4097, 8192])
+def test_json_output_parses_at_any_world(world: int, tmp_path: Path,
+                                         capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "p.yaml"
+    path.write_text("version: 1\nroles: {actor: {enabled: true, ranks: all, steps: [1]}}\n")
+    assert main(["explain", str(path), "--role", "actor", "--world", str(world),
+                 "--format", "json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert [r["rank"] for r in data["ranks"]] == list(range(world))
+    assert data["ranks"][-1]["name"].startswith(f"trace_actor_step1_rank{world - 1}-of-")

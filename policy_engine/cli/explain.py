@@ -73,11 +73,18 @@ def run(args: argparse.Namespace) -> int:
 def _print_json(role: str, world: int, ranks: Iterable[dict[str, Any]]) -> None:
     """One rank per line: readable, and fast for 65536 ranks (the C encoder does it)."""
     out = sys.stdout
-    out.write(f'{{"role": {json.dumps(role)}, "world": {world}, "ranks": [\n')
-    first = True
+    out.write(f'{{"role": {json.dumps(role)}, "world": {world}, "ranks": [\n  ')
+    encode = json.JSONEncoder().encode
+    batch: list[str] = []
+    sep = ""
     for entry in ranks:
-        out.write(("  " if first else ",\n  ") + json.dumps(entry))
-        first = False
+        batch.append(encode(entry))
+        if len(batch) == 4096:  # few large writes instead of one per rank
+            out.write(sep + ",\n  ".join(batch))
+            batch.clear()
+            sep = ",\n  "
+    if batch:
+        out.write(sep + ",\n  ".join(batch))
     out.write("\n]}\n")
 
 
