@@ -232,7 +232,7 @@ def test_unknown_role_gets_the_defaults_with_a_warning(
 
 
 @pytest.mark.parametrize(("argv", "message"), [
-    (["--role", "actor"], "give --world N (or a mesh) to explain a role"),
+    (["--role", "actor"], "give --world N (or a mesh in the policy): how many ranks the role has"),
     (["--role", "actor", "--world", "2", "--steps", "9-3"], "--steps '9-3': range is reversed"),
     (["--role", "actor", "--world", "2", "--steps", "x"],
      "--steps 'x': expected A-B or N, such as 1-20"),

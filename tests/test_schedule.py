@@ -21,26 +21,16 @@ def torch_schedule(s: Schedule):  # type: ignore[no-untyped-def]
         return torch_profiler.schedule(**s.to_json())
 
 
+def schedules(min_repeat: int = 0) -> st.SearchStrategy[Schedule]:
+    """Random schedules over the field ranges torch's own tests use."""
+    return st.builds(Schedule, skip_first=st.integers(0, 6), skip_first_wait=st.integers(0, 1),
+                     wait=st.integers(0, 5), warmup=st.integers(0, 5),
+                     active=st.integers(1, 5), repeat=st.integers(min_repeat, 4))
+
+
 @settings(max_examples=400, deadline=None)
-@given(
-    wait=st.integers(0, 5),
-    warmup=st.integers(0, 5),
-    active=st.integers(1, 5),
-    repeat=st.integers(0, 4),
-    skip_first=st.integers(0, 6),
-    skip_first_wait=st.integers(0, 1),
-)
-def test_action_matches_torch(
-    wait: int, warmup: int, active: int, repeat: int, skip_first: int, skip_first_wait: int
-) -> None:
-    ours = Schedule(
-        skip_first=skip_first,
-        skip_first_wait=skip_first_wait,
-        wait=wait,
-        warmup=warmup,
-        active=active,
-        repeat=repeat,
-    )
+@given(ours=schedules())
+def test_action_matches_torch(ours: Schedule) -> None:
     theirs = torch_schedule(ours)
     for step in range(201):
         assert ours.action(step).name == theirs(step).name, step
@@ -119,25 +109,8 @@ def test_cycle_table(
 
 
 @settings(max_examples=200, deadline=None)
-@given(
-    wait=st.integers(0, 5),
-    warmup=st.integers(0, 5),
-    active=st.integers(1, 5),
-    repeat=st.integers(1, 4),
-    skip_first=st.integers(0, 6),
-    skip_first_wait=st.integers(0, 1),
-)
-def test_steps_needed_ends_on_the_last_save(
-    wait: int, warmup: int, active: int, repeat: int, skip_first: int, skip_first_wait: int
-) -> None:
-    s = Schedule(
-        skip_first=skip_first,
-        skip_first_wait=skip_first_wait,
-        wait=wait,
-        warmup=warmup,
-        active=active,
-        repeat=repeat,
-    )
+@given(s=schedules(min_repeat=1))
+def test_steps_needed_ends_on_the_last_save(s: Schedule) -> None:
     assert s.steps_needed is not None
     actions = s.actions(s.steps_needed + 50)
     assert actions[s.steps_needed - 1] is Action.RECORD_AND_SAVE
@@ -145,7 +118,7 @@ def test_steps_needed_ends_on_the_last_save(
     assert actions.count(Action.RECORD_AND_SAVE) == s.cycles
     # Each save belongs to a distinct cycle, numbered from 0.
     saves = [s.cycle(i) for i, a in enumerate(actions) if a is Action.RECORD_AND_SAVE]
-    assert saves == list(range(repeat))
+    assert saves == list(range(s.repeat))
 
 
 def test_from_mapping_and_to_json_round_trip() -> None:

@@ -8,10 +8,14 @@ import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ..errors import PolicyError, Problem
+import attrs
+
+from .._frozen import FrozenDict
+from ..errors import PolicyError, Problem, did_you_mean
 from ..loader import Override, PolicyFileError, overrides_from_env, parse_override
+from ..model import Policy, build_policy
 from ..policy import Analysis, analyze, read_source
-from ..topology import parse_mesh
+from ..topology import mesh_size, parse_mesh
 from .main import UsageError
 
 
@@ -81,3 +85,21 @@ def load_checked(path: str, args: argparse.Namespace) -> Analysis:
 def print_json(data: Mapping[str, Any] | list[Any]) -> None:
     json.dump(data, sys.stdout, indent=2)
     sys.stdout.write("\n")
+
+
+def load_role_layout(args: argparse.Namespace, command: str) -> tuple[Policy, int]:
+    """The checked policy (``--mesh`` replacing its mesh) and the world size, for commands
+    that look at one role on every rank (explain, nsys-args)."""
+    result = load_checked(args.file, args)
+    doc = result.document
+    policy = build_policy(doc.data, source=doc.origin, sources=doc.sources)
+    if args.mesh:
+        policy = attrs.evolve(policy, mesh=FrozenDict(args.mesh))
+    if args.role not in policy.roles:
+        hint = did_you_mean(args.role, policy.roles)
+        print(f"policy-engine {command}: warning: role {args.role!r} is not in the "
+              f"policy{hint}; it gets the defaults", file=sys.stderr)
+    world = args.world or (mesh_size(policy.mesh) if policy.mesh else None)
+    if world is None:
+        raise UsageError("give --world N (or a mesh in the policy): how many ranks the role has")
+    return policy, world

@@ -9,14 +9,8 @@ import sys
 from collections.abc import Iterable
 from typing import Any
 
-import attrs
-
-from .._frozen import FrozenDict
-from ..errors import did_you_mean
 from ..explain import iter_ranks
-from ..model import build_policy
-from ..topology import mesh_size
-from ._common import add_format_option, add_layout_options, load_checked, positive_int
+from ._common import add_format_option, add_layout_options, load_role_layout, positive_int
 from .main import UsageError
 
 
@@ -48,18 +42,7 @@ def _window(text: str) -> tuple[int, int]:
 
 
 def run(args: argparse.Namespace) -> int:
-    result = load_checked(args.file, args)
-    doc = result.document
-    policy = build_policy(doc.data, source=doc.origin, sources=doc.sources)
-    if args.mesh:
-        policy = attrs.evolve(policy, mesh=FrozenDict(args.mesh))
-    if args.role not in policy.roles:
-        hint = did_you_mean(args.role, policy.roles)
-        print(f"policy-engine explain: warning: role {args.role!r} is not in the policy{hint}; "
-              "it gets the defaults", file=sys.stderr)
-    world = args.world or (mesh_size(policy.mesh) if policy.mesh else None)
-    if world is None:
-        raise UsageError("give --world N (or a mesh) to explain a role")
+    policy, world = load_role_layout(args, "explain")
     lo, hi = _window(args.steps)
     ranks = iter_ranks(policy, args.role, world=world, mesh=policy.mesh, lo=lo, hi=hi,
                        inner=args.inner_steps, local_world=args.local_world)

@@ -16,16 +16,20 @@ import textwrap
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-import attrs
-
-from .._frozen import FrozenDict, thaw
+from .._frozen import thaw
 from ..compiler import compile_plan
 from ..errors import PolicyError, Problem, json_path
-from ..model import Policy, build_policy
+from ..model import Policy
 from ..nsys_args import NsysArgsError, nsys_output, nsys_profile_args, report_path
 from ..nsys_ranges import count_ranges
-from ..topology import Topology, mesh_size
-from ._common import add_format_option, add_layout_options, load_checked, positive_int, print_json
+from ..topology import Topology
+from ._common import (
+    add_format_option,
+    add_layout_options,
+    load_role_layout,
+    positive_int,
+    print_json,
+)
 from .main import UsageError
 
 
@@ -173,14 +177,7 @@ def build(policy: Policy, role: str, world: int, args: argparse.Namespace) -> di
 
 
 def run(args: argparse.Namespace) -> int:
-    result = load_checked(args.file, args)
-    doc = result.document
-    policy = build_policy(doc.data, source=doc.origin, sources=doc.sources)
-    if args.mesh:
-        policy = attrs.evolve(policy, mesh=FrozenDict(args.mesh))
-    world = args.world or (mesh_size(policy.mesh) if policy.mesh else None)
-    if world is None:
-        raise UsageError("give --world N (or a mesh) to say how many ranks the role has")
+    policy, world = load_role_layout(args, "nsys-args")
     if args.rank is not None and args.rank >= world:
         raise UsageError(f"--rank {args.rank} is outside a world of {world}")
     data = build(policy, args.role, world, args)
