@@ -6,13 +6,11 @@ positions let every problem point at the file, line and column it came from.
 
 from __future__ import annotations
 
-import copy
 import datetime
 import json
 import numbers
 import os
-import re
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Literal
 
 import attrs
@@ -20,12 +18,20 @@ import attrs
 from policy_engine import _yaml
 from policy_engine._toml import parse_toml
 from policy_engine._yaml import PathKey, check_root, describe, parse_yaml, too_deep
-from policy_engine.errors import Location, PolicyError, Problem, json_path
+from policy_engine.errors import Location, PolicyError, json_path
+
+# Overrides live in policy_engine.overrides; the names imported "as" themselves are
+# re-exported so that imports from this module keep working.
+from policy_engine.overrides import ENV_OVERRIDES as ENV_OVERRIDES
+from policy_engine.overrides import Override as Override
+from policy_engine.overrides import _subpaths
+from policy_engine.overrides import apply_overrides as apply_overrides
+from policy_engine.overrides import overrides_from_env as overrides_from_env
+from policy_engine.overrides import parse_override as parse_override
 
 Format = Literal["yaml", "toml", "json"]
 _FORMATS: dict[str, Format] = {".yaml": "yaml", ".yml": "yaml", ".toml": "toml", ".json": "json"}
 _MAX_BYTES = 16 * 1024 * 1024  # far above any policy; stops /dev/zero and friends
-ENV_OVERRIDES = "PROFILE_POLICY_SET"
 
 
 class PolicyFileError(PolicyError):
@@ -58,15 +64,6 @@ class Document:
             if not here:
                 return Location(self.origin)
             here = here[:-1]
-
-
-@attrs.frozen
-class Override:
-    """One ``dotted.key=VALUE`` setting from the CLI or the environment."""
-
-    path: tuple[str, ...]
-    value: Any
-    location: Location
 
 
 def read_text(path: str | os.PathLike[str]) -> str:
@@ -289,102 +286,3 @@ def _merge_documents(base: Document, top: Document) -> Document:
         return out
 
     return attrs.evolve(top, data=merge(base.data, top.data, ()), values=values, keys=keys)
-
-
-_OVERRIDE_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_-]*(?:\.[A-Za-z_][A-Za-z0-9_-]*)*")
-
-
-def parse_override(text: str, origin: str | None = None) -> Override:
-    """Parse ``dotted.key=VALUE``; VALUE is YAML read with the policy's safety rules.
-
-    ``origin`` is the label errors show for this override; by default ``--set TEXT``.
-    """
-    location = Location(f"--set {text}" if origin is None else origin)
-    key, equals, raw = text.partition("=")
-    key = key.strip()
-    if not equals or not key or not raw.strip():
-        raise PolicyError.single(f"override needs KEY=VALUE, got {text!r}", location)
-    if not _OVERRIDE_KEY.fullmatch(key):
-        raise PolicyError.single(
-            f"override key {key!r} is not a dotted name such as roles.actor.ranks", location
-        )
-    path = tuple(key.split("."))
-    if path[0] == "extends":
-        raise PolicyError.single("extends cannot be set by an override", location, "$.extends")
-    try:
-        parsed = _yaml.parse_yaml_value(raw, location.origin)
-    except PolicyError as exc:  # positions inside VALUE mean little: point at the override
-        raise PolicyError(
-            [attrs.evolve(p, location=location, json_path=json_path(path)) for p in exc.problems]
-        ) from None
-    if () not in parsed.values:  # VALUE held only a comment
-        raise PolicyError.single(f"override needs KEY=VALUE, got {text!r}", location)
-    return Override(path, parsed.value, location)
-
-
-def overrides_from_env(environ: Mapping[str, str] | None = None) -> list[Override]:
-    """Overrides from ``PROFILE_POLICY_SET`` (``;``-separated; empty items are skipped)."""
-    raw = (os.environ if environ is None else environ).get(ENV_OVERRIDES, "")
-    overrides: list[Override] = []
-    problems: list[Problem] = []
-    for index, item in enumerate(raw.split(";"), 1):
-        item = item.strip()
-        if item:
-            try:
-                overrides.append(parse_override(item, f"{ENV_OVERRIDES}[{index}]: {item}"))
-            except PolicyError as exc:
-                problems.extend(exc.problems)
-    if problems:
-        raise PolicyError(problems)
-    return overrides
-
-
-def apply_overrides(doc: Document, overrides: Iterable[Override]) -> Document:
-    """Return ``doc`` with each override set, its positions pointing at the override.
-
-    Missing (or null) intermediate mappings are created; a non-mapping in the way is
-    an error. Every error is collected before raising.
-    """
-    overrides = list(overrides)
-    if not overrides:
-        return doc
-    data = copy.deepcopy(doc.data)
-    values, keys = dict(doc.values), dict(doc.keys)
-    problems: list[Problem] = []
-    for override in overrides:
-        path, where = override.path, override.location
-        target = data
-        for depth, part in enumerate(path[:-1], 1):
-            if target.get(part) is None:  # missing, or `ref:` left empty in the file
-                keys.setdefault(path[:depth], where)
-                values[path[:depth]] = where
-                target[part] = {}
-            target = target[part]
-            if not isinstance(target, dict):
-                blocker = f"{'.'.join(path[:depth])} is {describe(target)}, not a mapping"
-                message = f"cannot set {'.'.join(path)}: {blocker}"
-                problems.append(Problem(message, json_path(path[:depth]), where))
-                break
-        else:
-            target[path[-1]] = copy.deepcopy(override.value)
-            for positions in (values, keys):
-                for stale in [p for p in positions if p[: len(path)] == path]:
-                    del positions[stale]
-            for sub in _subpaths(override.value, path):
-                values[sub] = where
-                if isinstance(sub[-1], str):  # list items have no key
-                    keys[sub] = where
-    if problems:
-        raise PolicyError(problems)
-    return attrs.evolve(doc, data=data, values=values, keys=keys)
-
-
-def _subpaths(value: Any, path: PathKey) -> Iterator[PathKey]:
-    """``path`` and the path of every value nested in ``value``."""
-    yield path
-    if isinstance(value, dict):
-        for key, item in value.items():
-            yield from _subpaths(item, (*path, key))
-    elif isinstance(value, list):
-        for index, item in enumerate(value):
-            yield from _subpaths(item, (*path, index))

@@ -11,7 +11,6 @@ Ascend CANN toolkit can break ``import torch``).
 
 from __future__ import annotations
 
-import ast
 import hashlib
 import importlib
 import importlib.util
@@ -21,13 +20,30 @@ import multiprocessing
 import os
 import re
 import shutil
-import subprocess
 import warnings
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from pathlib import Path
 from typing import Any, ClassVar
 
+from policy_engine.backends._mstx_checks import (
+    _DOMAINS,
+    CANN,
+    INSTALL,
+    Params,
+    _as_list,
+    check_runtime,
+    check_settings,
+    version_warnings,
+)
+
+# The validate-time part lives in _mstx_checks; the names imported "as" themselves are
+# re-exported so that tests and callers reaching for them here keep working.
+from policy_engine.backends._mstx_checks import _NEEDS as _NEEDS
+from policy_engine.backends._mstx_checks import EMPTY as EMPTY
+from policy_engine.backends._mstx_checks import SOURCES as SOURCES
+from policy_engine.backends._mstx_checks import _db_problem as _db_problem
+from policy_engine.backends._mstx_checks import source_params as source_params
 from policy_engine.backends.base import Artifact, BackendUnavailable, CaptureInfo
 
 __all__ = ["MstxBackend", "MstxSession", "check_runtime", "check_settings", "version_warnings"]
@@ -46,89 +62,12 @@ EXPORT_TYPES = {"text": "Text", "db": "Db"}
 ACTIVITIES = {"cpu": "CPU", "npu": "NPU"}
 FLAGS = ("record_shapes", "profile_memory", "with_stack", "with_modules", "with_flops")
 
-EMPTY = "activities is empty: list at least one of cpu, npu (an empty list never means all)"
-CANN = "it needs the Ascend CANN toolkit installed and its set_env.sh sourced"
-INSTALL = (
-    f"torch_npu is not installed: `pip install torch_npu` (the release matching torch); {CANN}"
-)
 # torch_npu names its folder "<worker>_<pid>_<%Y%m%d%H%M%S + ms>_ascend_pt" and refuses worker
 # names of 226 characters or more; with 7 pid digits (Linux's most) the folder fits 255 bytes.
 WORKER_MAX = 255 - len("_4194304_20250101000000000_ascend_pt")
 _UNSAFE = re.compile(r"[^0-9A-Za-z._~-]+")  # torch_npu warns about other path characters
-_DOMAINS = ("mstx_domain_include", "mstx_domain_exclude")
-_RESETS = "torch_npu resets it to none"
-_KEEPS = "torch_npu keeps only the include list"
-# (setting, torch_npu callable, keyword it needs there), for version_warnings.
-_NEEDS = (
-    ("ranges", "_ExperimentalConfig", "mstx"),
-    *((k, "_ExperimentalConfig", k) for k in ("l2_cache", "data_simplification", "record_op_args")),
-    *((k, "_ExperimentalConfig", k) for k in _DOMAINS),
-    ("with_flops", "profile", "with_flops"),
-    ("domain", "range_start", "domain"),  # range_end takes domain in the same releases
-)
-# Where each checked callable is defined in the torch_npu package: file, class, function.
-SOURCES = {
-    "_ExperimentalConfig": ("profiler/experimental_config.py", "_ExperimentalConfig", "__init__"),
-    "profile": ("profiler/profiler.py", "profile", "__init__"),
-    "tensorboard_trace_handler": ("profiler/profiler.py", None, "tensorboard_trace_handler"),
-    "range_start": ("npu/mstx.py", "mstx", "range_start"),
-    "range_end": ("npu/mstx.py", "mstx", "range_end"),
-}
-Params = Mapping[str, "frozenset[str] | None"]  # keywords per callable; None = unknown, allow all
 
 _OWNER: MstxSession | None = None  # torch_npu has one profiler per process
-
-
-def _as_list(value: Any) -> list[str]:
-    return [value] if isinstance(value, str) else [str(v) for v in value or ()]
-
-
-def _problems(s: Mapping[str, Any]) -> Iterator[tuple[str, str]]:
-    acts, level = list(s.get("activities", ["cpu", "npu"])), s.get("level", "level1")
-    ranges, aic, domain = bool(s.get("ranges", True)), s.get("aic_metrics"), s.get("domain")
-    include, exclude = (list(s.get(key) or ()) for key in _DOMAINS)
-    if not acts:
-        yield "activities", EMPTY
-    if aic not in (None, "none") and level in ("level0", "level_none"):
-        yield "aic_metrics", f"aic_metrics {aic!r} needs level1 or level2 ({_RESETS} at {level})"
-    if level == "level_none" and not ranges:
-        yield "ranges", "level_none records only mstx ranges: set ranges: true"
-    if include and exclude:
-        yield _DOMAINS[1], f"{_DOMAINS[1]} cannot be set with {_DOMAINS[0]} ({_KEEPS})"
-    for key in _DOMAINS if not ranges else ():
-        if s.get(key):
-            yield key, f"{key} needs ranges: true (torch_npu ignores it while mstx is off)"
-    if domain and ranges and ((include and domain not in include) or domain in exclude):
-        yield "domain", f"domain {domain!r} is filtered out by the mstx_domain_* lists"
-    for key in ("aic_metrics", "l2_cache", "record_op_args") if acts and "npu" not in acts else ():
-        if s.get(key) not in (None, False, "none"):
-            yield key, f"{key} needs npu in activities (torch_npu ignores it without NPU)"
-
-
-def check_settings(settings: Mapping[str, Any]) -> list[tuple[str, tuple[str | int, ...]]]:
-    """Contradictions in an ``mstx:`` block the schema cannot see, as torch_npu defines them."""
-    return [(message, (key,)) for key, message in _problems(settings)]
-
-
-def version_warnings(settings: Mapping[str, Any], params: Params, version: str) -> list[str]:
-    """One message per setting in use that the installed torch_npu has no keyword for."""
-    out = []
-    for key, target, keyword in _NEEDS:
-        known = params.get(target)
-        value = settings.get(key, key in ("ranges", "data_simplification"))  # True by default
-        # data_simplification defaults to True in torch_npu; only False asks for something.
-        asks = value is False if key == "data_simplification" else bool(value)
-        if known is None or keyword in known or not asks:
-            continue
-        if keyword == "mstx" and "msprof_tx" in known:
-            continue  # torch_npu < 2.7 names the same switch msprof_tx: used, nothing lost
-        if keyword == "domain" and not settings.get("ranges", True):
-            continue
-        out.append(
-            f"torch_npu {version} has no '{keyword}' argument in {target}: mstx.{key} is "
-            "ignored there (a newer torch_npu supports it)"
-        )
-    return list(dict.fromkeys(out))
 
 
 def _keywords(fn: Callable[..., Any]) -> frozenset[str] | None:
@@ -140,63 +79,6 @@ def _keywords(fn: Callable[..., Any]) -> frozenset[str] | None:
     if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in sig.parameters.values()):
         return None
     return frozenset(n for n, p in sig.parameters.items() if p.kind in kinds) - {"self"}
-
-
-def source_params(root: Path) -> dict[str, frozenset[str] | None]:
-    """Keywords of each callable in :data:`SOURCES`, read from torch_npu's files with ``ast``."""
-    out: dict[str, frozenset[str] | None] = {}
-    for name, (rel, cls, fn) in SOURCES.items():
-        try:
-            body = ast.parse((root / rel).read_text(encoding="utf-8")).body
-        except (OSError, SyntaxError, ValueError):
-            out[name] = None
-            continue
-        if cls is not None:
-            body = next((n.body for n in body if isinstance(n, ast.ClassDef) and n.name == cls), [])
-        node = next((n for n in body if isinstance(n, ast.FunctionDef) and n.name == fn), None)
-        args = None if node is None or node.args.kwarg else node.args
-        out[name] = (
-            None
-            if args is None
-            else frozenset(a.arg for a in (*args.args, *args.kwonlyargs) if a.arg != "self")
-        )
-    return out
-
-
-def _db_problem() -> str | None:
-    # torch_npu's analysis raises unless `msprof --help` lists --type (CANN that can export db).
-    msprof = shutil.which("msprof")
-    if msprof is None:
-        return "export_type db needs CANN's msprof on PATH (torch_npu asks it about db export)"
-    try:
-        text = subprocess.run([msprof, "--help"], capture_output=True, text=True, timeout=30).stdout
-    except (OSError, subprocess.SubprocessError) as exc:
-        return f"export_type db: `msprof --help` failed ({exc})"
-    return None if "--type" in text else "export_type db: this CANN's msprof cannot export db"
-
-
-def check_runtime(settings: Mapping[str, Any]) -> list[str]:
-    """What stops the backend here (or drops a setting), found without importing torch_npu."""
-    spec = importlib.util.find_spec("torch_npu")  # a top-level find_spec imports nothing
-    if spec is None:
-        return [INSTALL]
-    out = []
-    if not (os.environ.get("ASCEND_HOME_PATH") or os.environ.get("ASCEND_TOOLKIT_HOME")):
-        out.append(
-            "the Ascend CANN environment is not set (no ASCEND_HOME_PATH): source "
-            "<CANN>/set_env.sh before training, or importing torch_npu fails"
-        )
-    for root in map(Path, spec.submodule_search_locations or ()):
-        try:
-            found = re.search(
-                r"__version__\s*=\s*['\"]([^'\"]+)", (root / "version.py").read_text()
-            )
-        except OSError:
-            found = None
-        out += version_warnings(settings, source_params(root), found[1] if found else "?")
-    if "db" in _as_list(settings.get("export_type", "text")) and (problem := _db_problem()):
-        out.append(problem)
-    return out
 
 
 def _worker_name(base: str) -> str:

@@ -1,0 +1,242 @@
+"""The policy's ``ranks`` value: which ranks of a role profile, by number or coordinates.
+
+:meth:`RankSelector.parse` raises :class:`SelectorError` with a sub-path inside the value;
+callers prepend the value's own JSON path and file position.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import re
+from collections.abc import Iterator, Mapping
+
+import attrs
+
+from policy_engine._selector_base import Path, SelectorError, _is_int, _kind
+
+__all__ = ["DIMENSIONS", "RankSelector"]
+
+#: Coordinate dimensions a rank mapping may name, in the order messages list them.
+DIMENSIONS = ("tp", "pp", "dp", "cp", "ep", "local_rank", "node")
+# Known from the launcher on every rank, so they never need to be in the mesh.
+_PROCESS_DIMS = frozenset({"local_rank", "node"})
+
+# Tokens of a rank string are split on ",". A token that is an optional "-" followed by
+# digits is one index ("-1" = the last); a "-" between two digit groups is an inclusive
+# range ("0-3"). Range bounds are never negative, so every token reads one way only:
+# "-1" is a single index, "0-3" a range, and "-3--1" or "2--1" are errors.
+
+_INDEX_TOKEN = re.compile(r"-?[0-9]+")
+_RANGE_TOKEN = re.compile(r"([0-9]+)\s*-\s*([0-9]+)")
+_RANK = "rank"  # the pseudo-dimension of plain rank numbers; users cannot name it
+
+
+@attrs.frozen
+class _Span:
+    lo: int  # negative only when lo == hi: an index counted from the end
+    hi: int
+    path: Path = attrs.field(eq=False)
+
+    def __str__(self) -> str:
+        return str(self.lo) if self.lo == self.hi else f"{self.lo}-{self.hi}"
+
+    def hits(self, index: int, size: int | None) -> bool:
+        if self.lo < 0:
+            return size is not None and index == size + self.lo
+        return self.lo <= index <= self.hi
+
+
+@attrs.frozen
+class _Axis:
+    """Indices along one dimension; ``spans`` None means every index."""
+
+    dim: str
+    spans: tuple[_Span, ...] | None
+    path: Path = attrs.field(eq=False)
+
+    def hits(self, index: int | None, size: int | None) -> bool:
+        if index is None:
+            return False
+        return self.spans is None or any(span.hits(index, size) for span in self.spans)
+
+    def to_json(self) -> int | str | list[int | str]:
+        if self.spans is None:
+            return "all"
+        items: list[int | str] = [s.lo if s.lo == s.hi else str(s) for s in self.spans]
+        if self.dim == _RANK:
+            return items[0] if len(items) == 1 else ",".join(map(str, self.spans))
+        return items[0] if len(items) == 1 else items
+
+
+def _spans(value: object, dim: str, path: Path) -> list[_Span]:
+    if _is_int(value):
+        return [_Span(value, value, path)]
+    if not isinstance(value, str):
+        raise SelectorError(
+            f"{dim} must be 'all', an index, a range string or a list of them, got {_kind(value)}",
+            path,
+        )
+    spans = []
+    for raw in value.split(","):
+        token = raw.strip()
+        if _INDEX_TOKEN.fullmatch(token):
+            spans.append(_Span(int(token), int(token), path))
+        elif match := _RANGE_TOKEN.fullmatch(token):
+            lo, hi = int(match[1]), int(match[2])
+            if hi < lo:
+                raise SelectorError(f"range {lo}-{hi} is reversed", path)
+            spans.append(_Span(lo, hi, path))
+        else:
+            raise SelectorError(
+                f"malformed {dim} range {token!r} (expected N, -N or A-B with A, B >= 0)", path
+            )
+    return spans
+
+
+def _axis(value: object, dim: str, path: Path) -> _Axis:
+    if isinstance(value, str) and value.strip() == "all":
+        return _Axis(dim, None, path)
+    if not isinstance(value, (list, tuple)):
+        return _Axis(dim, tuple(_spans(value, dim, path)), path)
+    spans: list[_Span] = []
+    for index, item in enumerate(value):
+        if isinstance(item, str) and item.strip() == "all":
+            return _Axis(dim, None, path)
+        spans.extend(_spans(item, dim, (*path, index)))
+    return _Axis(dim, tuple(spans), path)
+
+
+def _clause(value: object, path: Path) -> tuple[_Axis, ...]:
+    """One alternative of a ranks value: the axes that must all match (``()`` = all)."""
+    if isinstance(value, str) and value.strip() == "all":
+        return ()
+    if not isinstance(value, Mapping):
+        return (_axis(value, _RANK, path),)
+    if not value:
+        raise SelectorError("a ranks mapping needs at least one dimension", path)
+    axes = []
+    for key, item in value.items():
+        if key not in DIMENSIONS:
+            close = difflib.get_close_matches(str(key), DIMENSIONS, n=1)
+            hint = f", did you mean '{close[0]}'?" if close else ""
+            raise SelectorError(
+                f"unknown dimension {str(key)!r}{hint} (known: {', '.join(DIMENSIONS)})",
+                (*path, key if isinstance(key, (str, int)) else str(key)),
+            )
+        axes.append(_axis(item, key, (*path, key)))
+    return tuple(axes)
+
+
+@attrs.frozen
+class RankSelector:
+    """Which ranks of a role profile: a union of clauses, each a conjunction of axes.
+
+    Build it with :meth:`parse`. Equality is structural: ``"0,1"`` and ``"0-1"`` select the
+    same ranks but are different selectors.
+    """
+
+    clauses: tuple[tuple[_Axis, ...], ...]
+
+    @classmethod
+    def parse(cls, value: object) -> RankSelector:
+        """Parse ``all``, an int (``-1`` = last), ``"0-3,8,-1"``, a mapping of dimensions
+        (``{tp: 0, dp: [0, -1]}``, all must match) or a list of these (any may match)."""
+        if isinstance(value, (list, tuple)):
+            for index, item in enumerate(value):
+                if isinstance(item, (list, tuple)):
+                    raise SelectorError(
+                        "a ranks list item must be 'all', a rank, a range string or a "
+                        "mapping, got a list",
+                        (index,),
+                    )
+            return cls(tuple(_clause(item, (index,)) for index, item in enumerate(value)))
+        if _is_int(value) or isinstance(value, (str, Mapping)):
+            return cls((_clause(value, ()),))
+        raise SelectorError(
+            "ranks must be 'all', a rank number, a range string, a mapping of dimensions "
+            f"or a list of them, got {_kind(value)}"
+        )
+
+    @property
+    def is_all(self) -> bool:
+        """Written to select every rank (``all`` somewhere in the union)."""
+        return () in self.clauses
+
+    @property
+    def selects_nothing(self) -> bool:
+        """Selects no rank whatever the world: ``[]``, or only clauses like ``{tp: []}``."""
+        return all(any(axis.spans == () for axis in axes) for axes in self.clauses)
+
+    def matches(
+        self, rank: int, world: int, coords: Mapping[str, int], sizes: Mapping[str, int]
+    ) -> bool:
+        """Whether ``rank`` is selected, given its ``coords`` and the ``sizes`` of each dimension.
+
+        A negative index needs the size of its dimension (``world`` for plain ranks); when
+        the size is unknown, or the rank has no coordinate on a named dimension, that axis
+        matches nothing.
+        """
+        for axes in self.clauses:
+            if all(
+                axis.hits(rank, world)
+                if axis.dim == _RANK
+                else axis.hits(coords.get(axis.dim), sizes.get(axis.dim))
+                for axis in axes
+            ):
+                return True
+        return False
+
+    def check(self, world: int | None, sizes: Mapping[str, int] | None) -> list[SelectorError]:
+        """Problems once the world size or the mesh is known (None: not known, not checked).
+
+        ``sizes`` is the mesh; it may also carry sizes for ``local_rank`` and ``node``,
+        which are always allowed.
+        """
+        return [
+            problem
+            for axes in self.clauses
+            for axis in axes
+            for problem in _axis_problems(axis, world, sizes)
+        ]
+
+    def to_json(self) -> object:
+        """A value :meth:`parse` reads back to an equal selector."""
+        items = [_clause_json(axes) for axes in self.clauses]
+        return items[0] if len(items) == 1 else items
+
+    def __str__(self) -> str:
+        if not self.clauses:
+            return "none"
+        data = self.to_json()
+        return data if isinstance(data, str) else json.dumps(data)
+
+
+def _clause_json(axes: tuple[_Axis, ...]) -> object:
+    if not axes:
+        return "all"
+    if axes[0].dim == _RANK:
+        return axes[0].to_json()
+    return {axis.dim: axis.to_json() for axis in axes}
+
+
+def _axis_problems(
+    axis: _Axis, world: int | None, sizes: Mapping[str, int] | None
+) -> Iterator[SelectorError]:
+    if axis.dim == _RANK:
+        size, where = world, f"for world {world}"
+    elif sizes is not None and axis.dim not in sizes:
+        if axis.dim not in _PROCESS_DIMS:
+            mesh = ", ".join(dim for dim in sizes if dim not in _PROCESS_DIMS) or "empty"
+            yield SelectorError(
+                f"dimension {axis.dim!r} is not in the mesh (mesh: {mesh})", axis.path
+            )
+        return
+    else:
+        size = None if sizes is None else sizes.get(axis.dim)
+        where = f"({axis.dim} has {size})"
+    if size is None or axis.spans is None:
+        return
+    for span in axis.spans:
+        if span.hi >= size or span.lo < -size:
+            yield SelectorError(f"{axis.dim} {span} is out of range {where}", span.path)
