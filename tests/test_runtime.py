@@ -408,3 +408,18 @@ def test_policy_warnings_are_logged_when_applied(tmp_path: Path, caplog: Any) ->
     with caplog.at_level(logging.WARNING):
         apply_policy(Worker(), "actor", policy, Topology())
     assert any("selects no rank" in r.getMessage() for r in caplog.records)
+
+
+def test_steps_from_many_threads_are_all_counted(make_policy: Any, tmp_path: Path) -> None:
+    # The 4000th inner step is the only one recorded: any lost step() misses it.
+    policy = make_policy(steps=[0], schedule={"wait": 4000, "active": 1, "repeat": 1})
+    with recording_backend("torch"):
+        prof = profile_session(policy, "actor", Topology())
+        with prof.training_step(0):
+            threads = [threading.Thread(target=lambda: [prof.step() for _ in range(1000)])
+                       for _ in range(4)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+    assert [r["inner_steps"] for r in records(tmp_path / "out")] == [[4000]]

@@ -8,6 +8,7 @@ increment and a comparison: ``quiet_until`` is the next inner step that needs an
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 import threading
 import time
@@ -71,7 +72,8 @@ class Capture:
         self.output_dir = output_dir
         self.on_failure = on_failure
         self.joined: list[str] = []
-        self.inner = 0
+        self.inner = 0  # the last inner step acted on (under the slot's lock)
+        self._ticks = itertools.count(1)
         self.quiet_until = 0
         self.action: Action | None = None
         self.recording = False
@@ -105,12 +107,15 @@ class Capture:
         self._move(self._action_at(0))
 
     def step(self) -> None:
-        self.inner += 1
-        if self.inner < self.quiet_until:
+        # next() on a count is atomic, so steps from several threads are never lost; the
+        # quiet path touches nothing else. ``inner`` catches up under the lock.
+        n = next(self._ticks)
+        if n < self.quiet_until:
             return
         with self.slot.lock:
-            if self.slot.capture is self:
-                self._move(self._action_at(self.inner))
+            if self.slot.capture is self and n > self.inner:
+                self.inner = n
+                self._move(self._action_at(n))
 
     def _move(self, new: Action) -> None:
         try:
