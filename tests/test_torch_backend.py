@@ -83,6 +83,7 @@ def test_traces_match_schedule_manifest_and_explain(tmp_path: Path, caplog: Any)
             else trace["policy_engine"]
         assert meta["role"] == "actor" and meta["rank"] == 2 and meta["cycle"] == row["cycle"]
         assert meta["coords"] == {"dp": 1, "tp": 0} and meta["plan_hash"] == row["plan_hash"]
+        assert meta["inner_steps"] == row["inner_steps"] and meta["joined"] == []
         names = {e.get("name") for e in trace["traceEvents"]}
         steps = sorted(int(n.split("#")[1]) for n in names if str(n).startswith("ProfilerStep#"))
         assert steps == row["inner_steps"]

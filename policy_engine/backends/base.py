@@ -11,7 +11,9 @@ The interpreter owns the schedule. It calls a backend only on transitions:
 
 Before each cycle's prepare() (or start() when there is no warm-up) the interpreter calls
 ``session.set_stem(stem)`` when the session has it, for tools that name their output
-when they start rather than when they save (torch_npu).
+when they start rather than when they save (torch_npu). Before each save() it calls
+``session.note(facts)`` when the session has it, with facts learnt during the cycle
+(``joined`` roles, recorded ``inner_steps``), for backends that label their own traces.
 
 A ``Backend`` object lives once per process per backend name (the runtime's arbiter
 keeps it); ``open`` makes one ``Session`` per capture. Backend modules must import

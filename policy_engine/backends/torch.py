@@ -82,6 +82,7 @@ class TorchSession:
         self._prepared = False
         self._started = False
         self._step_marker: Any = None
+        self._facts: dict[str, Any] = {}
 
     # The interpreter calls these only on schedule transitions.
     def prepare(self) -> None:
@@ -105,10 +106,13 @@ class TorchSession:
         marker.__enter__()  # type: ignore[no-untyped-call]
         self._step_marker = marker
 
+    def note(self, facts: dict[str, Any]) -> None:
+        self._facts = dict(facts)
+
     def save(self, stem: str, cycle: int) -> list[Artifact]:
         if self._started:
             meta = self._info.metadata()
-            meta["cycle"] = cycle
+            meta.update(self._facts, cycle=cycle)
             self._prof.add_metadata_json("policy_engine", json.dumps(meta))
         self._stop()
         ext = ".pt.trace.json.gz" if self._gzip else ".pt.trace.json"

@@ -165,6 +165,9 @@ class Capture:
         cycle = self.cycle
         stem = self.stem
         start = self.cycle_started
+        note = getattr(self.session, "note", None)
+        if note is not None:  # backends that label their own traces (torch metadata)
+            note({"joined": list(self.joined), "inner_steps": list(self.cycle_steps)})
         artifacts = self.session.save(stem, cycle)
         self.cycle += 1
         self.saved += len(artifacts)
