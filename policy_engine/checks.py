@@ -96,7 +96,7 @@ def _check_section(sink: _Sink, path: Path, body: Mapping[str, Any]) -> None:
                 sink.add(message, where)
 
 
-def _origin(data: Mapping[str, Any], role: str, field: str) -> Path:
+def origin(data: Mapping[str, Any], role: str, field: str) -> Path:
     """Where the value a merged role uses for ``field`` was written (the role itself when
     the value is a built-in default)."""
     if role != UNNAMED:
@@ -142,7 +142,7 @@ def _single_rank(ranks: RankSelector) -> bool:
 
 def _check_names(sink: _Sink, data: Mapping[str, Any], spec: RoleSpec, role: str,
                  world: int | None, mesh: Mapping[str, int] | None) -> None:
-    where = _origin(data, role, "name")
+    where = origin(data, role, "name")
     fields = spec.template.fields()
     # nsys numbers the reports of one process itself (X.1.nsys-rep, X.2...), so for nsight
     # only the ranks need telling apart.
@@ -185,15 +185,15 @@ def _check_role(sink: _Sink, data: Mapping[str, Any], role: str,
         return
     if spec.discrete and spec.merge_steps:
         sink.add("discrete: true cannot be combined with merge_steps: true "
-                 "(each region call is its own capture)", _origin(data, role, "merge_steps"))
+                 "(each region call is its own capture)", origin(data, role, "merge_steps"))
     if not spec.discrete:
-        regions_at = _origin(data, role, "regions")
+        regions_at = origin(data, role, "regions")
         for region in spec.regions:
             if region.own_schedule:
                 sink.add(f"region {region.name!r} has its own schedule, which only applies "
                          "with discrete: true", (*regions_at, region.name, "schedule"),
                          "warning")
-    ranks_at = _origin(data, role, "ranks")
+    ranks_at = origin(data, role, "ranks")
     problems = spec.ranks.check(world, dict(mesh) if mesh else None)
     for err in problems:
         sink.add(err.message, (*ranks_at, *err.path))
@@ -207,7 +207,7 @@ def _check_role(sink: _Sink, data: Mapping[str, Any], role: str,
         shown = "[]" if not spec.ranks.clauses else str(spec.ranks)
         sink.add(f"ranks: {shown} selects no rank: nothing is profiled for {{who}}", ranks_at,
                  "warning", role=role)
-    steps_at = _origin(data, role, "steps")
+    steps_at = origin(data, role, "steps")
     if spec.steps.is_empty:
         sink.add("steps: [] selects no step: nothing is profiled for {who}", steps_at,
                  "warning", role=role)

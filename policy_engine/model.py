@@ -99,12 +99,6 @@ class Policy:
         return tuple(self.roles)
 
 
-def merged_role_settings(data: Mapping[str, Any], role: str) -> dict[str, Any]:
-    """The raw merged mapping for ``role`` (built-in defaults, ``defaults``, the role)."""
-    merged = deep_merge(BUILTIN_DEFAULTS, data.get("defaults") or {})
-    return deep_merge(merged, (data.get("roles") or {}).get(role) or {})
-
-
 def _schedule(raw: Mapping[str, Any] | None) -> Schedule | None:
     return None if raw is None else Schedule.from_mapping(raw)
 

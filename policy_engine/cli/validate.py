@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import argparse
 import os
-from collections.abc import Mapping
 from typing import Any
 
 import attrs
 
 from .. import backends
+from ..checks import UNNAMED, origin
 from ..errors import PolicyError, Problem, json_path
 from ..loader import Document, PolicyFileError
 from ..model import build_policy, build_role
@@ -42,15 +42,6 @@ def _check_file(path: str, args: argparse.Namespace) -> tuple[int, list[Problem]
     return (1 if any(p.severity == "error" for p in problems) else 0), problems
 
 
-def _backend_at(data: Mapping[str, Any], role: str | None) -> tuple[str, ...]:
-    """Where the backend ``role`` uses was chosen (the role itself for the built-in one)."""
-    if role is not None and "backend" in ((data.get("roles") or {}).get(role) or {}):
-        return ("roles", role, "backend")
-    if "backend" in (data.get("defaults") or {}):
-        return ("defaults", "backend")
-    return ("roles", role) if role is not None else ("defaults",)
-
-
 def _runtime_problems(doc: Document) -> list[Problem]:
     """What stops the policy from running here: each enabled role's backend (package,
     device, toolkit) and the output folder. Found without importing torch."""
@@ -64,7 +55,7 @@ def _runtime_problems(doc: Document) -> list[Problem]:
         spec = build_role(role or "defaults", defaults, roles.get(role) if role else None)
         if not spec.enabled:
             continue
-        at = _backend_at(data, role)
+        at = origin(data, UNNAMED if role is None else role, "backend")
         for message in backends.module(spec.backend).check_runtime(dict(spec.settings)):
             if (spec.backend, message) not in seen:
                 seen.add((spec.backend, message))

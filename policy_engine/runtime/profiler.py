@@ -86,7 +86,6 @@ class RoleProfiler:
         self._used_steps = False
         self._own: Capture | None = None
         self._session_capture = False
-        self._policy_sources = policy_sources
         self._policy_file_hash = manifest.file_hash(policy_sources)
         self._env: dict[str, Any] = {f: os.environ.get(f[4:], "") for f in plan.template.fields()
                      if f.startswith("env:")}
