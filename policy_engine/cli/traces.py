@@ -1,20 +1,31 @@
 """policy-engine traces DIR: every capture the manifests under DIR record, as one table.
 
-Also flags files on disk that no manifest names, and manifest entries whose file is gone.
+Also shows captures that opened and never closed (interrupted, or still running), and
+flags files on disk that no manifest names, manifest entries whose file is gone, saves
+that never finished, and manifest lines that could not be read.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
+import re
+import sys
+import time
 from typing import Any
 
-from ..runtime.manifest import MANIFEST_DIR, read_manifests
+from ..output import find_leftovers, is_temp_name, temp_pid
+from ..runtime.manifest import MANIFEST_DIR, MANIFEST_SUFFIX, Scan, host_name, scan_manifests
 from ._common import add_format_option, print_json
 from .main import UsageError
 
 # Folders written whole by a tool (torch_npu) are one trace, not many files.
 _TRACE_DIR_SUFFIXES = ("_ascend_pt",)
+_MANIFEST_NAME = re.compile(r"(.+)_pid(\d+)_(\d{14})" + re.escape(MANIFEST_SUFFIX) + "$")
+_STATUS_ORDER = ("complete", "partial", "failed")
+_NEVER_CLOSED = "the process ended before the capture closed"
+_STILL_OPEN = "the capture is still open"
 
 
 def add_parser(sub: Any, name: str) -> None:
@@ -22,6 +33,14 @@ def add_parser(sub: Any, name: str) -> None:
     parser.add_argument("dir", metavar="DIR")
     add_format_option(parser)
     parser.set_defaults(run=run)
+
+
+def _text(s: str) -> str:
+    """A name from the file system as printable text (undecodable bytes as escapes)."""
+    try:
+        return os.fsencode(s).decode("utf-8", "backslashreplace")
+    except UnicodeError:
+        return s.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def _on_disk(root: str) -> set[str]:
@@ -36,32 +55,145 @@ def _on_disk(root: str) -> set[str]:
                 found.add(os.path.normpath(os.path.join(rel, d)))
                 dirs.remove(d)
         found.update(os.path.normpath(os.path.join(rel, f)) for f in files
-                     if not f.startswith("."))
+                     if not f.startswith(".") and not is_temp_name(f)
+                     and not (os.path.basename(folder) == MANIFEST_DIR
+                              and f.endswith(MANIFEST_SUFFIX)))
     return found
 
 
+def _process_start(pid: int) -> float | None:
+    """When process ``pid`` started (Unix time), where /proc tells."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+        with open("/proc/stat", "rb") as f:
+            boot = next(int(line.split()[1]) for line in f if line.startswith(b"btime "))
+        return boot + int(fields[19]) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, StopIteration):
+        return None
+
+
+def _writer(manifest: str) -> tuple[str, int, str] | None:
+    """Host, pid and start stamp of the process that writes ``manifest`` (from its name)."""
+    match = _MANIFEST_NAME.match(os.path.basename(manifest))
+    return (match.group(1), int(match.group(2)), match.group(3)) if match else None
+
+
+def _alive(manifest: str) -> bool:
+    """Whether the process that writes ``manifest`` runs on this host now."""
+    writer = _writer(manifest)
+    if writer is None or writer[0] != host_name() or writer[1] <= 0:
+        return False
+    _host, pid, stamp = writer
+    try:
+        os.kill(pid, 0)
+    except PermissionError:
+        pass  # someone else's process, but alive
+    except (OSError, OverflowError):
+        return False
+    started = _process_start(pid)
+    try:
+        began = time.mktime(time.strptime(stamp, "%Y%m%d%H%M%S"))
+    except (ValueError, OverflowError):
+        return True
+    # A process that started after its manifest was begun is another one with the same pid.
+    return started is None or started <= began + 2
+
+
+def _interrupted(scan: Scan, root: str, alive: dict[str, bool]) -> list[dict[str, Any]]:
+    """Captures whose close record is missing or says interrupted, or short of traces."""
+    opens: dict[tuple[str, str], dict[str, Any]] = {}
+    closes: dict[tuple[str, str], dict[str, Any]] = {}
+    found: dict[tuple[str, str], int] = {}
+    for r in scan.records:
+        if "capture" not in r:  # a trace line written before captures had ids
+            continue
+        key: tuple[str, str] = (r["_manifest"], r["capture"])
+        if r["event"] == "open":
+            opens[key] = r
+        elif r["event"] == "close":
+            closes[key] = r
+        else:
+            found[key] = found.get(key, 0) + 1
+    rows = []
+    for key in sorted(set(opens) | set(closes), key=lambda k: (k[0], k[1])):
+        opened, closed = opens.get(key, {}), closes.get(key)
+        traces = found.get(key, 0)
+        if closed is None:
+            status, why = ("running", _STILL_OPEN) if alive[key[0]] else (
+                "interrupted", _NEVER_CLOSED)
+        elif closed["status"] == "interrupted":
+            status, why = "interrupted", closed.get("error") or "interrupted"
+        else:
+            expected = closed.get("traces", 0) + closed.get("deferred", 0)
+            if traces >= expected:
+                continue
+            lost = expected - traces
+            if alive[key[0]] and closed.get("deferred"):
+                status, why = "running", f"{lost} trace(s) still being written"
+            else:
+                status, why = "interrupted", (
+                    f"{lost} of its {expected} trace(s) never reached the manifest")
+        row = {k: v for k, v in opened.items() if not k.startswith("_")}
+        if closed is not None and "steps" in closed:
+            row["steps"] = closed["steps"]
+        row.update(event="capture", capture=key[1], status=status, reason=why,
+                   traces=traces, manifest=_text(os.path.relpath(key[0], root)))
+        rows.append(row)
+    return rows
+
+
+def _rank(r: dict[str, Any]) -> tuple[str, int, float]:
+    rank, start = r.get("rank"), r.get("start")
+    return (str(r.get("role")), rank if isinstance(rank, int) else -1,
+            start if isinstance(start, (int, float)) else 0)
+
+
 def collect(root: str) -> dict[str, Any]:
-    """Rows from every manifest under ``root``, unlisted files, missing files."""
+    """Rows from every manifest under ``root``; captures that never closed; unlisted,
+    missing and half-written files; manifest lines that could not be read."""
+    scan = scan_manifests(root)
     rows: list[dict[str, Any]] = []
     named: set[str] = set()
-    for record in read_manifests(root):
-        base = os.path.dirname(os.path.dirname(record.pop("_manifest")))
+    for r in scan.records:
+        if r["event"] != "trace":
+            continue
+        record = {k: v for k, v in r.items() if not k.startswith("_")}
+        base = os.path.dirname(os.path.dirname(r["_manifest"]))
         path = record.get("path")
         if path:
             full = os.path.normpath(os.path.join(base, path))
             rel = os.path.relpath(full, root)
-            record["path"] = rel
+            record["path"] = _text(rel)
             record["exists"] = os.path.exists(full)
             named.add(rel)
         rows.append(record)
-    rows.sort(key=lambda r: (str(r.get("role")), r.get("rank", 0), r.get("start") or 0))
-    unlisted = sorted(_on_disk(root) - named)
-    missing = sorted(r["path"] for r in rows if r.get("path") and not r.get("exists"))
-    return {"traces": rows, "unlisted": unlisted, "missing": missing}
+    rows.sort(key=_rank)
+    alive = {m: _alive(m) for m in {r["_manifest"] for r in scan.records}}
+    interrupted = sorted(_interrupted(scan, root, alive), key=_rank)
+    # Temporary files of a process still running on this host are saves in progress.
+    writers = {w[1] for m, up in alive.items() if up and (w := _writer(m)) is not None}
+    leftovers: list[str] = []
+    writing: list[str] = []
+    for path in find_leftovers(root):
+        busy = temp_pid(os.path.basename(path)) in writers
+        (writing if busy else leftovers).append(_text(path))
+    return {
+        "traces": rows,
+        "interrupted": interrupted,
+        "unlisted": sorted(_text(p) for p in _on_disk(root) - named),
+        "missing": sorted(r["path"] for r in rows if r.get("path") and not r.get("exists")),
+        "leftovers": leftovers,
+        "writing": writing,
+        "bad_lines": [{"manifest": _text(p.path), "line": p.line, "why": p.why}
+                      for p in scan.problems if p.line is not None],
+        "unreadable": [{"path": _text(p.path), "why": p.why}
+                       for p in scan.problems if p.line is None],
+    }
 
 
 def _size(n: Any) -> str:
-    if not isinstance(n, int):
+    if not isinstance(n, int) or isinstance(n, bool):
         return "-"
     size = float(n)
     for unit in ("B", "KiB", "MiB", "GiB"):
@@ -78,6 +210,51 @@ def _steps(record: dict[str, Any]) -> str:
     return str(steps[0]) if len(steps) == 1 else f"{steps[0]}-{steps[-1]}"
 
 
+def _cell(value: Any) -> str:
+    """A value as one line of printable text (no control characters reach the terminal)."""
+    text = str(value)
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
+def _emit(line: str) -> None:
+    encoding = getattr(sys.stdout, "encoding", None) or "utf-8"
+    with contextlib.suppress(LookupError):
+        line = line.encode(encoding, "backslashreplace").decode(encoding, "replace")
+    print(line)
+
+
+def _row(r: dict[str, Any]) -> tuple[str, ...]:
+    if r.get("event") == "capture":
+        path = f"({r['reason']})"
+    else:
+        path = r.get("path") or f"({r.get('error') or 'no file'})"
+    cycle = r.get("cycle")
+    return tuple(_cell(c) for c in (
+        "+".join([str(r.get("role")), *map(str, r.get("joined") or [])]),
+        r.get("region") or "-", r.get("rank"), _steps(r), "-" if cycle is None else cycle,
+        r.get("status"), _size(r.get("bytes")), path))
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}" if n == 1 else f"{n} {word}s"
+
+
+def _summary(data: dict[str, Any]) -> str:
+    counts: dict[str, int] = {}
+    for r in data["traces"]:
+        counts[str(r.get("status"))] = counts.get(str(r.get("status")), 0) + 1
+    order = [s for s in _STATUS_ORDER if s in counts] + sorted(set(counts) - {*_STATUS_ORDER})
+    parts = [f"{_plural(len(data['traces']), 'trace')} "
+             f"({', '.join(f'{counts[s]} {s}' for s in order) or 'none'})"]
+    for status in ("interrupted", "running"):
+        n = sum(1 for r in data["interrupted"] if r["status"] == status)
+        if n:
+            parts.append(f"{_plural(n, 'capture')} {status}")
+    return ", ".join(parts)
+
+
 def run(args: argparse.Namespace) -> int:
     if not os.path.isdir(args.dir):
         raise UsageError(f"{args.dir} is not a folder")
@@ -86,23 +263,22 @@ def run(args: argparse.Namespace) -> int:
         print_json(data)
         return 0
     header = ("ROLE", "REGION", "RANK", "STEPS", "CYCLE", "STATUS", "SIZE", "PATH")
-    table = [header] + [
-        ("+".join([str(r.get("role")), *r.get("joined", [])]),
-         r.get("region") or "-", str(r.get("rank")), _steps(r),
-         "-" if r.get("cycle") is None else str(r["cycle"]), str(r.get("status")),
-         _size(r.get("bytes")), r.get("path") or f"({r.get('error', 'no file')})")
-        for r in data["traces"]
-    ]
+    rows = sorted([*data["traces"], *data["interrupted"]], key=_rank)
+    table = [header] + [_row(r) for r in rows]
     widths = [max(len(row[i]) for row in table) for i in range(len(header) - 1)]
     for row in table:
-        print("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=False)) + "  " + row[-1])
-    statuses: dict[str, int] = {}
-    for r in data["traces"]:
-        statuses[str(r.get("status"))] = statuses.get(str(r.get("status")), 0) + 1
-    summary = ", ".join(f"{n} {s}" for s, n in sorted(statuses.items()))
-    print(f"{len(data['traces'])} captures ({summary or 'none'})")
+        _emit("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=False)) + "  " + row[-1])
+    _emit(_summary(data))
     for path in data["unlisted"]:
-        print(f"unlisted: {path} (on disk, but no manifest names it)")
+        _emit(f"unlisted: {_cell(path)} (on disk, but no manifest names it)")
     for path in data["missing"]:
-        print(f"missing: {path} (a manifest names it, but it is not on disk)")
+        _emit(f"missing: {_cell(path)} (a manifest names it, but it is not on disk)")
+    for path in data["leftovers"]:
+        _emit(f"leftover: {_cell(path)} (an interrupted save; safe to delete)")
+    for path in data["writing"]:
+        _emit(f"writing: {_cell(path)} (a save in progress)")
+    for bad in data["bad_lines"]:
+        _emit(f"bad manifest line: {_cell(bad['manifest'])}:{bad['line']}: {_cell(bad['why'])}")
+    for bad in data["unreadable"]:
+        _emit(f"unreadable: {_cell(bad['path'])}: {_cell(bad['why'])}")
     return 0

@@ -1,0 +1,259 @@
+"""Writing under an output folder: never outside it, never over another file, never half.
+
+``output_dir`` is shared: several ranks, jobs or users may write into it, and any of them
+can plant a symbolic link where the engine is about to write. So everything below
+``output_dir`` is reached through folder descriptors, one path component at a time, with
+``O_NOFOLLOW``: a link is refused, never followed. ``output_dir`` itself (and what lies
+above it) is the user's choice and may be a link.
+
+A file is written under an unpredictable temporary name in its final folder, and gets its
+final name only when whole, by a hard link that cannot replace an existing file. A crash
+leaves at most a hidden temporary file, which :func:`find_leftovers` finds
+(``policy-engine traces`` lists them); never a final name with nothing or half a file in it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fnmatch
+import logging
+import os
+import posixpath
+import re
+import secrets
+import stat
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from .naming import MAX_COMPONENT_BYTES, shorten
+
+log = logging.getLogger("policy_engine")
+
+TEMP_PREFIX = ".policy-engine-"
+_TEMP_PATTERN = TEMP_PREFIX + "*.tmp*"
+_TEMP_PID = re.compile(re.escape(TEMP_PREFIX) + r"(\d+)-")
+
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+_NEW_FILE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+# link() errors that mean "this file system has no hard links", not "this name is bad".
+_NO_HARD_LINKS = frozenset(
+    {errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EMLINK, errno.EXDEV, errno.ENOSYS})
+# fsync() errors that mean "not supported here" (some network and FUSE file systems).
+_NO_FSYNC = frozenset({errno.EINVAL, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EBADF})
+
+
+class UnsafePathError(OSError):
+    """A path under ``output_dir`` is a symbolic link or not a folder: refused, not followed."""
+
+
+def _components(rel: str) -> list[str]:
+    """The folders of a relative name (``/``-separated), refusing anything that climbs out."""
+    if rel.startswith("/"):
+        raise UnsafePathError(f"{rel!r} is an absolute path; names are relative to output_dir")
+    comps = [c for c in rel.split("/") if c]
+    for comp in comps:
+        if comp in (".", ".."):
+            raise UnsafePathError(f"{rel!r}: {comp!r} would leave output_dir")
+    return comps
+
+
+def _refuse(parent: int, comp: str, shown: str) -> UnsafePathError:
+    try:
+        mode = os.lstat(comp, dir_fd=parent).st_mode
+    except OSError:
+        mode = 0
+    what = "a symbolic link" if stat.S_ISLNK(mode) else "not a folder"
+    return UnsafePathError(
+        f"{shown} is {what}; policy-engine writes only into real folders under output_dir "
+        "(remove it, or choose another output_dir)")
+
+
+def _enter(parent: int, comp: str, shown: str, create: bool) -> int:
+    """Open (creating it if asked) folder ``comp`` under ``parent``, never through a link."""
+    for _ in range(100):  # a folder removed between mkdir and open is made again
+        try:
+            return os.open(comp, _DIR_FLAGS, dir_fd=parent)
+        except FileNotFoundError:
+            if not create:
+                raise
+        except OSError as err:
+            if err.errno in (errno.ENOTDIR, errno.ELOOP):
+                raise _refuse(parent, comp, shown) from None
+            raise
+        with contextlib.suppress(FileExistsError):  # another rank made it first
+            os.mkdir(comp, 0o777, dir_fd=parent)
+    raise OSError(errno.EAGAIN, f"{shown} keeps disappearing")
+
+
+def open_folder(output_dir: str, rel: str = "", *, create: bool = True) -> int:
+    """A descriptor of the folder ``output_dir/rel``; the caller closes it.
+
+    ``output_dir`` is created like ``os.makedirs`` (it may be or sit under a link). The
+    folders of ``rel`` are created (``create``) and entered one at a time without following
+    links: a component that is a link or not a folder raises :class:`UnsafePathError`
+    naming it.
+    """
+    if create:
+        os.makedirs(output_dir, exist_ok=True)
+    fd = os.open(output_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    shown = output_dir
+    try:
+        for comp in _components(rel):
+            shown = os.path.join(shown, comp)
+            inner = _enter(fd, comp, shown, create)
+            os.close(fd)
+            fd = inner
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+@contextlib.contextmanager
+def folder(output_dir: str, rel: str = "", *, create: bool = True) -> Iterator[int]:
+    """:func:`open_folder` as a context manager that closes the descriptor."""
+    fd = open_folder(output_dir, rel, create=create)
+    try:
+        yield fd
+    finally:
+        os.close(fd)
+
+
+def make_folders(output_dir: str, rel: str) -> str:
+    """Create the folders ``output_dir/rel`` safely (see :func:`open_folder`); their path.
+
+    For tools that are given a folder path and write into it themselves.
+    """
+    with folder(output_dir, rel):
+        pass
+    return os.path.join(output_dir, *_components(rel))
+
+
+def _fsync(fd: int) -> None:
+    try:
+        os.fsync(fd)
+    except OSError as err:
+        if err.errno not in _NO_FSYNC:
+            raise
+
+
+def write_atomic(output_dir: str, stem: str, ext: str, writer: Callable[[str], Any], *,
+                 check: Callable[[str], Any] | None = None) -> tuple[str, int]:
+    """Write ``output_dir/stem+ext`` whole, or nothing; return its path and size.
+
+    ``stem`` may hold ``/`` (sub-folders, created safely). Its last component is shortened
+    to leave room for ``ext`` and a clash suffix. ``writer(temp_path)`` writes the file by
+    path, to a temporary name in the final folder that keeps ``ext``; ``check(temp_path)``,
+    when given, raises to say the result is unusable. The file is then synced and published
+    under its final name, which is never an existing file: a clash takes ``stem.1+ext``,
+    ``stem.2+ext``... with a warning. On any error nothing is left under the final name
+    and the temporary file is removed; the error propagates.
+    """
+    rel_folder, base = posixpath.split(stem)
+    if not base or base in (".", ".."):
+        raise ValueError(f"{stem!r} does not name a file")
+    base = shorten(base, MAX_COMPONENT_BYTES - len(ext.encode()) - 4)
+    folder_path = os.path.join(output_dir, *_components(rel_folder))
+    with folder(output_dir, rel_folder) as dir_fd:
+        temp = f"{TEMP_PREFIX}{os.getpid()}-{secrets.token_hex(16)}.tmp{ext}"
+        os.close(os.open(temp, _NEW_FILE_FLAGS, 0o644, dir_fd=dir_fd))
+        try:
+            writer(os.path.join(folder_path, temp))
+            if check is not None:
+                check(os.path.join(folder_path, temp))
+            info = _sync_written(dir_fd, temp, os.path.join(folder_path, temp))
+            name = _publish(dir_fd, temp, base, ext, info)
+        finally:
+            with contextlib.suppress(OSError):
+                os.unlink(temp, dir_fd=dir_fd)
+    final = os.path.join(folder_path, name)
+    if name != base + ext:
+        log.warning("policy-engine: %s already exists; this trace is %s",
+                    os.path.join(folder_path, base + ext), final)
+    return final, info.st_size
+
+
+def _sync_written(dir_fd: int, temp: str, shown: str) -> os.stat_result:
+    """Sync the file the writer wrote; refuse it if it is no longer a regular file (the
+    writer went by path, so look at what is there now, without following a link)."""
+    try:
+        fd = os.open(temp, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
+    except OSError as err:
+        if err.errno == errno.ELOOP:
+            raise UnsafePathError(f"{shown} was replaced by a symbolic link") from None
+        raise
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise UnsafePathError(f"{shown} was replaced by something not a regular file")
+        _fsync(fd)
+    finally:
+        os.close(fd)
+    return info
+
+
+def _publish(dir_fd: int, temp: str, base: str, ext: str, info: os.stat_result) -> str:
+    """Give the temporary file its final name (the first free of base+ext, base.1+ext...)."""
+    hard_links = True
+    n = 0
+    while True:
+        name = base + ext if n == 0 else f"{base}.{n}{ext}"
+        try:
+            if hard_links:
+                os.link(temp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd,
+                        follow_symlinks=False)
+            else:
+                # No hard links here: claim the name exclusively, then move the file onto it.
+                os.close(os.open(name, _NEW_FILE_FLAGS, 0o644, dir_fd=dir_fd))
+                try:
+                    os.replace(temp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+                except BaseException:
+                    with contextlib.suppress(OSError):
+                        os.unlink(name, dir_fd=dir_fd)
+                    raise
+        except FileExistsError:
+            n += 1
+            continue
+        except OSError as err:
+            if hard_links and err.errno in _NO_HARD_LINKS:
+                hard_links = False
+                continue
+            raise
+        try:
+            _same_file(dir_fd, name, info)
+            _fsync(dir_fd)  # the new name survives a machine crash
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(name, dir_fd=dir_fd)
+            raise
+        return name
+
+
+def _same_file(dir_fd: int, name: str, info: os.stat_result) -> None:
+    """The published name is the file that was written and checked (not a swapped-in one)."""
+    now = os.lstat(name, dir_fd=dir_fd)
+    if (now.st_dev, now.st_ino) != (info.st_dev, info.st_ino) or not stat.S_ISREG(now.st_mode):
+        raise UnsafePathError(f"{name} was replaced while it was being published")
+
+
+def is_temp_name(name: str) -> bool:
+    """Whether a file name is one of :func:`write_atomic`'s temporary files."""
+    return fnmatch.fnmatchcase(name, _TEMP_PATTERN)
+
+
+def temp_pid(name: str) -> int | None:
+    """The id of the process that made a temporary file, from its name."""
+    match = _TEMP_PID.match(name)
+    return int(match.group(1)) if match else None
+
+
+def find_leftovers(root: str) -> list[str]:
+    """Temporary files under ``root`` (paths relative to it, sorted): saves that never
+    finished, or that are being written right now. Links are not followed."""
+    found: list[str] = []
+    for here, dirs, files in os.walk(root):
+        dirs.sort()
+        rel = os.path.relpath(here, root)
+        found.extend(os.path.normpath(os.path.join(rel, f)) for f in files if is_temp_name(f))
+    return sorted(found)

@@ -1,0 +1,234 @@
+"""The manifest: whole lines or nothing on write; every damaged line reported on read."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import socket
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from policy_engine.runtime import manifest
+from policy_engine.runtime.manifest import Problem, append, read_manifests, scan_manifests
+
+OPEN = {"event": "open", "capture": "1", "role": "actor", "rank": 0, "steps": [3],
+        "start": 10.0}
+TRACE = {"event": "trace", "capture": "1", "role": "actor", "rank": 0, "world": 2,
+         "path": "t.json", "bytes": 4, "status": "complete", "steps": [3], "cycle": 0,
+         "inner_steps": [1, 2], "joined": [], "start": 10.0, "end": 11.0}
+CLOSE = {"event": "close", "capture": "1", "status": "complete", "end": 12.0, "steps": [3],
+         "traces": 1}
+
+
+@pytest.fixture
+def out(tmp_path: Path) -> Path:
+    return tmp_path / "out"
+
+
+def lines_of(out: Path) -> list[bytes]:
+    return Path(manifest.manifest_path(str(out))).read_bytes().splitlines(keepends=True)
+
+
+def write_manifest(out: Path, *lines: bytes, name: str = "h_pid1_20260101000000") -> Path:
+    path = out / "manifests" / f"{name}.manifest.jsonl"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(b"".join(lines))
+    return path
+
+
+def test_records_are_appended_as_lines_and_read_back(out: Path) -> None:
+    for record in (OPEN, TRACE, CLOSE):
+        append(str(out), record)
+    path = manifest.manifest_path(str(out))
+    host = socket.gethostname().split(".")[0] or "host"
+    assert os.path.basename(path).startswith(f"{host}_pid{os.getpid()}_")
+    scan = scan_manifests(str(out))
+    assert scan.problems == ()
+    assert [{k: v for k, v in r.items() if k not in ("_manifest", "_line")}
+            for r in scan.records] == [OPEN, TRACE, CLOSE]
+    assert [(r["_manifest"], r["_line"]) for r in scan.records] == [
+        (path, 1), (path, 2), (path, 3)]
+
+
+def test_read_manifests_gives_trace_records_old_and_new(out: Path) -> None:
+    old = {k: v for k, v in TRACE.items() if k not in ("event", "capture")}
+    path = write_manifest(out, *(json.dumps(r).encode() + b"\n" for r in (old, OPEN, TRACE, CLOSE)))
+    rows = read_manifests(str(out))
+    assert [r["event"] for r in rows] == ["trace", "trace"]
+    assert all(r["_manifest"] == str(path) and "_line" not in r for r in rows)
+
+
+def test_a_short_write_is_cut_back_off(out: Path, monkeypatch: Any) -> None:
+    append(str(out), OPEN)
+    before = lines_of(out)
+    real_write = os.write
+
+    def short(fd: int, data: bytes) -> int:
+        return real_write(fd, data[: len(data) // 2])
+
+    monkeypatch.setattr(os, "write", short)
+    with pytest.raises(OSError, match="short write"):
+        append(str(out), TRACE)
+    monkeypatch.undo()
+    assert lines_of(out) == before
+    append(str(out), CLOSE)
+    assert scan_manifests(str(out)).problems == ()
+
+
+def test_a_write_that_fails_after_writing_part_is_cut_back_off(
+        out: Path, monkeypatch: Any) -> None:
+    append(str(out), OPEN)
+    before = lines_of(out)
+    real_write = os.write
+
+    def partial_then_fail(fd: int, data: bytes) -> int:
+        real_write(fd, data[:10])
+        raise OSError(5, "Input/output error")
+
+    monkeypatch.setattr(os, "write", partial_then_fail)
+    with pytest.raises(OSError, match="Input/output"):
+        append(str(out), TRACE)
+    monkeypatch.undo()
+    assert lines_of(out) == before
+
+
+def test_a_line_is_never_glued_onto_a_torn_one(out: Path) -> None:
+    path = Path(manifest.manifest_path(str(out)))
+    path.parent.mkdir(parents=True)
+    path.write_bytes(b'{"event": "open", "capt')  # left by a crash or a full disk
+    append(str(out), CLOSE)
+    scan = scan_manifests(str(out))
+    assert [r["event"] for r in scan.records] == ["close"]
+    assert [(p.line, p.why.split(":")[0]) for p in scan.problems] == [(1, "not JSON")]
+
+
+def test_lines_are_ascii_json_whatever_the_record_holds(out: Path) -> None:
+    append(str(out), dict(TRACE, role="act\ud800or", path="tr\udcffé.json", extra={"x": math.nan},
+                          error=Path("p"), coords={1: 2, "tp": 0}))
+    raw = b"".join(lines_of(out))
+    raw.decode("ascii")
+    record = scan_manifests(str(out)).records[0]
+    assert record["role"] == "act\ufffdor" and record["path"] == "tr\ufffdé.json"
+    assert record["extra"] == {"x": None} and record["error"] == "p"
+    assert record["coords"] == {"1": 2, "tp": 0}
+    record["role"].encode("utf-8")  # prints and encodes
+
+
+def test_a_forked_child_writes_its_own_manifest(out: Path) -> None:
+    parent = manifest.manifest_path(str(out))
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        os._exit(0 if manifest.manifest_path(str(out)) != parent else 1)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+
+
+BAD_LINES: list[tuple[bytes, str]] = [
+    (b'{"role": "act\xff"}', "not UTF-8 (byte 0xff at column 14)"),
+    (b"{role: 1}", "not JSON: Expecting property name enclosed in double quotes"),
+    (b"[1, 2]", "not a JSON object (a list)"),
+    (b'"text"', "not a JSON object (a str)"),
+    (b'{"status": "complete", "start": NaN}', "not JSON: NaN is not a JSON value"),
+    (b'{"status": "complete", "start": 1e999}', "start: expected a number, got null"),
+    (b"[" * 100_000, "not JSON: nested too deeply"),
+    (b'{"status": "complete", "rank": 1' + b"0" * 5000 + b"}", "not JSON: Exceeds the limit"),
+    (b'{"event": "crash", "capture": "1"}', "event: unknown kind 'crash'"),
+    (b'{"event": "open"}', "capture: missing (every open record has one)"),
+    (b'{"event": "close", "capture": "1"}', "status: missing (every close record has one)"),
+    (b'{"rank": 0}', "status: missing (every trace record has one)"),
+    (b'{"status": "done"}', 'status: expected one of complete, partial, failed, got "done"'),
+    (b'{"event": "close", "capture": "1", "status": "gone"}',
+     "status: expected one of complete, partial, failed, interrupted"),
+    (b'{"status": "complete", "rank": "0"}', 'rank: expected an integer or null, got "0"'),
+    (b'{"status": "complete", "rank": true}', "rank: expected an integer or null, got true"),
+    (b'{"status": "complete", "world": 1.5}', "world: expected an integer or null, got 1.5"),
+    (b'{"status": "complete", "cycle": []}', "cycle: expected an integer or null, got []"),
+    (b'{"status": "complete", "path": 3}', "path: expected a string or null, got 3"),
+    (b'{"status": "complete", "bytes": -1}', "bytes: expected a byte count or null, got -1"),
+    (b'{"status": "complete", "steps": 3}', "steps: expected a list of integers or strings"),
+    (b'{"status": "complete", "steps": [null]}', "steps: expected a list of integers or strin"),
+    (b'{"status": "complete", "inner_steps": {}}', "inner_steps: expected a list of integers"),
+    (b'{"status": "complete", "joined": "ref"}', "joined: expected a list of integers or str"),
+    (b'{"status": "complete", "start": "now"}', 'start: expected a number, got "now"'),
+    (b'{"status": "complete", "end": null}', "end: expected a number, got null"),
+    (b'{"status": "complete", "role": ["a"]}', "role: expected a string or null"),
+    (b'{"status": "complete", "pid": 0}', "pid: expected a positive integer or null, got 0"),
+    (b'{"event": "open", "capture": 1}', "capture: expected a string, got 1"),
+    (b'{"event": "close", "capture": "1", "status": "complete", "traces": -2}',
+     "traces: expected a count, got -2"),
+    (b'{"status": "complete", "coords": [0]}', "coords: expected an object or null, got [0]"),
+]
+
+
+@pytest.mark.parametrize(("line", "why"), BAD_LINES, ids=[w[:30] for _, w in BAD_LINES])
+def test_every_bad_line_is_reported_with_its_place(out: Path, line: bytes, why: str) -> None:
+    good = json.dumps(TRACE).encode() + b"\n"
+    path = write_manifest(out, good, line + b"\n", good)
+    scan = scan_manifests(str(out))
+    assert [r["_line"] for r in scan.records] == [1, 3]
+    [problem] = scan.problems
+    assert (problem.path, problem.line) == (str(path), 2)
+    assert problem.why.startswith(why), problem.why
+
+
+def test_half_a_line_at_the_end_is_reported(out: Path) -> None:
+    good = json.dumps(TRACE).encode() + b"\n"
+    path = write_manifest(out, good, b'{"role": "actor", "rank": 0, "pa')
+    scan = scan_manifests(str(out))
+    assert len(scan.records) == 1
+    assert scan.problems == (Problem(str(path), 2, "half a line at the end of the file (no "
+                                     "newline): not JSON: Unterminated string starting at: "
+                                     "line 1 column 30 (char 29)"),)
+
+
+def test_a_whole_last_line_without_its_newline_is_read(out: Path) -> None:
+    write_manifest(out, json.dumps(TRACE).encode())
+    scan = scan_manifests(str(out))
+    assert len(scan.records) == 1 and scan.problems == ()
+
+
+def test_a_line_too_long_is_skipped_not_loaded(out: Path, monkeypatch: Any) -> None:
+    monkeypatch.setattr(manifest, "MAX_LINE_BYTES", 100)
+    good = json.dumps({"status": "complete"}).encode() + b"\n"
+    path = write_manifest(out, good, b"x" * 250 + b"\n", good, b"y" * 150)
+    scan = scan_manifests(str(out))
+    assert [r["_line"] for r in scan.records] == [1, 3]
+    assert scan.problems == (Problem(str(path), 2, "longer than 100 bytes"),
+                             Problem(str(path), 4, "longer than 100 bytes"))
+
+
+def test_blank_lines_are_ignored(out: Path) -> None:
+    write_manifest(out, b"\n", json.dumps(TRACE).encode() + b"\n", b"  \n")
+    scan = scan_manifests(str(out))
+    assert len(scan.records) == 1 and scan.problems == ()
+
+
+def test_lone_surrogate_escapes_are_neutralised(out: Path) -> None:
+    write_manifest(out, b'{"status": "complete", "role": "\\ud800", "extra": {"\\udfff": '
+                        b'["\\udc80"]}, "path": "a\\ud83d\\ude00"}\n')
+    [record] = scan_manifests(str(out)).records
+    assert record["role"] == "\ufffd" and record["extra"] == {"\ufffd": ["\ufffd"]}
+    assert record["path"] == "a\U0001f600"  # a proper pair stays
+
+
+def test_files_that_cannot_be_read_are_reported(out: Path, tmp_path: Path) -> None:
+    folder = out / "manifests"
+    folder.mkdir(parents=True)
+    os.mkfifo(folder / "fifo.manifest.jsonl")  # would block a plain open()
+    (tmp_path / "elsewhere.txt").write_text(json.dumps(TRACE) + "\n")
+    (folder / "link.manifest.jsonl").symlink_to(tmp_path / "elsewhere.txt")
+    (folder / "dir.manifest.jsonl").mkdir()
+    scan = scan_manifests(str(out))
+    assert scan.records == ()
+    assert sorted((os.path.basename(p.path), p.line, p.why.split(":")[0])
+                  for p in scan.problems) == [
+        ("fifo.manifest.jsonl", None, "not a regular file"),
+        ("link.manifest.jsonl", None, "cannot read it")]
+
+
+def test_a_missing_folder_reads_as_nothing(tmp_path: Path) -> None:
+    scan = scan_manifests(str(tmp_path / "nope"))
+    assert scan.records == ()
