@@ -7,6 +7,11 @@ from typing import TypeGuard
 
 Path = tuple[str | int, ...]
 
+#: Step, rank and index numbers stay below this. A number of thousands of digits is a typo,
+#: and refusing it before ``int()`` keeps every later sum and product cheap.
+LIMIT = 10**18
+_MAX_DIGITS = 18
+
 
 class SelectorError(ValueError):
     """A malformed ``steps`` or ``ranks`` value; ``path`` locates it inside the value."""
@@ -35,3 +40,31 @@ def _kind(value: object) -> str:
 def _is_int(value: object) -> TypeGuard[int]:
     # bool is an int subclass, but `steps: true` is a mistake, not step 1.
     return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _shown(text: str) -> str:
+    """A number as a message shows it: a long one cut, with its length."""
+    return text if len(text) <= 24 else f"{text[:12]}... ({len(text.lstrip('-'))} digits)"
+
+
+def _too_large(label: str, text: str, plural: str, path: Path) -> SelectorError:
+    return SelectorError(f"{label} {_shown(text)}: too large ({plural} are below 10**18)", path)
+
+
+def _number(text: str, label: str, plural: str, path: Path) -> int:
+    """The digits ``text`` (maybe after a ``-``) as an int; more than 18 significant
+    digits is an error, found before ``int()`` reads them."""
+    if len(text.lstrip("-").lstrip("0")) > _MAX_DIGITS:
+        raise _too_large(label, text, plural, path)
+    return int(text)
+
+
+def _bounded_int(value: int, label: str, plural: str, path: Path) -> int:
+    """``value`` itself when its magnitude is below :data:`LIMIT`."""
+    if abs(value) >= LIMIT:
+        try:
+            text = str(value)
+        except ValueError:  # past Python's int-to-str limit
+            text = f"of about {int(value.bit_length() * 0.30103)} digits"
+        raise _too_large(label, text, plural, path)
+    return value

@@ -9,18 +9,21 @@ naming every role it affects.
 
 from __future__ import annotations
 
+import itertools
+import math
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
-from . import backends
+from . import backends, colocation
 from ._frozen import deep_merge
 from .errors import Problem, Severity, json_path
 from .loader import Document
 from .model import BUILTIN_DEFAULTS, RoleSpec, build_role
 from .naming import NameTemplate, TemplateError
+from .ranks import Box, intersect
 from .schema import fits
 from .selectors import RankSelector, SelectorError, StepSet
-from .topology import DIMS, Topology, coords_from_mesh, format_mesh, mesh_size
+from .topology import DIMS, format_mesh, mesh_size
 
 Path = tuple[str | int, ...]
 #: The role name that stands for roles the policy does not name (they get ``defaults``).
@@ -50,6 +53,11 @@ class _Sink:
         return [Problem(message.format(who=_who(roles)) if roles else message,
                         json_path(path), self.doc.locate(path), severity)
                 for (message, path, severity), roles in self._found.items()]
+
+
+def _literal(text: str) -> str:
+    """``text`` inside a message that is formatted later with ``{who}``."""
+    return text.replace("{", "{{").replace("}", "}}")
 
 
 def _who(roles: Sequence[str]) -> str:
@@ -110,14 +118,14 @@ def origin(data: Mapping[str, Any], role: str, field: str) -> Path:
 
 def _one_run(steps: StepSet) -> bool:
     """Whether merge_steps turns ``steps`` into a single capture (one consecutive run)."""
-    first, last, count = steps.first(), steps.last(), steps.count()
-    return first is not None and last is not None and count == last - first + 1
+    first, last = steps.first(), steps.last()
+    return first is not None and last is not None and steps.run_end(first) == last
 
 
 def _captures_per_rank(spec: RoleSpec) -> list[tuple[str, str]]:
     """(field, why) pairs: what a name needs to tell one rank's captures apart."""
     needs: list[tuple[str, str]] = []
-    count = spec.steps.count()
+    count = spec.steps.count()  # None: unbounded or too intricate to count; many either way
     if (count is None or count > 1) and (spec.discrete or not (
             spec.merge_steps and _one_run(spec.steps))):
         needs.append(("step", f"steps {spec.steps} are separate captures"))
@@ -155,26 +163,126 @@ def _check_names(sink: _Sink, data: Mapping[str, Any], spec: RoleSpec, role: str
         return
     if world is None:
         if not _single_rank(spec.ranks):
-            sink.add(f"the name cannot tell apart the ranks of {{who}} (ranks: {spec.ranks}); "
+            # The message is a format string ({who}): a mapping's braces must stay text.
+            shown_ranks = _literal(str(spec.ranks))
+            sink.add(f"the name cannot tell apart the ranks of {{who}} (ranks: {shown_ranks}); "
                      "add <rank>", where, role=role)
         return
+    if mesh and mesh_size(mesh) != world:
+        return  # _check_mesh reports the mismatch; the roles are not checked against it
     # Coordinates carry their label (tp1pp0), so names differ exactly when the coordinates
-    # they show differ: comparing those is rendering every name without the cost. local_rank
-    # or node alone repeat across nodes; pid, host and timestamp prove nothing.
-    shown = [dim for dim in DIMS if dim in fields]
-    sizes = Topology.for_rank(0, world, mesh or None).selector_sizes()
-    seen: dict[tuple[int | None, ...], int] = {}
-    for rank in range(world):
-        coords = coords_from_mesh(rank, mesh) if mesh else {}
-        if not spec.ranks.matches(rank, world, {**coords, "local_rank": rank, "node": 0},
-                                  sizes):
-            continue
-        key = tuple(coords.get(dim) for dim in shown)
-        if key in seen:
-            sink.add(f"the name cannot tell apart ranks {seen[key]} and {rank} of {{who}}; "
-                     "add <rank>", where, role=role)
-            return
-        seen[key] = rank
+    # they show differ. local_rank or node alone repeat across nodes; pid, host and
+    # timestamp prove nothing. The selected ranks are compared as boxes of the mesh's
+    # coordinates, never rank by rank: a world of 10**11 ranks costs what 8 cost.
+    sizes = list(mesh.values()) if mesh else [world]
+    shown = [at for at, dim in enumerate(mesh or {}) if dim in fields and dim in DIMS]
+    boxes = spec.ranks.boxes(world, mesh)
+    if len(boxes) <= _MAX_BOXES:
+        pair = _clash(boxes, sizes, shown)
+    elif sum(_box_size(box) for box in boxes) <= _MAX_LISTED:
+        pair = _clash_listed(boxes, sizes, shown)
+    else:
+        sink.add("cannot prove that the name tells apart the ranks of {who}: the ranks "
+                 f"selector is too complex to check ({len(boxes)} blocks of ranks); add <rank>",
+                 where, role=role)
+        return
+    if pair is not None:
+        sink.add(f"the name cannot tell apart ranks {pair[0]} and {pair[1]} of {{who}}; "
+                 "add <rank>", where, role=role)
+
+
+#: Boxes of selected ranks compared pair by pair at most (half a million pairs).
+_MAX_BOXES = 1000
+#: Past _MAX_BOXES, the selected ranks are listed one by one when there are this few.
+_MAX_LISTED = 100_000
+
+
+def _weights(sizes: Sequence[int]) -> list[int]:
+    """Ranks per index of each dimension (the last varies fastest)."""
+    return [math.prod(sizes[at + 1:]) for at in range(len(sizes))]
+
+
+def _box_size(box: Box) -> int:
+    return math.prod(sum(hi - lo + 1 for lo, hi in ivs) for ivs in box)
+
+
+def _clash(boxes: Sequence[Box], sizes: Sequence[int],
+           shown: Sequence[int]) -> tuple[int, int] | None:
+    """The pair of selected ranks a walk over the ranks in order reports first: B the
+    smallest rank that shows the same coordinates as an earlier one, A the smallest rank
+    that shows them. None when no two selected ranks agree on every shown dimension.
+
+    Two ranks of one box clash when the box spans more than one point off the shown
+    dimensions; ranks of two boxes when their shown coordinates meet and their hidden ones
+    differ. Rank = shown part + hidden part, so each pair of boxes gives its smallest B in
+    constant time: at the least common shown point, the least two distinct hidden points.
+    """
+    weights = _weights(sizes)
+    hidden = [at for at in range(len(sizes)) if at not in shown]
+    # Per box: least rank, least and second hidden part, shown intervals, outer bounds.
+    facts = []
+    for box in boxes:
+        least_hidden = sum(box[at][0][0] * weights[at] for at in hidden)
+        second = None
+        for at in reversed(hidden):  # the innermost hidden dimension with two indices
+            (lo, hi), *rest = box[at]
+            if hi > lo or rest:
+                second = least_hidden + ((lo + 1 if hi > lo else rest[0][0]) - lo) * weights[at]
+                break
+        seen = tuple(box[at] for at in shown)
+        least = least_hidden + sum(ivs[0][0] * weights[at]
+                                   for at, ivs in zip(shown, seen, strict=True))
+        # The outermost shown dimension's bounds reject most pairs of boxes at once.
+        low, high = (seen[0][0][0], seen[0][-1][1]) if seen else (0, 0)
+        facts.append((least, least_hidden, second, seen, low, high))
+    facts.sort(key=lambda fact: fact[0])
+    best: tuple[int, tuple[int, ...]] | None = None  # (B, the coordinates it shows)
+    for j, (least, one, two, seen, low, high) in enumerate(facts):
+        if best is not None and least >= best[0]:
+            break  # every pair from here on has a B of at least `least`
+        for _, other_one, other_two, other_seen, other_low, other_high in facts[: j + 1]:
+            if other_low > high or low > other_high:
+                continue
+            common = tuple(intersect(a, b) for a, b in zip(seen, other_seen, strict=True))
+            if not all(common):
+                continue
+            if one != other_one:
+                extra = max(one, other_one)
+            else:  # the same least hidden point: one side must take its second
+                options = [x for x in (two, other_two) if x is not None]
+                if not options:
+                    continue
+                extra = min(options)
+            point = tuple(ivs[0][0] for ivs in common)
+            rank = extra + sum(c * weights[at] for at, c in zip(shown, point, strict=True))
+            if best is None or rank < best[0]:
+                best = (rank, point)
+    if best is None:
+        return None
+    rank, point = best
+    base = sum(c * weights[at] for at, c in zip(shown, point, strict=True))
+    first = min(base + fact[1] for fact in facts
+                if all(any(lo <= c <= hi for lo, hi in ivs)
+                       for ivs, c in zip(fact[3], point, strict=True)))
+    return first, rank
+
+
+def _clash_listed(boxes: Sequence[Box], sizes: Sequence[int],
+                  shown: Sequence[int]) -> tuple[int, int] | None:
+    """What :func:`_clash` returns, by listing the selected ranks (a few only)."""
+    weights = _weights(sizes)
+    shows: dict[int, tuple[int, ...]] = {}
+    for box in boxes:
+        axes = [[i for lo, hi in ivs for i in range(lo, hi + 1)] for ivs in box]
+        for coords in itertools.product(*axes):
+            rank = sum(c * w for c, w in zip(coords, weights, strict=True))
+            shows[rank] = tuple(coords[at] for at in shown)
+    first: dict[tuple[int, ...], int] = {}
+    for rank in sorted(shows):
+        if shows[rank] in first:
+            return first[shows[rank]], rank
+        first[shows[rank]] = rank
+    return None
 
 
 def _check_role(sink: _Sink, data: Mapping[str, Any], role: str,
@@ -204,7 +312,7 @@ def _check_role(sink: _Sink, data: Mapping[str, Any], role: str,
                  "coordinates must come from a DeviceMesh or Megatron at run time, else no "
                  "rank of {who} is profiled", ranks_at, "warning", role=role)
     if spec.ranks.selects_nothing:
-        shown = "[]" if not spec.ranks.clauses else str(spec.ranks)
+        shown = "[]" if not spec.ranks.clauses else _literal(str(spec.ranks))
         sink.add(f"ranks: {shown} selects no rank: nothing is profiled for {{who}}", ranks_at,
                  "warning", role=role)
     steps_at = origin(data, role, "steps")
@@ -268,4 +376,7 @@ def check_document(doc: Document, *, world: int | None = None,
             continue
         if not sink.errors_under(("roles", role)):
             _check_role(sink, data, role, world, mesh)
+    if not sink.errors_under(("roles",), ("colocate",)):
+        for message, path, severity in colocation.check(data, origin):
+            sink.add(message, path, "error" if severity == "error" else "warning")
     return sink.problems()

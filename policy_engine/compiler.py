@@ -8,6 +8,7 @@ from ._frozen import FrozenDict
 from .errors import PolicyError, Problem
 from .model import Policy
 from .plan import Plan, RegionPlan
+from .selectors import StepSet
 from .topology import DIMS, Topology
 
 
@@ -39,11 +40,15 @@ def compile_plan(policy: Policy, role: str, topology: Topology | None = None) ->
     topo = resolve_topology(policy, topology)
     selected = spec.enabled and spec.ranks.matches(
         topo.rank, topo.world, topo.selector_coords(), topo.selector_sizes())
+    colocated = _colocated(policy, role, topo)
     bound = {
-        "prefix": policy.prefix, "role": role, "rank": topo.rank, "world": topo.world,
+        "prefix": policy.prefix, "rank": topo.rank, "world": topo.world,
         "local_rank": topo.local_rank, "node": topo.node, "backend": spec.backend,
         **{dim: topo.coords.get(dim) for dim in DIMS},
     }
+    label = _fixed_role(role, spec.backend, colocated)
+    if label is not None:
+        bound["role"] = label
     if "host" in spec.template.fields() and topo.source != "simulated":
         bound["host"] = socket.gethostname().split(".")[0]
     regions = tuple(
@@ -70,4 +75,35 @@ def compile_plan(policy: Policy, role: str, topology: Topology | None = None) ->
         on_error=spec.on_error,
         policy_source=policy.source,
         policy_hash=policy.policy_hash,
+        colocated=colocated,
     )
+
+
+def _colocated(policy: Policy, role: str, topo: Topology) -> tuple[tuple[str, StepSet], ...]:
+    """The declared colocated roles that share this rank's captures with ``role``: same
+    backend, enabled, selecting this rank; in policy order, ``role`` included."""
+    group = policy.group(role)
+    if not group:
+        return ()
+    backend = policy.role(role).backend
+    coords, sizes = topo.selector_coords(), topo.selector_sizes()
+    out = []
+    for peer in group:
+        spec = policy.role(peer)
+        if peer == role or (spec.enabled and spec.backend == backend and spec.ranks.matches(
+                topo.rank, topo.world, coords, sizes)):
+            out.append((peer, spec.steps))
+    return tuple(out)
+
+
+def _fixed_role(role: str, backend: str, colocated: tuple[tuple[str, StepSet], ...]) -> str | None:
+    """What ``<role>`` renders when it is the same for every capture, else None.
+
+    nsys names one report file per process at launch, so nsight always takes every role
+    that shares the process's capture ranges.
+    """
+    if not colocated:
+        return role
+    if backend == "nsight" or len({steps for _, steps in colocated}) == 1:
+        return "+".join(name for name, _ in colocated)
+    return None

@@ -46,7 +46,7 @@ def _capture_specs(plan: Plan, lo: int, hi: int) -> list[dict[str, Any]]:
     out = []
     for first, last in capture_runs(plan, lo, hi):
         label = plan.capture_label(first)
-        steps = list(range(first, (hi if last is None else last) + 1))
+        steps = list(range(first, (hi if last is None else min(last, hi)) + 1))
         regions = [r for r in plan.regions if r.enabled] if plan.discrete else [None]
         for region in regions:
             schedule = region.schedule if region is not None else plan.schedule

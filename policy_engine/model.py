@@ -88,6 +88,8 @@ class Policy:
     sources: tuple[str, ...] = ()
     policy_hash: str = ""
     warnings: tuple[Problem, ...] = ()
+    #: ``colocate:``: groups of roles that share a process, each in policy order.
+    colocate: tuple[tuple[str, ...], ...] = ()
 
     def role(self, name: str) -> RoleSpec:
         """The merged settings of ``name``; a role the policy does not name gets defaults."""
@@ -97,6 +99,10 @@ class Policy:
     @property
     def role_names(self) -> tuple[str, ...]:
         return tuple(self.roles)
+
+    def group(self, name: str) -> tuple[str, ...]:
+        """The colocation group ``name`` belongs to (policy order), or ``()``."""
+        return next((group for group in self.colocate if name in group), ())
 
 
 def _schedule(raw: Mapping[str, Any] | None) -> Schedule | None:
@@ -134,6 +140,13 @@ def build_role(name: str, merged_defaults: Mapping[str, Any],
     )
 
 
+def _policy_order(groups: Any, roles: Mapping[str, Any]) -> tuple[tuple[str, ...], ...]:
+    """Each group's roles in the order ``roles:`` lists them, unlisted ones after."""
+    order = {name: i for i, name in enumerate(roles)}
+    return tuple(tuple(sorted(group, key=lambda r: (order.get(r, len(order)), group.index(r))))
+                 for group in groups or ())
+
+
 def policy_hash(data: Mapping[str, Any]) -> str:
     text = json.dumps(data, sort_keys=True, separators=(",", ":"), default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
@@ -160,4 +173,5 @@ def build_policy(data: Mapping[str, Any], *, source: str | None = None,
         sources=sources,
         policy_hash=policy_hash(data),
         warnings=warnings,
+        colocate=_policy_order(data.get("colocate"), data.get("roles") or {}),
     )

@@ -11,7 +11,7 @@ from __future__ import annotations
 import attrs
 
 from .plan import Plan
-from .schedule import Action, Schedule
+from .schedule import Schedule
 from .selectors import StepSet
 
 
@@ -36,32 +36,29 @@ def cycle_ranges(schedule: Schedule | None, positions: int | None) -> int | None
         return 1
     if positions is None:
         return schedule.repeat or None
-    recording = (Action.RECORD, Action.RECORD_AND_SAVE)
-    return len({schedule.cycle(s) for s in range(positions) if schedule.action(s) in recording})
+    return schedule.recorded_cycles(positions)
 
 
-#: Merged runs are counted by listing the steps; past this many, the count is "unknown".
-_MAX_EXPANDED = 1_000_000
+#: run_lengths lists at most this many captures; past it the list is "unknown".
+_MAX_LISTED = 1_000_000
 
 
 def run_lengths(steps: StepSet, merge: bool) -> list[int] | None:
-    """Steps per capture: 1 each, or the lengths of runs of consecutive steps when merged.
-    None when the steps are unbounded (or too many to list)."""
-    count = steps.count()
-    if count is None or (merge and count > _MAX_EXPANDED):
-        return None
+    """Steps per capture, in order: 1 each, or the lengths of runs of consecutive steps when
+    merged. None when the steps are unbounded, too intricate to follow (see
+    :meth:`StepSet.run_lengths`), or make more than a million captures."""
     if not merge:
-        return [1] * count
-    if steps.is_empty:
-        return []
-    values = steps.within(steps.first() or 0, max(int(run[1] or 0) for run in steps.runs))
-    lengths: list[int] = []
-    for i, value in enumerate(values):
-        if i and values[i - 1] == value - 1:
-            lengths[-1] += 1
-        else:
-            lengths.append(1)
-    return lengths
+        count = steps.count()
+        return None if count is None or count > _MAX_LISTED else [1] * count
+    return steps.ordered_run_lengths(_MAX_LISTED)
+
+
+def _length_counts(steps: StepSet, merge: bool) -> dict[int, int] | None:
+    """``{steps per capture: captures}``, computed from the runs without listing captures."""
+    if not merge:
+        count = steps.count()
+        return None if count is None else {1: count} if count else {}
+    return steps.run_lengths()
 
 
 def _times(n: int | None, label: str) -> str:
@@ -116,21 +113,21 @@ def _discrete(
 
 
 def _continuous(plan: Plan, inner_steps: int | None, plain_loop: bool) -> RangeCount:
-    lengths = [1] if plain_loop else run_lengths(plan.steps, plan.merge_steps)
+    counts = {1: 1} if plain_loop else _length_counts(plan.steps, plan.merge_steps)
     total = None
-    if lengths is not None:
+    if counts is not None:
         per_length = {
             n: cycle_ranges(
                 plan.schedule,
                 None if inner_steps is None else inner_steps * n + 1,
             )
-            for n in set(lengths)
+            for n in counts
         }
         if None not in per_length.values():
-            total = sum(per_length[n] or 0 for n in lengths)
+            total = sum((per_length[n] or 0) * times for n, times in counts.items())
     what = "merged runs of steps" if plan.merge_steps and not plain_loop else "captures"
     where = "the session" if plain_loop else _times(plan.steps.count(), "profiled steps")
-    why = f"{_times(None if lengths is None else len(lengths), what)} in {where}"
+    why = f"{_times(None if counts is None else sum(counts.values()), what)} in {where}"
     if plan.schedule is None:
         why += " x 1 range each (no schedule: the whole capture)"
     elif inner_steps is None:

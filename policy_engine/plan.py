@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+from collections.abc import Mapping
 from typing import Any
 
 import attrs
@@ -52,6 +53,10 @@ class Plan:
     on_error: str = "warn"
     policy_source: str | None = None
     policy_hash: str = ""
+    #: Declared colocation: the roles that share this rank's captures on this backend
+    #: (``colocate:``), in policy order, each with its steps; this plan's role included.
+    #: Empty when the policy declares no group for the role.
+    colocated: tuple[tuple[str, StepSet], ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -76,6 +81,7 @@ class Plan:
             "on_error": self.on_error,
             "policy_source": self.policy_source,
             "policy_hash": self.policy_hash,
+            "colocated": [[role, steps.to_json()] for role, steps in self.colocated],
         }
 
     @functools.cached_property
@@ -99,19 +105,11 @@ class Plan:
 
     def capture_last(self, first: int) -> int | None:
         """The last outer step of the capture that opens at ``first`` (None: no end)."""
-        if not self.merge_steps:
+        if not self.merge_steps or first + 1 not in self.steps:
             return first
-        if self.steps.is_all:
-            return None
-        last = first
-        while last + 1 in self.steps:
-            nxt = self.steps.next_after(last)
-            if nxt is None or nxt > last + 1:
-                break
-            last = nxt
-            if last - first > 10_000_000:
-                return None
-        return last
+        # From the runs, not step by step. None also when the end lies past what
+        # StepSet.run_end can find with its allowance of work (see there).
+        return self.steps.run_end(first + 1)
 
     def capture_label(self, first: int) -> str:
         """How ``<step>`` renders for the capture opening at ``first``: ``2``, ``2-4``, ``2+``."""
@@ -125,3 +123,31 @@ class Plan:
             if region.name == name:
                 return region
         return None
+
+    def roles_for(self, first: int | None) -> tuple[str, ...]:
+        """The roles a capture opening at outer step ``first`` belongs to (None: a capture
+        of the whole session): every declared colocated role that profiles that step,
+        whichever of them opens it; this plan's role alone when none is declared."""
+        if not self.colocated:
+            return (self.role,)
+        return tuple(role for role, steps in self.colocated if first is None or first in steps)
+
+    def capture_name(self, *, first: int | None, region: str | None, cycle: int | None,
+                     late: Mapping[str, object] | None = None) -> str:
+        """The name (without the backend's extension) of the cycle ``cycle`` of the capture
+        that opens at outer step ``first`` (None: whole session) for ``region`` (discrete).
+
+        ``late`` holds what only the running process knows (``pid``, ``timestamp``,
+        ``host``, ``env:NAME``); without it those render as placeholders (explain). The
+        runtime names every file through this method, so explain's names are the run's.
+        """
+        values: dict[str, object] = {
+            "role": "+".join(self.roles_for(first)),
+            "step": None if first is None else self.capture_label(first),
+            "region": region, "cycle": cycle,
+        }
+        if late:
+            values.update(late)
+            return self.template.render(values)
+        unknown = LATE_FIELDS | {f for f in self.template.fields() if f.startswith("env:")}
+        return self.template.render(values, placeholders=frozenset(unknown))

@@ -8,14 +8,28 @@ from __future__ import annotations
 
 import difflib
 import json
+import math
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 
 import attrs
 
-from policy_engine._selector_base import Path, SelectorError, _is_int, _kind
+from policy_engine._selector_base import (
+    Path,
+    SelectorError,
+    _bounded_int,
+    _is_int,
+    _kind,
+    _number,
+)
 
-__all__ = ["DIMENSIONS", "RankSelector"]
+__all__ = ["DIMENSIONS", "Box", "Intervals", "RankSelector", "intersect"]
+
+#: Sorted, disjoint, non-adjacent inclusive intervals of indices along one dimension.
+Intervals = tuple[tuple[int, int], ...]
+#: A product set of a mesh's coordinate space: the indices allowed along each dimension,
+#: in mesh order. Every dimension holds at least one index.
+Box = tuple[Intervals, ...]
 
 #: Coordinate dimensions a rank mapping may name, in the order messages list them.
 DIMENSIONS = ("tp", "pp", "dp", "cp", "ep", "local_rank", "node")
@@ -69,8 +83,14 @@ class _Axis:
         return items[0] if len(items) == 1 else items
 
 
+def _words(dim: str) -> tuple[str, str]:
+    """How a too-large number of ``dim`` is named: ("rank", "ranks"), ("tp", "indices")."""
+    return ("rank", "ranks") if dim == _RANK else (dim, "indices")
+
+
 def _spans(value: object, dim: str, path: Path) -> list[_Span]:
     if _is_int(value):
+        _bounded_int(value, *_words(dim), path)
         return [_Span(value, value, path)]
     if not isinstance(value, str):
         raise SelectorError(
@@ -81,9 +101,10 @@ def _spans(value: object, dim: str, path: Path) -> list[_Span]:
     for raw in value.split(","):
         token = raw.strip()
         if _INDEX_TOKEN.fullmatch(token):
-            spans.append(_Span(int(token), int(token), path))
+            index = _number(token, *_words(dim), path)
+            spans.append(_Span(index, index, path))
         elif match := _RANGE_TOKEN.fullmatch(token):
-            lo, hi = int(match[1]), int(match[2])
+            lo, hi = _number(match[1], *_words(dim), path), _number(match[2], *_words(dim), path)
             if hi < lo:
                 raise SelectorError(f"range {lo}-{hi} is reversed", path)
             spans.append(_Span(lo, hi, path))
@@ -200,6 +221,33 @@ class RankSelector:
             for problem in _axis_problems(axis, world, sizes)
         ]
 
+    def boxes(self, world: int, mesh: Mapping[str, int] | None) -> list[Box]:
+        """The ranks selected in a world of one node, as boxes of the mesh's coordinates.
+
+        One node, as validate simulates it: ``local_rank`` is the rank and ``node`` is 0
+        (their sizes unknown, so negative indices on them match nothing). Without a mesh
+        the space has one dimension, the rank. ``mesh`` must cover ``world`` exactly. The
+        boxes may overlap; their union is what :meth:`matches` selects. A plain rank range
+        takes at most two boxes per dimension whatever the sizes, so the number of boxes
+        grows with the selector's text, never with the world.
+        """
+        space = dict(mesh) if mesh else {_RANK: world}
+        sizes = list(space.values())
+        out: list[Box] = []
+        for axes in self.clauses:
+            allowed = _clause_sets(axes, space, world)
+            if allowed is None:
+                continue
+            per_dim, ranks = allowed
+            pieces: list[list[tuple[int, int]]] = [[(0, n - 1) for n in sizes]]
+            if ranks is not None:
+                pieces = [box for lo, hi in ranks for box in _decompose(lo, hi, sizes)]
+            for piece in pieces:
+                box = tuple(intersect(((lo, hi),), per_dim[d]) for d, (lo, hi) in enumerate(piece))
+                if all(box):
+                    out.append(box)
+        return out
+
     def to_json(self) -> object:
         """A value :meth:`parse` reads back to an equal selector."""
         items = [_clause_json(axes) for axes in self.clauses]
@@ -240,3 +288,92 @@ def _axis_problems(
     for span in axis.spans:
         if span.hi >= size or span.lo < -size:
             yield SelectorError(f"{axis.dim} {span} is out of range {where}", span.path)
+
+
+def _merge(intervals: list[tuple[int, int]]) -> Intervals:
+    merged: list[tuple[int, int]] = []
+    for lo, hi in sorted(intervals):
+        if merged and lo <= merged[-1][1] + 1:
+            merged[-1] = (merged[-1][0], max(merged[-1][1], hi))
+        else:
+            merged.append((lo, hi))
+    return tuple(merged)
+
+
+def intersect(a: Intervals, b: Intervals) -> Intervals:
+    """The indices in both (two sorted interval lists, merged in one pass)."""
+    out: list[tuple[int, int]] = []
+    i = j = 0
+    while i < len(a) and j < len(b):
+        lo, hi = max(a[i][0], b[j][0]), min(a[i][1], b[j][1])
+        if lo <= hi:
+            out.append((lo, hi))
+        if a[i][1] < b[j][1]:
+            i += 1
+        else:
+            j += 1
+    return tuple(out)
+
+
+def _indices(axis: _Axis, size: int | None, bound: int) -> Intervals:
+    """The indices ``axis`` allows in ``[0, bound)``; ``size`` resolves negative ones."""
+    if axis.spans is None:
+        return ((0, bound - 1),)
+    found: list[tuple[int, int]] = []
+    for span in axis.spans:
+        if span.lo < 0:
+            if size is not None and 0 <= size + span.lo < bound:
+                found.append((size + span.lo, size + span.lo))
+        elif span.lo < bound:
+            found.append((span.lo, min(span.hi, bound - 1)))
+    return _merge(found)
+
+
+def _clause_sets(
+    axes: tuple[_Axis, ...], space: Mapping[str, int], world: int
+) -> tuple[list[Intervals], Intervals | None] | None:
+    """What one clause allows: indices per dimension of ``space`` and, when it names
+    ranks (plain or local_rank, which is the rank on one node), the rank intervals.
+    None when it selects nothing."""
+    per_dim: list[Intervals] = [((0, n - 1),) for n in space.values()]
+    dims = list(space)
+    ranks: Intervals | None = None
+    for axis in axes:
+        if axis.dim in (_RANK, "local_rank"):
+            # A negative local_rank needs the node size, unknown here: it matches nothing.
+            found = _indices(axis, world if axis.dim == _RANK else None, world)
+            ranks = found if ranks is None else intersect(ranks, found)
+        elif axis.dim == "node":
+            found = _indices(axis, None, 1)
+        elif axis.dim in space:
+            at = dims.index(axis.dim)
+            found = intersect(per_dim[at], _indices(axis, space[axis.dim], space[axis.dim]))
+            per_dim[at] = found
+        else:
+            found = ()  # a dimension the mesh lacks: no rank has that coordinate
+        if not found:
+            return None
+    return per_dim, ranks
+
+
+def _decompose(lo: int, hi: int, sizes: Sequence[int]) -> list[list[tuple[int, int]]]:
+    """Ranks ``lo..hi`` of a mixed-radix space (outermost size first, the last varying
+    fastest) as boxes of one interval per dimension, in rank order: at most two boxes per
+    dimension, a ragged start and end around a middle of whole blocks."""
+    if not sizes:
+        return [[]]
+    block = math.prod(sizes[1:])  # ranks per index of the outermost dimension
+    first, lo_rest = divmod(lo, block)
+    last, hi_rest = divmod(hi, block)
+    if first == last:
+        return [[(first, first), *box] for box in _decompose(lo_rest, hi_rest, sizes[1:])]
+    head: list[list[tuple[int, int]]] = []
+    tail: list[list[tuple[int, int]]] = []
+    if lo_rest:
+        head = [[(first, first), *box] for box in _decompose(lo_rest, block - 1, sizes[1:])]
+        first += 1
+    if hi_rest != block - 1:
+        tail = [[(last, last), *box] for box in _decompose(0, hi_rest, sizes[1:])]
+        last -= 1
+    middle = [[(first, last), *((0, n - 1) for n in sizes[1:])]] if first <= last else []
+    return head + middle + tail

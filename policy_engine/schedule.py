@@ -166,6 +166,45 @@ class Schedule:
             return None
         return index
 
+    def next_change(self, step: int) -> int | None:
+        """The first inner step after ``step`` whose action needs a backend call.
+
+        ``step + 1`` when ``step`` records (every recorded step is one); else the first
+        later step whose action differs from the action at ``step``; None when it never
+        changes again (after the last cycle of a bounded ``repeat``). Constant time,
+        however long the phases are.
+        """
+        action = self.action(step)
+        if action in (Action.RECORD, Action.RECORD_AND_SAVE):
+            return step + 1
+        if action is Action.WARMUP:
+            # Warm-up always runs into the active phase of the same cycle, and the repeat
+            # limit falls on a cycle boundary, never inside it.
+            return step + self._record_from - (step + self._shift) % self._period
+        # NONE: the next step that is not NONE, i.e. the next warm-up or active phase.
+        nxt = max(step + 1, self.skip_first)
+        shifted = nxt + self._shift
+        if self._limit and shifted >= self._limit:
+            return None
+        phase = shifted % self._period
+        return nxt if phase >= self.wait else nxt + self.wait - phase
+
+    def recorded_cycles(self, steps: int) -> int:
+        """How many cycles record at least one of the inner steps ``0 .. steps - 1``.
+
+        Constant time: the capture ranges a capture of ``steps`` inner steps opens.
+        """
+        if steps <= self.skip_first:
+            return 0
+        shifted = steps - 1 + self._shift  # the last step, on the cycles' clock
+        if self._limit:
+            shifted = min(shifted, self._limit - 1)
+        # Cycle 0 begins at `wait` or 0 on that clock, never after its warm-up, so every
+        # cycle before the last step's records in full; the last step's cycle records
+        # once its active phase is reached.
+        cycle, phase = divmod(shifted, self._period)
+        return cycle + (1 if phase >= self._record_from else 0)
+
     def actions(self, n: int) -> tuple[Action, ...]:
         """The actions of the first ``n`` inner steps."""
         return tuple(self.action(step) for step in range(n))

@@ -78,6 +78,15 @@ def test_stepset_huge_range_is_not_materialized() -> None:
     assert steps.within(lo, hi) == [n for n in range(lo, hi + 1) if n % 7 == 0]
 
 
+def test_stepset_largest_numbers() -> None:
+    top = 10**18 - 1
+    steps = StepSet.parse([f"0-{top}:2", f"1-{top}:2", "000000000000000000005"])
+    assert steps.count() == 10**18
+    assert steps.run_end(0) == top
+    assert steps.last() == top
+    assert top in steps
+
+
 def test_stepset_count_of_many_overlapping_strides() -> None:
     # Plain inclusion-exclusion would visit 2**30 subsets here.
     steps = StepSet.parse([f"{k % 5}-20000:{k}" for k in range(2, 32)])
@@ -124,6 +133,13 @@ def test_stepset_queries(
         ("0-10:-2", "malformed step range '0-10:-2' (expected N, A-B or A-B:S)", ()),
         ("0-10:0", "stride must be > 0 in '0-10:0'", ()),
         (-1, "step -1 is negative", ()),
+        (10**18, f"step {10**18}: too large (steps are below 10**18)", ()),
+        (
+            ["1", "0-" + "9" * 5000],
+            "step 999999999999... (5000 digits): too large (steps are below 10**18)",
+            (1,),
+        ),
+        ("0-10:" + "7" * 19, f"stride {'7' * 19}: too large (strides are below 10**18)", ()),
         ([1, -3], "step -3 is negative", (1,)),
         ("1,-2", "step -2 is negative", ()),
         (
@@ -352,6 +368,13 @@ _RANK_KINDS = "'all', a rank number, a range string, a mapping of dimensions or 
             "rank must be 'all', an index, a range string or a list of them, got a boolean",
             (0,),
         ),
+        ("0-" + "9" * 19, f"rank {'9' * 19}: too large (ranks are below 10**18)", ()),
+        (
+            [0, "-" + "1" * 4000],
+            "rank -11111111111... (4000 digits): too large (ranks are below 10**18)",
+            (1,),
+        ),
+        ({"tp": [0, 10**18]}, f"tp {10**18}: too large (indices are below 10**18)", ("tp", 1)),
     ],
 )
 def test_rank_errors(value: object, message: str, path: tuple[str | int, ...]) -> None:

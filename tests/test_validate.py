@@ -624,3 +624,27 @@ def test_coordinate_selector_without_a_mesh_warns(capsys: pytest.CaptureFixture[
         "role 'actor' is profiled (at $.roles.actor.ranks)")
     code, _, _ = validate(capsys, str(path), "--mesh", "tp=2")
     assert code == 0
+
+
+def test_a_mapping_selector_in_a_message_keeps_its_braces(capsys: pytest.CaptureFixture[str],
+                                                          tmp_path: Path) -> None:
+    path = tmp_path / "p.yaml"
+    path.write_text("version: 1\nroles:\n  actor:\n    enabled: true\n    steps: [1]\n"
+                    "    ranks: {local_rank: '0-3'}\n    name: <role>_<step>\n")
+    code, out, _ = validate(capsys, str(path))
+    assert code == 1
+    assert out[0] == (
+        f"{path}:7:11: error: the name cannot tell apart the ranks of role 'actor' "
+        '(ranks: {"local_rank": "0-3"}); add <rank> (at $.roles.actor.name)')
+
+
+def test_names_of_a_huge_mesh_are_checked_by_blocks(capsys: pytest.CaptureFixture[str],
+                                                    tmp_path: Path) -> None:
+    path = tmp_path / "p.yaml"
+    path.write_text("version: 1\nmesh: {dp: 99999999999, tp: 8}\nroles:\n  actor:\n"
+                    "    enabled: true\n    steps: [1]\n    ranks: '3-99999999999'\n"
+                    "    name: <role>_<tp>\n")
+    code, out, _ = validate(capsys, str(path), "--world", str(8 * 99999999999))
+    assert code == 1
+    assert out[0] == (f"{path}:8:11: error: the name cannot tell apart ranks 3 and 11 of role "
+                      "'actor'; add <rank> (at $.roles.actor.name)")

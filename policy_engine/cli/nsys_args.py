@@ -33,6 +33,10 @@ from ._common import (
 from .main import UsageError
 
 
+#: Report paths listed per rank; the rest follow the same numbering.
+MAX_LISTED_REPORTS = 1000
+
+
 def _count(text: str) -> int:
     if not text.isdigit():
         raise argparse.ArgumentTypeError(f"expected a non-negative integer, got {text!r}")
@@ -155,7 +159,7 @@ def build(policy: Policy, role: str, world: int, args: argparse.Namespace) -> di
                         numbered=count.total > 1
                         and not launch.capture_range_end.startswith("stop"),
                     )
-                    for i in range(count.total)
+                    for i in range(min(count.total, MAX_LISTED_REPORTS))
                 ]
             )
             out["ranks"][str(plan.rank)] = {

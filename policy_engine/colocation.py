@@ -1,0 +1,124 @@
+"""``colocate:``: roles that share a process, and whether they can share its captures.
+
+A process runs one capture per backend at a time, so colocated roles on one backend share
+it: one schedule, one name template, one settings block. What cannot be shared is an
+error here, before launch, instead of a surprise in the traces.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any
+
+from .model import RoleSpec, build_role
+from .schedule import ScheduleError
+from .selectors import SelectorError
+
+Path = tuple[str | int, ...]
+Found = tuple[str, Path, str]  # message, where, severity
+#: Where a role's value for a field was written: ``checks.origin``.
+Origin = Callable[[Mapping[str, Any], str, str], Path]
+
+# What colocated roles on one backend must agree on, and why in a word.
+_SHARED = (
+    ("discrete", "mode"),
+    ("merge_steps", "merge_steps"),
+    ("schedule", "schedule"),
+    ("name", "name template"),
+    ("on_error", "on_error"),
+)
+
+
+def check(data: Mapping[str, Any], origin: Origin) -> Iterator[Found]:
+    """Problems of the policy's ``colocate`` groups (the schema checked their shape)."""
+    groups = data.get("colocate")
+    if not isinstance(groups, list):
+        return
+    roles = data.get("roles") if isinstance(data.get("roles"), Mapping) else {}
+    assert isinstance(roles, Mapping)
+    placed: dict[str, int] = {}
+    for gi, group in enumerate(groups):
+        if not isinstance(group, list) or not all(isinstance(n, str) for n in group):
+            continue
+        for mi, name in enumerate(group):
+            at: Path = ("colocate", gi, mi)
+            if name in placed and placed[name] != gi:
+                yield (f"role {name!r} is in colocate groups {placed[name]} and {gi}: "
+                       "a role runs in one process group", at, "error")
+            placed.setdefault(name, gi)
+            if name not in roles:
+                close = difflib.get_close_matches(name, list(roles), n=1, cutoff=0.6)
+                hint = f" (did you mean {close[0]!r}?)" if close else ""
+                yield (f"colocated role {name!r} is not under roles{hint}: it gets the "
+                       "defaults", at, "warning")
+        specs = _specs(data, group)
+        if specs is not None:
+            yield from _conflicts(data, gi, specs, origin)
+
+
+def _specs(data: Mapping[str, Any], group: Sequence[str]) -> list[RoleSpec] | None:
+    """The enabled roles of ``group`` as built specs; None when one cannot be built (the
+    schema or the role checks report why)."""
+    defaults = data.get("defaults") or {}
+    roles = data.get("roles") or {}
+    out = []
+    for name in group:
+        try:
+            spec = build_role(name, defaults, roles.get(name) or {})
+        except (SelectorError, ScheduleError, ValueError, KeyError, TypeError):
+            return None
+        if spec.enabled:
+            out.append(spec)
+    return out
+
+
+def _show(value: object) -> str:
+    text = str(value) if not isinstance(value, str) else repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _value(spec: RoleSpec, key: str) -> object:
+    if key == "name":
+        return spec.template.text
+    if key == "schedule":
+        return spec.schedule.to_json() if spec.schedule is not None else None
+    return getattr(spec, key)
+
+
+def _conflicts(data: Mapping[str, Any], gi: int, specs: list[RoleSpec],
+               origin: Origin) -> Iterator[Found]:
+    at: Path = ("colocate", gi)
+    by_backend: dict[str, list[RoleSpec]] = {}
+    for spec in specs:
+        by_backend.setdefault(spec.backend, []).append(spec)
+    if "torch" in by_backend and "mstx" in by_backend:
+        torch, npu = by_backend["torch"][0].name, by_backend["mstx"][0].name
+        yield (f"colocated roles {torch!r} (torch) and {npu!r} (mstx) cannot share a process: "
+               "torch.profiler and torch_npu's profiler drive the same framework profiler, "
+               "one at a time", at, "error")
+    cuda = [s.name for s in by_backend.get("torch", ()) if "cuda" in s.settings["activities"]]
+    if cuda and "nsight" in by_backend:
+        yield (f"colocated roles {cuda[0]!r} (torch with cuda activity) and "
+               f"{by_backend['nsight'][0].name!r} (nsight) both use CUPTI in one process: "
+               "the torch traces may lose their CUDA kernels; record cpu only with torch, "
+               "or profile these roles apart", at, "warning")
+    for backend, members in by_backend.items():
+        first = members[0]
+        for other in members[1:]:
+            for key, what in _SHARED:
+                mine, theirs = _value(first, key), _value(other, key)
+                if mine != theirs:
+                    yield (f"colocated roles {first.name!r} and {other.name!r} share {backend} "
+                           f"captures but differ in {what} ({_show(mine)} and "
+                           f"{_show(theirs)}): one capture has one {what}",
+                           origin(data, other.name, key), "error")
+            if dict(first.settings) != dict(other.settings):
+                yield (f"colocated roles {first.name!r} and {other.name!r} share {backend} "
+                       f"captures but differ in their {backend} settings: one capture has "
+                       "one profiler configuration", origin(data, other.name, backend), "error")
+            if first.merge_steps and first.steps != other.steps:
+                yield (f"colocated roles {first.name!r} and {other.name!r} merge steps into "
+                       f"shared {backend} captures but profile different steps ({first.steps} "
+                       f"and {other.steps}): one merged capture covers one run of steps",
+                       origin(data, other.name, "steps"), "error")
