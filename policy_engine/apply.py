@@ -2,37 +2,98 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import weakref
 from collections.abc import Mapping
 from typing import Any, Union
 
 from .compiler import compile_plan
+from .errors import PolicyError, Problem, did_you_mean
 from .model import Policy
+from .overrides import ENV_OVERRIDES
+from .plan import Plan
 from .policy import ENV_FILE, load_policy
 from .runtime.profiler import OffProfiler, RoleProfiler, wrap_region
-from .topology import Topology
+from .runtime.state import STATE, warn_once
+from .topology import DIMS, Topology
 
 log = logging.getLogger("policy_engine")
 PolicyArg = Union[str, "os.PathLike[str]", Mapping[str, Any], Policy, None]
 Profiler = Union[RoleProfiler, OffProfiler]  # noqa: UP007
 
+#: Validate-time warnings that depend on where a process sits; compile_plan says at run
+#: time whether they hold for this process.
+_LAYOUT_WARNINGS = ("policy has no mesh",)
 
-_warned: set[str] = set()
+
+def _from_environment(policy: PolicyArg, problems: tuple[Problem, ...]) -> bool:
+    """Whether the policy's mistakes come from the environment the job was started with."""
+    if policy is None:
+        return True
+    return any(p.location is not None and p.location.origin.startswith(ENV_OVERRIDES)
+               for p in problems if p.severity == "error")
 
 
 def _resolve(policy: PolicyArg) -> Policy | None:
+    """The loaded policy; None when profiling is off (no policy, or a broken one from the
+    environment: a typo in PROFILE_POLICY_SET must not stop training)."""
+    given = policy
     if policy is None:
         path = os.environ.get(ENV_FILE)
         if not path:
             return None
         policy = path
-    loaded = load_policy(policy)
-    if loaded.warnings and loaded.policy_hash not in _warned:
-        _warned.add(loaded.policy_hash)  # once per policy per process, not per role
-        for problem in loaded.warnings:
-            log.warning("policy-engine: %s", problem.render())
+    try:
+        loaded = load_policy(policy)
+    except PolicyError as err:
+        if not _from_environment(given, err.problems):
+            raise
+        for problem in err.problems:
+            log.error("policy-engine: %s", problem.render())
+        warn_once(("broken-env-policy",),
+                  "policy-engine: the policy from %s is invalid (errors above): profiling "
+                  "is off in this process; `policy-engine validate` with the same %s shows "
+                  "the same errors", ENV_FILE if given is None else ENV_OVERRIDES,
+                  ENV_OVERRIDES)
+        return None
+    for problem in loaded.warnings:  # once per policy per process, not per role
+        if not any(text in problem.message for text in _LAYOUT_WARNINGS):
+            warn_once(("policy-warning", loaded.policy_hash, problem),
+                      "policy-engine: %s", problem.render())
     return loaded
+
+
+def _check_role(policy: Policy, role: str) -> None:
+    """A role the policy does not name gets the defaults, unless the name looks like a
+    typo of one it does name: that is an error, not a silently idle profiler."""
+    if role in policy.roles:
+        return
+    hint = did_you_mean(role, policy.roles)
+    if hint:
+        raise PolicyError.single(
+            f"role {role!r} is not in the policy{hint}; roles: {', '.join(policy.roles)}",
+            path="$.roles")
+    if not policy.role(role).enabled:
+        log.info("policy-engine: role %r is not in the policy: it gets the defaults, which "
+                 "are disabled", role)
+
+
+def _warn_missing_coordinates(policy: Policy, plan: Plan) -> None:
+    """Say so when ``ranks`` selects by coordinates this process does not have: then no
+    rank of the role profiles (validate can only warn that it might happen)."""
+    spec = policy.role(plan.role)
+    if not spec.enabled:
+        return
+    named = {axis.dim for axes in spec.ranks.clauses for axis in axes} & set(DIMS)
+    missing = sorted(named - set(plan.coords))
+    if missing:
+        warn_once(("no-coordinates", plan.role, tuple(missing)),
+                  "policy-engine: role %r selects ranks by %s, but this process has no such "
+                  "coordinate (no DeviceMesh, Megatron or policy mesh gives one): no rank of "
+                  "the role profiles; pass topology=Topology.from_device_mesh(mesh) or add a "
+                  "mesh to the policy", plan.role, ", ".join(missing))
 
 
 def profile_session(policy: PolicyArg, role: str,
@@ -44,11 +105,37 @@ def profile_session(policy: PolicyArg, role: str,
     """
     loaded = _resolve(policy)
     if loaded is None:
-        return OffProfiler(_off_plan(role, topology))
+        topo = topology or Topology.discover()
+        return OffProfiler(Plan(role=role, rank=topo.rank, world=topo.world, enabled=False))
+    _check_role(loaded, role)
     plan = compile_plan(loaded, role, topology)
+    _warn_missing_coordinates(loaded, plan)
     if not plan.enabled:
         return OffProfiler(plan)
     return RoleProfiler(plan, policy_sources=loaded.sources)
+
+
+def _applied(worker: object, role: str) -> RoleProfiler | None:
+    """The profiler ``role`` already has on ``worker`` (found on a wrapped method, or in
+    the process's registry for roles that wrap nothing)."""
+    entry = STATE.applied.get((id(worker), role))
+    if entry is not None:
+        ref, prof = entry
+        if ref() is worker:
+            return prof  # type: ignore[no-any-return]
+        del STATE.applied[(id(worker), role)]
+    for value in vars(worker).values() if hasattr(worker, "__dict__") else ():
+        marker = getattr(value, "__policy_engine__", None)
+        if marker is not None and marker[0] == role:
+            return marker[1]  # type: ignore[no-any-return]
+    return None
+
+
+def _unwrap(worker: object, role: str) -> None:
+    for name, value in list(vars(worker).items()):
+        marker = getattr(value, "__policy_engine__", None)
+        if marker is not None and marker[0] == role:
+            setattr(worker, name, value.__wrapped__)
 
 
 def apply_policy(worker: object, role: str, policy: PolicyArg = None,
@@ -56,9 +143,18 @@ def apply_policy(worker: object, role: str, policy: PolicyArg = None,
     """Profile ``worker`` (one instance) as ``role``: wrap its region methods per the plan.
 
     On a rank whose plan is off nothing is wrapped: the methods stay the very same
-    objects, and the returned profiler's methods do nothing.
+    objects, and the returned profiler's methods do nothing. Applying the same role to the
+    same worker again returns the profiler it has when the plan is the same; otherwise
+    the earlier profiler is closed and its wrappers removed first.
     """
     prof = profile_session(policy, role, topology)
+    earlier = _applied(worker, role)
+    if earlier is not None:
+        if isinstance(prof, RoleProfiler) and prof.plan == earlier.plan:
+            return earlier
+        earlier.close()
+        _unwrap(worker, role)
+        STATE.applied.pop((id(worker), role), None)
     if isinstance(prof, OffProfiler):
         return prof
     for region in prof.plan.regions:
@@ -71,11 +167,8 @@ def apply_policy(worker: object, role: str, policy: PolicyArg = None,
             continue
         # An instance attribute: other instances of the class stay untouched.
         setattr(worker, region.name, wrap_region(prof, region.name, method))
+    # A worker that cannot be weak-referenced is found through its wrapped methods only.
+    with contextlib.suppress(TypeError):
+        STATE.applied[(id(worker), role)] = (weakref.ref(worker), prof)
     return prof
 
-
-def _off_plan(role: str, topology: Topology | None) -> Any:
-    from .plan import Plan
-
-    topo = topology or Topology.discover()
-    return Plan(role=role, rank=topo.rank, world=topo.world, enabled=False)

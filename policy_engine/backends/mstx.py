@@ -45,6 +45,7 @@ from policy_engine.backends._mstx_checks import SOURCES as SOURCES
 from policy_engine.backends._mstx_checks import _db_problem as _db_problem
 from policy_engine.backends._mstx_checks import source_params as source_params
 from policy_engine.backends.base import Artifact, BackendUnavailable, CaptureInfo
+from policy_engine.output import make_folders
 
 __all__ = ["MstxBackend", "MstxSession", "check_runtime", "check_settings", "version_warnings"]
 
@@ -232,8 +233,7 @@ class MstxSession:
                 "torch_npu has one profiler per process and another capture holds it"
             )
         sub, base = os.path.split(self._stem or self._provisional())
-        self._dir = os.path.normpath(os.path.join(self._info.output_dir, sub))
-        os.makedirs(self._dir, exist_ok=True)
+        self._dir = make_folders(self._info.output_dir, sub)
         self._worker, self._before = _worker_name(base), _folders(self._dir)
         prof, s = self._npu_prof, self._s
         sent = self._experimental()
@@ -340,10 +340,12 @@ class MstxSession:
         target = os.path.join(self._info.output_dir, sub, _worker_name(base) + tail)
         if os.path.normpath(target) == os.path.normpath(folder):
             return folder
-        if os.path.exists(target):
+        make_folders(self._info.output_dir, sub)
+        try:
+            os.mkdir(target)  # claims the name: rename then replaces only our empty folder
+        except FileExistsError:
             _warn(f"{target} exists; the capture stays at {folder}")
             return folder
-        os.makedirs(os.path.dirname(target), exist_ok=True)
         os.rename(folder, target)
         return target
 

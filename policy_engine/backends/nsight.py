@@ -36,6 +36,7 @@ from ..nsys_args import (
     resolve_output,
 )
 from ..nsys_ranges import count_ranges
+from ..output import make_folders
 from ..plan import Plan
 from .base import Artifact, BackendUnavailable, CaptureInfo
 
@@ -111,6 +112,10 @@ def _cuda_profiler(required: bool) -> Any:
 class NsightSession:
     """One capture: a capture range per recorded cycle."""
 
+    #: NVTX start/end ranges and cudaProfilerStart/Stop are process-wide: any thread may
+    #: drive the capture.
+    any_thread = True
+
     def __init__(self, backend: NsightBackend, info: CaptureInfo, nvtx: Any, cuda: Any) -> None:
         settings = info.settings
         self._backend = backend
@@ -182,11 +187,13 @@ class NsightSession:
 
     @contextmanager
     def _region(self, name: str) -> Iterator[None]:
-        self._nvtx.push_range(name, domain=self._domain)
+        # A start/end range, not push/pop: the runtime may open a region's range on the
+        # thread where recording starts and close it on the region's own thread.
+        rng = self._nvtx.start_range(name, domain=self._domain)
         try:
             yield
         finally:
-            self._nvtx.pop_range(domain=self._domain)
+            self._nvtx.end_range(rng)
 
     def close(self) -> None:
         self._stop()
@@ -271,8 +278,14 @@ class NsightBackend:
         return index
 
     def make_folder(self) -> None:
+        """The folder nsys writes the reports into (nsys does not create it)."""
         folder = os.path.dirname(self._output) if self._output else self._output_dir
-        if folder:
+        if not folder:
+            return
+        rel = os.path.relpath(folder, self._output_dir) if self._output_dir else folder
+        if self._output_dir and not rel.startswith(".."):
+            make_folders(self._output_dir, "" if rel == "." else rel)
+        else:  # an output named outside output_dir by the launch itself
             os.makedirs(folder, exist_ok=True)
 
     def report(self, index: int, stem: str) -> str:

@@ -3,26 +3,33 @@
 The engine owns the schedule, so the profiler object is driven through its transition
 methods (prepare_trace / start_trace / stop_trace) instead of its own ``schedule=``;
 torch then does nothing on steps where the schedule says NONE.
+
+Threads: kineto must be started, stopped and exported on one thread, and records the ops
+of that thread (and of the autograd threads it drives) only. torch's
+``profile_all_threads`` experimental option would record every thread, but crashes the
+process when other threads run ops while a capture starts or stops (seen on torch 2.13),
+so it is not used; the runtime keeps every call of a session on its home thread.
 """
 
 from __future__ import annotations
 
+import gzip
 import json
 import logging
 import os
+import shutil
 import warnings
 from collections.abc import Mapping
 from contextlib import AbstractContextManager
 from typing import Any, ClassVar
 
-from ..runtime.files import write_exclusive
+from ..output import write_atomic
 from .base import Artifact, BackendUnavailable, CaptureInfo
 
 log = logging.getLogger("policy_engine")
 
 _ACTIVITIES = {"cpu": "CPU", "cuda": "CUDA", "xpu": "XPU"}
 _FLAGS = ("record_shapes", "profile_memory", "with_stack", "with_flops", "with_modules")
-_warned_no_device: set[str] = set()
 
 
 def check_settings(settings: Mapping[str, Any]) -> list[tuple[str, tuple[str | int, ...]]]:
@@ -40,29 +47,29 @@ def check_runtime(settings: Mapping[str, Any]) -> list[str]:
     return []
 
 
-def _activities(names: Any) -> list[Any]:
-    import torch
-    from torch.profiler import ProfilerActivity
+class EmptyTrace(RuntimeError):
+    """torch wrote no usable trace (a full disk, a file-size limit)."""
 
-    available = {"cpu": True, "cuda": torch.cuda.is_available(),
-                 "xpu": hasattr(torch, "xpu") and torch.xpu.is_available()}
-    out = []
-    for name in names:
-        if available.get(name):
-            out.append(getattr(ProfilerActivity, _ACTIVITIES[name]))
-        elif name not in _warned_no_device:
-            _warned_no_device.add(name)
-            log.warning("policy-engine: %s activity dropped: no %s device in this process",
-                        name, name.upper())
-    if not out:
-        raise BackendUnavailable(f"none of the activities {list(names)} can run here")
-    return out
+
+def check_trace(path: str) -> None:
+    """Raise :class:`EmptyTrace` unless ``path`` holds what looks like a whole Chrome trace:
+    a JSON object, first and last bytes read, the rest left to the viewer."""
+    size = os.path.getsize(path)
+    with open(path, "rb") as f:
+        head = f.read(256).lstrip()
+        f.seek(max(0, size - 256))
+        tail = f.read().rstrip()
+    if not head.startswith(b"{") or not tail.endswith(b"}"):
+        raise EmptyTrace(f"torch wrote {size} bytes that are not a whole trace (is the disk "
+                         "full, or a file-size limit set?)")
 
 
 class TorchSession:
     """One capture: a torch.profiler profile driven transition by transition."""
 
-    def __init__(self, info: CaptureInfo) -> None:
+    any_thread = False  # kineto: start, stop and export on one thread
+
+    def __init__(self, backend: TorchBackend, info: CaptureInfo) -> None:
         try:
             import torch.profiler
         except ImportError as err:
@@ -70,15 +77,15 @@ class TorchSession:
                 from err
         settings = info.settings
         self._info = info
-        self._gzip = bool(settings.get("gzip", True))
-        flags: dict[str, Any] = {flag: bool(settings.get(flag, False)) for flag in _FLAGS}
+        self._gzip = bool(settings["gzip"])
+        flags: dict[str, Any] = {flag: bool(settings[flag]) for flag in _FLAGS}
         self._prof = torch.profiler.profile(
-            activities=_activities(settings.get("activities", ["cpu"])), **flags)
+            activities=backend.activities(settings["activities"]), **flags)
         # Carried into every trace so tools can read role and rank without parsing names.
         self._prof.preset_metadata_json("policy_engine", json.dumps(info.metadata()))
+        # record_function: a user_annotation on the CPU row and, on CUDA, the
+        # gpu_user_annotation band that Perfetto, TensorBoard and HTA show.
         self._record = torch.autograd.profiler.record_function
-        fast = getattr(torch._C._profiler, "_RecordFunctionFast", None)
-        self._range_cls = fast if fast is not None else self._record
         self._prepared = False
         self._started = False
         self._step_marker: Any = None
@@ -116,8 +123,29 @@ class TorchSession:
             self._prof.add_metadata_json("policy_engine", json.dumps(meta))
         self._stop()
         ext = ".pt.trace.json.gz" if self._gzip else ".pt.trace.json"
-        path = write_exclusive(self._info.output_dir, stem, ext, self._prof.export_chrome_trace)
-        return [Artifact(path, os.path.getsize(path))]
+        writer = self._write_gzip if self._gzip else self._write_json
+        path, size = write_atomic(self._info.output_dir, stem, ext, writer)
+        return [Artifact(path, size)]
+
+    def _write_json(self, path: str) -> None:
+        self._prof.export_chrome_trace(path)
+        check_trace(path)
+
+    def _write_gzip(self, path: str) -> None:
+        # torch's own .gz export goes through a file in $TMPDIR and gzips whatever it finds
+        # there, even nothing; exporting beside the target keeps the check and the space
+        # on the output folder's disk. ``path`` is an unguessable temporary name.
+        raw = path + ".json"
+        try:
+            self._prof.export_chrome_trace(raw)
+            check_trace(raw)
+            fd = os.open(path, os.O_WRONLY | os.O_TRUNC | os.O_NOFOLLOW)
+            with open(raw, "rb") as src, open(fd, "wb") as out, \
+                    gzip.GzipFile(fileobj=out, mode="wb", compresslevel=6) as dst:
+                shutil.copyfileobj(src, dst, 1 << 20)
+        finally:
+            if os.path.lexists(raw):
+                os.unlink(raw)
 
     def discard(self) -> None:
         if self._prepared and not self._started:
@@ -127,7 +155,7 @@ class TorchSession:
         self._stop()
 
     def range(self, name: str) -> AbstractContextManager[object]:
-        rng: AbstractContextManager[object] = self._range_cls(name)
+        rng: AbstractContextManager[object] = self._record(name)
         return rng
 
     def close(self) -> None:
@@ -146,11 +174,36 @@ class TorchSession:
 
 
 class TorchBackend:
+    """Once per process: what the process knows about torch's devices."""
+
     name: ClassVar[str] = "torch"
     extension: ClassVar[str] = ".pt.trace.json.gz"
 
+    def __init__(self) -> None:
+        self._dropped: set[str] = set()  # activities already warned about
+
     def open(self, info: CaptureInfo) -> TorchSession:
-        return TorchSession(info)
+        return TorchSession(self, info)
+
+    def activities(self, names: Any) -> list[Any]:
+        """torch's ProfilerActivity values for ``names``; one without its device here is
+        dropped with one warning per process."""
+        import torch
+        from torch.profiler import ProfilerActivity
+
+        available = {"cpu": True, "cuda": torch.cuda.is_available(),
+                     "xpu": hasattr(torch, "xpu") and torch.xpu.is_available()}
+        out = []
+        for name in names:
+            if available.get(name):
+                out.append(getattr(ProfilerActivity, _ACTIVITIES[name]))
+            elif name not in self._dropped:
+                self._dropped.add(name)
+                log.warning("policy-engine: %s activity dropped: no %s device in this "
+                            "process", name, name.upper())
+        if not out:
+            raise BackendUnavailable(f"none of the activities {list(names)} can run here")
+        return out
 
 
 BACKEND = TorchBackend

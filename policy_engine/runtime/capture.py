@@ -1,14 +1,25 @@
-"""One capture: a backend session driven through the schedule's actions.
+"""One capture: a backend session driven through the schedule's actions, on one thread.
 
 The schedule decides the action at every inner step; the backend is called only when the
-action changes (see :mod:`policy_engine.backends.base`). Between changes ``step()`` is an
+action changes, through one table (:data:`TABLE`). Between changes ``step()`` is an
 increment and a comparison: ``quiet_until`` is the next inner step that needs any work.
+
+Thread model. torch.profiler and torch_npu must be started, stopped and exported on one
+thread (kineto crashes the process otherwise), and record only the ops of that thread and
+the autograd threads it drives. So a capture lives on the thread that opened it, its
+*home*: every backend call of a ``home``-only session runs there. ``step()`` from any other
+thread is counted (atomically) and, when it reaches a transition, leaves the transition
+*pending*; the home thread applies it at its next call into the profiler (``step()``, a
+region, entering or leaving a training step), and ends a capture another thread asked to
+end. A session that declares ``any_thread`` (Nsight: NVTX ranges and cudaProfilerStart are
+process-wide) is driven from whichever thread gets there, under the slot's lock.
 """
 
 from __future__ import annotations
 
 import contextlib
 import itertools
+import logging
 import os
 import threading
 import time
@@ -18,38 +29,30 @@ from typing import Any
 from ..backends.base import Artifact, Session
 from ..schedule import Action, Schedule
 from . import manifest
+from .state import STATE, Slot, warn_once
+
+log = logging.getLogger("policy_engine")
 
 NONE, WARMUP, RECORD, SAVE = Action.NONE, Action.WARMUP, Action.RECORD, Action.RECORD_AND_SAVE
 _NEVER = 1 << 62
+_get_ident = threading.get_ident
 
-
-class Slot:
-    """The one capture a backend may run in this process, shared by colocated roles."""
-
-    __slots__ = ("backend", "capture", "lock", "name")
-
-    def __init__(self, name: str) -> None:
-        self.name = name
-        self.capture: Capture | None = None
-        self.backend: Any = None  # created on first use; tests may install their own
-        self.lock = threading.RLock()
-
-
-_slots: dict[str, Slot] = {}
-_slots_lock = threading.Lock()
-
-
-def slot(name: str) -> Slot:
-    with _slots_lock:
-        found = _slots.get(name)
-        if found is None:
-            found = _slots[name] = Slot(name)
-        return found
-
-
-def active_captures() -> list[Capture]:
-    with _slots_lock:
-        return [s.capture for s in _slots.values() if s.capture is not None]
+# What a change of action does, in order: torch.profiler's action_map, for the engine's
+# backend calls. ``None`` is "the capture just opened". A change that crosses into another
+# schedule cycle first ends the old cycle (old -> NONE), then runs NONE -> new.
+_PREPARE, _START, _STEP = "prepare", "start", "step"
+_SAVE_DONE, _SAVE_CUT, _DISCARD = "save_complete", "save_partial", "discard"
+_BEGIN = (_START, _STEP)
+TABLE: dict[tuple[Action | None, Action], tuple[str, ...]] = {
+    (None, NONE): (), (None, WARMUP): (_PREPARE,), (None, RECORD): _BEGIN, (None, SAVE): _BEGIN,
+    (NONE, NONE): (), (NONE, WARMUP): (_PREPARE,), (NONE, RECORD): _BEGIN, (NONE, SAVE): _BEGIN,
+    (WARMUP, NONE): (_DISCARD,), (WARMUP, WARMUP): (),
+    (WARMUP, RECORD): _BEGIN, (WARMUP, SAVE): _BEGIN,
+    (RECORD, NONE): (_SAVE_CUT,), (RECORD, WARMUP): (_SAVE_CUT, _PREPARE),
+    (RECORD, RECORD): (_STEP,), (RECORD, SAVE): (_STEP,),
+    (SAVE, NONE): (_SAVE_DONE,), (SAVE, WARMUP): (_SAVE_DONE, _PREPARE),
+    (SAVE, RECORD): (_SAVE_DONE, *_BEGIN), (SAVE, SAVE): (_SAVE_DONE, *_BEGIN),
+}
 
 
 def _timestamp() -> str:
@@ -57,181 +60,415 @@ def _timestamp() -> str:
     return time.strftime("%Y%m%d%H%M%S", time.localtime(now)) + f"{int(now * 1000) % 1000:03d}"
 
 
-class Capture:
-    """A capture in progress. Created and ended by its owner, advanced by anyone's step()."""
+class _Region:
+    """A region call in progress while a capture runs; ``range`` is its open range."""
 
-    def __init__(self, *, slot: Slot, owner: str, session: Session, schedule: Schedule | None,
-                 record: dict[str, Any], name: Callable[..., str], output_dir: str,
+    __slots__ = ("name", "range", "thread")
+
+    def __init__(self, name: str, thread: int) -> None:
+        self.name = name
+        self.thread = thread
+        self.range: Any = None
+
+
+class Capture:
+    """A capture in progress. Opened and ended by its owner role, advanced by any step()."""
+
+    def __init__(self, *, slot: Slot, session: Session, schedule: Schedule | None,
+                 owner: str, capture_id: str, record: dict[str, Any],
+                 name: Callable[..., str], output_dir: str, last_step: int | None,
                  on_failure: Callable[[BaseException, str], None]) -> None:
         self.slot = slot
-        self.owner = owner
         self.session = session
         self.schedule = schedule
-        self.record = record  # manifest fields fixed for the capture
+        self.owner = owner
+        self.id = capture_id
+        self.record = record  # identity fields of every manifest line of the capture
+        self.steps: list[int] = list(record["steps"])
+        self.last_step = last_step  # the last outer step this capture may cover (merged)
         self.name = name
         self.output_dir = output_dir
         self.on_failure = on_failure
+        self.pid = os.getpid()  # a forked child never drives its parent's capture
+        self.home = _get_ident()
+        self.home_name = threading.current_thread().name
+        self.any_thread = bool(getattr(session, "any_thread", False))
         self.joined: list[str] = []
-        self.inner = 0  # the last inner step acted on (under the slot's lock)
+        self.regions: list[_Region] = []
+        # the schedule, advanced under the slot's lock
         self._ticks = itertools.count(1)
+        self.inner = 0  # the last inner step acted on
         self.quiet_until = 0
         self.action: Action | None = None
+        self.cycle: int | None = None  # the schedule cycle the current cycle belongs to
+        self.warming = False
         self.recording = False
-        self.cycle = 0
         self.cycle_steps: list[int] = []
         self.cycle_started = time.time()
-        self.cycle_stamp = _timestamp()
         self.stem = ""
-        self.saved = 0
-        self.phase = "start"  # the backend call under way, for failure messages
+        self.traces = 0  # trace lines written
+        self.phase = "open"  # the backend call under way, for failure messages
+        self.busy = 0  # ident of the thread inside a transition
+        self.ended = False
+        # work other threads left for the home thread
+        self.pending = False
+        self.wanted = 0
+        self.deferred = 0
+        self.end_requested: str | None = None
+        self._wanted_lock = threading.Lock()
+        self.failure: tuple[BaseException, str] | None = None
 
-    # -- the schedule ---------------------------------------------------------------
+    # -- the schedule -------------------------------------------------------------
     def _action_at(self, step: int) -> Action:
         return RECORD if self.schedule is None else self.schedule.action(step)
 
-    def _next_change(self) -> int:
-        """The first inner step after this one whose action needs a backend call."""
-        if self.action in (RECORD, SAVE) or self.schedule is None:
-            return self.inner + 1
-        sched = self.schedule
-        limit = sched.steps_needed
-        if limit is not None and self.inner >= limit:
-            return _NEVER
-        step = self.inner + 1
-        bound = step + sched.period + sched.skip_first + 1
-        while step < bound and sched.action(step) is self.action:
-            step += 1
-        return step
+    def _next_change(self, step: int, action: Action) -> int:
+        """The first inner step after ``step`` that needs a backend call."""
+        if action is RECORD or action is SAVE or self.schedule is None:
+            return step + 1
+        found = self.schedule.next_change(step)
+        return _NEVER if found is None else found
 
-    def begin(self) -> None:
-        self._move(self._action_at(0))
+    def begin(self) -> bool:
+        """Apply inner step 0's action. True when the backend failed."""
+        with self.slot.lock:
+            return self._move(0)
 
-    def step(self) -> None:
+    def step(self) -> bool:
+        """One inner step, from any thread. True when the backend failed in this call."""
         # next() on a count is atomic, so steps from several threads are never lost; the
-        # quiet path touches nothing else. ``inner`` catches up under the lock.
+        # quiet path touches nothing else.
         n = next(self._ticks)
         if n < self.quiet_until:
-            return
+            return False
+        return self._advance(n)
+
+    def _advance(self, n: int) -> bool:
+        if not self.any_thread and _get_ident() != self.home:
+            self._defer(n)
+            return False
         with self.slot.lock:
-            if self.slot.capture is self and n > self.inner:
-                self.inner = n
-                self._move(self._action_at(n))
+            if self.slot.capture is not self or n <= self.inner:
+                return False
+            self.inner = max(n, self.wanted)
+            self.pending = False
+            failed = self._move(self.inner)
+        if self.end_requested is not None and not failed:
+            self.end(self.end_requested)
+        return failed
 
-    def _move(self, new: Action) -> None:
+    def _defer(self, n: int) -> None:
+        with self._wanted_lock:
+            if n > self.wanted:
+                self.wanted = n
+            if not self.pending:
+                self.pending = True
+                self.deferred += 1
+        warn_once(("deferred", self.slot.name, self.owner),
+                  "policy-engine: prof.step() from thread %r reached a schedule transition of "
+                  "the %s capture of role %r, which belongs to thread %r: %s starts and stops "
+                  "a profiler only on the thread that started it, so the transition waits for "
+                  "that thread's next call into the profiler (see docs/runtime.md, threads)",
+                  threading.current_thread().name, self.slot.name, self.owner, self.home_name,
+                  self.slot.name)
+
+    def catch_up(self) -> bool:
+        """On the home thread: apply what other threads left pending. True on failure."""
+        if not self.pending or _get_ident() != self.home:
+            return False
+        return self._advance(self.wanted)
+
+    def _move(self, n: int) -> bool:
+        """Go to inner step ``n``'s action, calling the backend as :data:`TABLE` says.
+
+        Runs under the slot's lock. A backend failure ends the capture as failed and
+        returns True; the owner was told through ``on_failure``.
+        """
+        new = self._action_at(n)
+        old = self.action
+        self.busy = _get_ident()
         try:
-            self._transit(self.action, new)
-        except Exception as err:  # a backend failure: the owner decides (warn or raise)
-            self.on_failure(err, self.phase)
-            return
+            if old in (WARMUP, RECORD, SAVE) and self.schedule is not None and \
+                    self.schedule.cycle(n) != self.cycle:
+                self._run(old, NONE)  # the cycle ended between two calls
+                old = NONE
+            self._run(old, new)
+        except Exception as err:
+            self.busy = 0
+            self._failed(err)
+            return True
+        finally:
+            self.busy = 0
         self.action = new
-        self.quiet_until = self._next_change()
+        self.quiet_until = self._next_change(n, new)
+        _deliver_pending_signal()
+        return False
 
-    def _transit(self, old: Action | None, new: Action) -> None:
-        session = self.session
-        if old is SAVE or (old is RECORD and new in (NONE, WARMUP)):
-            self.phase = "save"
-            self._save(complete=old is SAVE)
-        if old is WARMUP and new is NONE:
-            self.phase = "discard"
-            session.discard()  # cannot happen with a valid schedule; never leak a warm-up
-        elif new is WARMUP and old is not WARMUP:
-            self.phase = "prepare"
+    def _run(self, old: Action | None, new: Action) -> None:
+        for op in TABLE[(old, new)]:
+            getattr(self, "_op_" + op)()
+
+    # -- the backend calls, one per table entry ----------------------------------------
+    def _op_prepare(self) -> None:
+        self.phase = "prepare"
+        self._begin_cycle()
+        self.session.prepare()
+        self.warming = True
+
+    def _op_start(self) -> None:
+        self.phase = "start"
+        if not self.warming:
             self._begin_cycle()
-            session.prepare()
-        elif new in (RECORD, SAVE):
-            if not self.recording:
-                self.phase = "start"
-                if old is not WARMUP:
-                    self._begin_cycle()
-                session.start()
-                self.recording = True
-                self.cycle_steps = []
-            self.phase = "step"
-            session.step(self.inner)
-            self.cycle_steps.append(self.inner)
+        self.session.start()
+        self.warming = False
+        self.recording = True
+        self.cycle_steps = []
+        self._open_ranges()
+
+    def _op_step(self) -> None:
+        self.phase = "step"
+        self.session.step(self.inner)
+        self.cycle_steps.append(self.inner)
+
+    def _op_save_complete(self) -> None:
+        self._save("complete")
+
+    def _op_save_partial(self) -> None:
+        self._save("partial")
+
+    def _op_discard(self) -> None:
+        self.phase = "discard"
+        self.warming = False
+        self.session.discard()
 
     def _begin_cycle(self) -> None:
-        """A cycle starts (warm-up or recording): fix its start time and name."""
+        """A cycle starts (warm-up or recording): fix its schedule cycle, time and name."""
+        self.cycle = self.schedule.cycle(self.inner) if self.schedule is not None else None
         self.cycle_started = time.time()
-        self.cycle_stamp = _timestamp()
-        cycle = self.cycle if self.schedule is not None else None
-        self.stem = self.name(cycle=cycle, timestamp=self.cycle_stamp)
+        self.stem = self.name(cycle=self.cycle, timestamp=_timestamp())
         set_stem = getattr(self.session, "set_stem", None)
         if set_stem is not None:  # backends that name outputs at start (torch_npu)
             set_stem(self.stem)
 
-    def _save(self, *, complete: bool, status: str | None = None) -> None:
+    def _save(self, status: str) -> None:
+        self.phase = "save"
+        self._close_ranges()
         self.recording = False
-        cycle = self.cycle
-        stem = self.stem
-        start = self.cycle_started
         note = getattr(self.session, "note", None)
         if note is not None:  # backends that label their own traces (torch metadata)
-            note({"joined": list(self.joined), "inner_steps": list(self.cycle_steps)})
-        artifacts = self.session.save(stem, cycle)
-        self.cycle += 1
-        self.saved += len(artifacts)
+            note({"joined": list(self.joined), "inner_steps": list(self.cycle_steps),
+                  "capture": self.id})
+        cycle = 0 if self.cycle is None else self.cycle
+        artifacts = self.session.save(self.stem, cycle)
+        if not artifacts:
+            self._trace(None, "failed", error="the backend wrote no output for this cycle")
         for artifact in artifacts:
-            self._log(artifact, cycle, status or ("complete" if complete else "partial"), start)
+            self._trace(artifact, status)
 
-    def _log(self, artifact: Artifact | None, cycle: int, status: str, start: float,
-             error: str | None = None) -> None:
+    # -- regions ------------------------------------------------------------------
+    def region_enter(self, name: str) -> _Region | None:
+        """A region call starts on this thread; its range opens now if recording, else
+        when recording starts. None when this thread's regions are not recorded."""
+        tid = _get_ident()
+        if tid != self.home and not self.any_thread:
+            return None  # torch records the home thread only: a range here shows nothing
+        if self.pending and tid == self.home:
+            self.catch_up()
+        entry = _Region(name, tid)
+        self.regions.append(entry)
+        if self.recording:
+            with self.slot.lock:
+                self._open_range(entry)
+        return entry
+
+    def region_exit(self, entry: _Region) -> None:
+        try:  # noqa: SIM105 - a bare try is cheaper than contextlib.suppress on this path
+            self.regions.remove(entry)
+        except ValueError:  # pragma: no cover - entries are removed by their own call only
+            pass
+        if entry.range is not None:
+            with self.slot.lock:
+                self._close_range(entry)
+        if self.pending and entry.thread == self.home:
+            self.catch_up()
+
+    def _open_range(self, entry: _Region) -> None:
+        if not self.recording or entry.range is not None:
+            return
+        try:
+            rng = self.session.range(entry.name)
+            rng.__enter__()
+        except Exception as err:
+            warn_once(("range", self.slot.name, entry.name),
+                      "policy-engine: range %r could not open: %s", entry.name, err)
+            return
+        entry.range = rng
+
+    @staticmethod
+    def _close_range(entry: _Region) -> None:
+        rng, entry.range = entry.range, None
+        if rng is None:
+            return
+        try:
+            rng.__exit__(None, None, None)
+        except Exception as err:
+            log.warning("policy-engine: range %r could not close: %s", entry.name, err)
+
+    def _open_ranges(self) -> None:
+        """Recording starts: ranges for the regions already open on this thread (on every
+        thread when the session takes calls from any thread), outermost first."""
+        tid = _get_ident()
+        for entry in list(self.regions):
+            if self.any_thread or entry.thread == tid:
+                self._open_range(entry)
+
+    def _close_ranges(self) -> None:
+        tid = _get_ident()
+        for entry in reversed(list(self.regions)):
+            if entry.range is not None and (self.any_thread or entry.thread == tid):
+                self._close_range(entry)
+
+    # -- the manifest -------------------------------------------------------------
+    def _trace(self, artifact: Artifact | None, status: str, error: str | None = None) -> None:
         record = dict(self.record)
         record.update({
+            "event": "trace", "capture": self.id,
             "path": os.path.relpath(artifact.path, self.output_dir) if artifact else None,
             "bytes": artifact.bytes if artifact else None,
-            "cycle": cycle,
-            "inner_steps": list(self.cycle_steps),
-            "status": status,
-            "start": start,
-            "end": time.time(),
-            "joined": list(self.joined),
+            "cycle": 0 if self.cycle is None else self.cycle,
+            "inner_steps": list(self.cycle_steps), "status": status,
+            "start": self.cycle_started, "end": time.time(),
+            "steps": list(self.steps), "joined": list(self.joined),
         })
         if artifact is not None and artifact.extra:
             record["extra"] = dict(artifact.extra)
         if error:
             record["error"] = error
+        self.traces += 1
         manifest.append(self.output_dir, record)
+
+    def _close_record(self, status: str, error: str | None = None) -> None:
+        record: dict[str, Any] = {
+            "event": "close", "capture": self.id, "status": status, "end": time.time(),
+            "steps": list(self.steps), "traces": self.traces, "joined": list(self.joined),
+        }
+        if self.deferred:
+            record["deferred"] = self.deferred
+        if error:
+            record["error"] = error
+        manifest.append(self.output_dir, record)
+
+    # -- ending -------------------------------------------------------------------
+    def add_step(self, n: int) -> None:
+        """A merged capture goes on into outer step ``n``."""
+        self.steps.append(n)
 
     def end(self, status: str = "complete") -> None:
         """Stop the capture: save a cycle that is recording, discard a warm-up.
 
-        Every capture leaves a manifest line: one that never reached a recorded step says
+        On a home-only session from another thread, the end is left to the home thread.
+        Every capture leaves manifest lines: one that never reached a recorded step says
         so (status partial, no file); one whose save fails is recorded as failed.
+        Raises what the backend raised (the owner decides: warn or raise).
         """
+        if not self.any_thread and _get_ident() != self.home:
+            self.end_requested = status
+            self.pending = True
+            warn_once(("foreign-end", self.slot.name, self.owner),
+                      "policy-engine: the %s capture of role %r belongs to thread %r but "
+                      "thread %r ended it; it ends at thread %r's next call into the "
+                      "profiler (open and close a capture on one thread)", self.slot.name,
+                      self.owner, self.home_name, threading.current_thread().name,
+                      self.home_name)
+            return
+        if self.pid != os.getpid():
+            return
+        if self.pending:
+            self.catch_up()  # what other threads' steps asked for, as far as it goes
         with self.slot.lock:
+            if self.ended:
+                return
+            self.ended = True
             if self.slot.capture is self:
                 self.slot.capture = None
+            self.busy = _get_ident()
             try:
-                if self.recording:
-                    cut_short = self.schedule is not None and self.action is not SAVE
-                    self.phase = "save"
-                    self._save(complete=not cut_short,
-                               status="partial" if status != "complete" or cut_short else None)
-                else:
-                    if self.action is WARMUP:
-                        self.phase = "discard"
-                        self.session.discard()
-                    if not self.saved:
-                        self._log(None, self.cycle, "partial", self.cycle_started,
-                                  error="the capture ended before its schedule recorded a step")
-            except Exception as err:
-                self._log(None, self.cycle, "failed", self.cycle_started,
-                          error=f"{type(err).__name__}: {err}")
-                raise
+                self._finish(status)
             finally:
-                self.phase = "close"
-                self.session.close()
+                self.busy = 0
+        _deliver_pending_signal()
 
-    def fail(self, error: BaseException) -> None:
-        """Record a failed capture and release the backend as far as it lets us."""
-        with self.slot.lock:
-            if self.slot.capture is self:
-                self.slot.capture = None
+    def _finish(self, status: str) -> None:
+        try:
+            if self.recording:
+                cut_short = self.schedule is not None and self.action is not SAVE
+                self._save("partial" if status != "complete" or cut_short else "complete")
+            else:
+                if self.warming:
+                    self.phase = "discard"
+                    self.warming = False
+                    self.session.discard()
+                if not self.traces:
+                    self._trace(None, "partial",
+                                error="the capture ended before its schedule recorded a step")
+        except Exception as err:
+            with contextlib.suppress(OSError):
+                self._trace(None, "failed", error=f"{type(err).__name__}: {err}")
+                self._close_record("failed", f"{type(err).__name__}: {err}")
+            self.phase = "close"
+            with contextlib.suppress(Exception):
+                self.session.close()
+            raise
+        self.phase = "close"
+        try:
+            self.session.close()
+        finally:
+            self._close_record(status)
+
+    def _failed(self, error: BaseException) -> None:
+        """A backend call failed: record it, release the backend as far as it lets us."""
+        self.failure = (error, self.phase)
+        self.ended = True
+        if self.slot.capture is self:
+            self.slot.capture = None
+        self.recording = self.warming = False
         for call in (self.session.discard, self.session.close):
             # Already failing: the first error is the one reported.
             with contextlib.suppress(Exception):
                 call()
+        message = f"{type(error).__name__}: {error}"
         with contextlib.suppress(OSError):
-            self._log(None, self.cycle, "failed", self.cycle_started,
-                      error=f"{type(error).__name__}: {error}")
+            self._trace(None, "failed", error=message)
+            self._close_record("failed", message)
+        self.on_failure(error, self.phase)
+
+    def terminate(self, why: str) -> None:
+        """The process is ending (SIGTERM, exit): save what is recorded, marked partial.
+
+        A home-only capture that belongs to another thread cannot be stopped here; its
+        close line says so (status interrupted), and its thread may still end it.
+        """
+        if self.ended:
+            return
+        if self.busy == _get_ident():
+            return  # a signal inside this capture's own transition: the caller handles it
+        if not self.any_thread and _get_ident() != self.home:
+            message = (f"{why} while the capture belonged to thread {self.home_name!r}: "
+                       f"{self.slot.name} can stop a profiler only on its own thread")
+            with contextlib.suppress(OSError):
+                self._close_record("interrupted", message)
+            self.end_requested = "partial"
+            self.pending = True
+            return
+        try:
+            self.end("partial")
+        except Exception as err:  # the process is ending; report and go on
+            log.warning("policy-engine: could not stop the %s capture of %r: %s",
+                        self.slot.name, self.owner, err)
+
+
+def _deliver_pending_signal() -> None:
+    if STATE.pending_signal is not None:
+        from .signals import deliver_pending
+
+        deliver_pending()

@@ -3,17 +3,23 @@
 A rank whose plan is off gets :class:`OffProfiler`, whose methods do nothing and whose
 ``annotate`` returns the function unchanged. A rank whose plan is on gets
 :class:`RoleProfiler`, which opens captures for the plan's steps and regions.
+
+A RoleProfiler is driven one of two ways, decided by the first call: training steps
+(``training_step(n)``) or a plain loop (``step()`` or ``with prof:`` first: one capture for
+the whole session). A backend failure under ``on_error: warn``, or ``close()``, turns it
+off for good: its methods are then replaced by ones that do nothing.
 """
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import logging
+import operator
 import os
+import threading
 import time
-from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager, contextmanager
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from typing import Any, TypeVar
 
 from .. import backends
@@ -21,10 +27,14 @@ from ..backends.base import CaptureInfo
 from ..errors import ProfilingError
 from ..plan import Plan
 from . import manifest, signals
-from .capture import Capture, slot
+from .capture import Capture
+from .state import capture_id, slot, warn_once
 
 log = logging.getLogger("policy_engine")
 F = TypeVar("F", bound=Callable[..., Any])
+
+# How the code drives the profiler; decided by its first call.
+_NEW, _SESSION, _STEPS = "new", "session", "steps"
 
 
 class _Null:
@@ -42,6 +52,20 @@ class _Null:
 NULL = _Null()
 
 
+def as_step(n: object) -> int:
+    """``n`` as an outer step number: an int, or anything integer-like (numpy integers,
+    0-d integer tensors). Anything else is a TypeError: a float or a bool is a bug."""
+    if n.__class__ is int:
+        return n
+    if isinstance(n, bool):
+        raise TypeError("training_step(n) takes an integer step number, got a bool")
+    try:
+        return operator.index(n)  # type: ignore[arg-type]
+    except TypeError:
+        raise TypeError("training_step(n) takes an integer step number (int, numpy integer "
+                        f"or 0-d integer tensor), got {type(n).__name__} {n!r:.40}") from None
+
+
 class OffProfiler:
     """The profiler of a rank that profiles nothing: every method is a no-op."""
 
@@ -49,6 +73,8 @@ class OffProfiler:
         self.plan = plan
 
     def training_step(self, n: int) -> _Null:
+        if n.__class__ is not int:
+            as_step(n)
         return NULL
 
     def step(self) -> None:
@@ -74,65 +100,142 @@ def _identity(fn: F) -> F:
     return fn
 
 
+def _off_step() -> None:
+    pass
+
+
+def _off_training_step(n: int) -> _Null:
+    if n.__class__ is not int:
+        as_step(n)
+    return NULL
+
+
+def _off_region(name: str) -> _Null:
+    return NULL
+
+
+class _StepBlock:
+    """``with prof.training_step(n):``."""
+
+    __slots__ = ("n", "prof")
+
+    def __init__(self, prof: RoleProfiler, n: int) -> None:
+        self.prof = prof
+        self.n = n
+
+    def __enter__(self) -> None:
+        self.prof._enter_step(self.n)
+
+    def __exit__(self, exc_type: object, *rest: object) -> None:
+        self.prof._exit_step(self.n, failed=exc_type is not None)
+
+
+class _RegionBlock:
+    """``with prof.region(name):`` in continuous mode: a range in the running capture."""
+
+    __slots__ = ("capture", "entry", "name", "slot")
+
+    def __init__(self, prof: RoleProfiler, name: str) -> None:
+        self.slot = prof._slot
+        self.name = name
+        self.capture: Capture | None = None
+        self.entry: Any = None
+
+    def __enter__(self) -> None:
+        capture = self.slot.capture
+        if capture is not None:
+            self.capture, self.entry = capture, capture.region_enter(self.name)
+
+    def __exit__(self, *exc: object) -> None:
+        if self.entry is not None and self.capture is not None:
+            self.capture.region_exit(self.entry)
+
+
 class RoleProfiler:
-    """Carries out one role's plan in this process. Thread-safe; see DESIGN.md."""
+    """Carries out one role's plan in this process. Safe from any thread (docs/runtime.md)."""
 
     def __init__(self, plan: Plan, *, policy_sources: tuple[str, ...] = ()) -> None:
         self.plan = plan
         self._slot = slot(plan.backend)
         self._settings = backends.session_settings(plan.backend, plan)
-        self._failed = False
+        self._mode = _NEW
+        self._off: str | None = None  # why the profiler stopped for good
         self._outer: int | None = None
-        self._used_steps = False
         self._own: Capture | None = None
-        self._session_capture = False
-        self._policy_file_hash = manifest.file_hash(policy_sources)
-        self._env: dict[str, Any] = {f: os.environ.get(f[4:], "") for f in plan.template.fields()
+        self._env = {f: os.environ.get(f[4:], "") for f in plan.template.fields()
                      if f.startswith("env:")}
+        self._identity = {
+            "role": plan.role, "rank": plan.rank, "world": plan.world,
+            "coords": dict(plan.coords), "local_rank": plan.local_rank, "node": plan.node,
+            "backend": plan.backend, "plan_hash": plan.plan_hash,
+            "policy_file": plan.policy_source, "policy_hash": plan.policy_hash,
+            "policy_file_hash": manifest.file_hash(policy_sources), "pid": os.getpid(),
+        }
 
-    # -- captures -------------------------------------------------------------------
-    def _open(self, label: str | None, region: str | None,
-              steps: tuple[int, ...]) -> Capture | None:
+    # -- opening and closing captures ----------------------------------------------
+    def _open(self, first: int | None, region: str | None) -> Capture | None:
         """Open a capture, or join the one running on this backend (None when joined)."""
         plan = self.plan
-        if self._failed:
-            return None
         with self._slot.lock:
             running = self._slot.capture
             if running is not None:
-                if plan.role not in running.joined and running.owner != plan.role:
-                    running.joined.append(plan.role)
+                self._join(running, region)
                 return None
-            info = CaptureInfo(plan.role, plan.rank, plan.world, plan.coords, region, steps,
-                               plan.output_dir, self._settings, plan.plan_hash, plan.on_error)
-            record = {
-                "role": plan.role, "region": region, "rank": plan.rank, "world": plan.world,
-                "coords": dict(plan.coords), "local_rank": plan.local_rank,
-                "node": plan.node, "backend": plan.backend, "steps": list(steps),
-                "plan_hash": plan.plan_hash, "policy_file": plan.policy_source,
-                "policy_hash": plan.policy_hash, "policy_file_hash": self._policy_file_hash,
-                "pid": os.getpid(),
-            }
+            cid = capture_id()
+            steps = [] if first is None else [first]
+            record = dict(self._identity, roles=list(plan.roles_for(first)), region=region,
+                          steps=steps)
             try:
-                session = self._slot_backend().open(info)
+                # Write-ahead: a process killed from here on leaves a capture that
+                # `traces` reports as interrupted.
+                manifest.append(plan.output_dir, dict(
+                    record, event="open", capture=cid, start=time.time(),
+                    host=manifest.host_name(),
+                    thread=threading.current_thread().name))
+                info = CaptureInfo(plan.role, plan.rank, plan.world, plan.coords, region,
+                                   tuple(steps), plan.output_dir, self._settings,
+                                   plan.plan_hash, plan.on_error)
+                session = self._backend().open(info)
             except Exception as err:
-                self._open_failed(record, err)
+                self._open_failed(cid, record, err)
                 return None
             schedule = plan.schedule
             if region is not None:
                 found = plan.region(region)
                 schedule = found.schedule if found is not None else schedule
-            name = functools.partial(plan.name, step=label, region=region, pid=os.getpid(),
-                                     **self._env)
-            capture = Capture(slot=self._slot, owner=plan.role, session=session,
-                              schedule=schedule, record=record, name=name,
-                              output_dir=plan.output_dir, on_failure=self._capture_failed)
+            env = self._env
+
+            def name(*, cycle: int | None, timestamp: str) -> str:
+                late = {"pid": os.getpid(), "timestamp": timestamp, **env}
+                return plan.capture_name(first=first, region=region, cycle=cycle, late=late)
+            capture = Capture(slot=self._slot, session=session, schedule=schedule,
+                              owner=plan.role, capture_id=cid, record=record, name=name,
+                              output_dir=plan.output_dir,
+                              last_step=None if first is None else plan.capture_last(first),
+                              on_failure=self._capture_failed)
             self._slot.capture = capture
             signals.install()
-            capture.begin()
-            return capture if self._slot.capture is capture else None
+            if capture.begin():
+                self._raise_failure(capture)
+                return None
+            return capture
 
-    def _slot_backend(self) -> Any:
+    def _join(self, running: Capture, region: str | None) -> None:
+        role = self.plan.role
+        if role == running.owner or role in running.joined:
+            return
+        running.joined.append(role)
+        declared = dict(self.plan.colocated)
+        if role in declared and running.owner in declared:
+            return
+        mode = " (a discrete role: it gets no capture of its own here)" if region else ""
+        warn_once(("colocate", frozenset((running.owner, role))),
+                  "policy-engine: roles %r and %r share this process and its %s capture, "
+                  "but the policy does not say so%s: add `colocate: [[%s, %s]]` so that "
+                  "validate checks them and explain names their traces",
+                  running.owner, role, self._slot.name, mode, running.owner, role)
+
+    def _backend(self) -> Any:
         if self._slot.backend is None:
             self._slot.backend = backends.create(self.plan.backend)
         return self._slot.backend
@@ -147,114 +250,139 @@ class RoleProfiler:
         except Exception as err:
             self._failure(err, "stop", raising=status == "complete")
 
-    # -- failures -------------------------------------------------------------------
-    def _open_failed(self, record: dict[str, Any], err: BaseException) -> None:
+    # -- failures -----------------------------------------------------------------
+    def _open_failed(self, cid: str, record: dict[str, Any], err: BaseException) -> None:
         now = time.time()
-        with contextlib.suppress(OSError):  # the folder may be what failed
+        message = f"{type(err).__name__}: {err}"
+        try:  # the folder may be what failed
             manifest.append(self.plan.output_dir, dict(
-                record, path=None, bytes=None, cycle=0, inner_steps=[], status="failed",
-                start=now, end=now, joined=[], error=f"{type(err).__name__}: {err}"))
+                record, event="trace", capture=cid, path=None, bytes=None, cycle=0,
+                inner_steps=[], status="failed", start=now, end=now, joined=[],
+                error=message))
+            manifest.append(self.plan.output_dir, {
+                "event": "close", "capture": cid, "status": "failed", "end": now,
+                "steps": record["steps"], "traces": 1, "joined": [], "error": message})
+        except OSError:
+            pass
         self._failure(err, "open")
 
     def _capture_failed(self, err: BaseException, when: str) -> None:
-        capture = self._slot.capture
-        if capture is not None:
-            capture.fail(err)
-        if self._own is capture:
-            self._own = None
-        self._failure(err, when)
+        """The capture this role owns failed in a backend call (on any thread). The call
+        that drove it raises, if its role says so (:meth:`_raise_failure`)."""
+        self._own = None
+        self._turn_off("failed")
+        if self.plan.on_error != "raise":
+            log.warning("%s; profiling is off for this role from now on",
+                        self._message(err, when))
+
+    def _raise_failure(self, capture: Capture) -> None:
+        """After a call of this role drove ``capture`` into a backend failure."""
+        if capture.failure is None:
+            return
+        err, when = capture.failure
+        if self.plan.on_error == "raise":
+            raise ProfilingError(self._message(err, when)) from err
+        if capture.owner != self.plan.role:
+            log.warning("%s (in the capture of role %r)", self._message(err, when),
+                        capture.owner)
+
+    def _message(self, err: BaseException, when: str) -> str:
+        plan = self.plan
+        return (f"policy-engine: {plan.backend} profiling of role {plan.role!r} on rank "
+                f"{plan.rank} failed at {when}: {type(err).__name__}: {err}")
 
     def _failure(self, err: BaseException, when: str, raising: bool = True) -> None:
-        self._failed = True
-        plan = self.plan
-        message = (f"policy-engine: {plan.backend} profiling of role {plan.role!r} on rank "
-                   f"{plan.rank} failed at {when}: {type(err).__name__}: {err}")
-        if plan.on_error == "raise" and raising:
+        self._turn_off("failed")
+        message = self._message(err, when)
+        if self.plan.on_error == "raise" and raising:
             raise ProfilingError(message) from err
         log.warning("%s; profiling is off for this role from now on", message)
 
-    # -- public API -----------------------------------------------------------------
+    def _turn_off(self, why: str) -> None:
+        """From now on every method does nothing (instance attributes shadow the class's)."""
+        self._off = why
+        self.step = _off_step  # type: ignore[method-assign]
+        self.training_step = _off_training_step  # type: ignore[method-assign]
+        self.region = _off_region  # type: ignore[method-assign]
+
+    # -- training steps ---------------------------------------------------------------
     def training_step(self, n: int) -> AbstractContextManager[None]:
-        """Context manager around outer training step ``n``."""
-        return self._training_step(n)
+        """Context manager around outer training step ``n`` (an int or integer-like)."""
+        return _StepBlock(self, n if n.__class__ is int else as_step(n))
 
-    @contextmanager
-    def _training_step(self, n: int) -> Iterator[None]:
+    def _enter_step(self, n: int) -> None:
+        with self._slot.lock:
+            self._enter_step_locked(n)
+
+    def _enter_step_locked(self, n: int) -> None:
         plan = self.plan
-        if not self._used_steps:
-            self._used_steps = True
-            if self._session_capture:
-                self._session_capture = False
-                self._close(self._own, "complete")
+        own = self._own
+        if own is not None and own.pending:
+            own.catch_up()
+        if self._mode is not _STEPS:
+            if self._mode is _SESSION:
+                self._close(own, "complete")  # the code switched to training steps
+                own = None
+            self._mode = _STEPS
         self._outer = n
-        capture = None
-        if not self._failed and not plan.discrete and n in plan.steps:
-            capture = self._own
-            if capture is None or capture.record["steps"][-1] != n - 1 or not plan.merge_steps:
-                self._close(capture, "complete")
-                capture = self._own = self._open(plan.capture_label(n), None, (n,))
-            else:
-                capture.record["steps"].append(n)
-        elif self._own is not None:
-            self._close(self._own, "complete")
-        try:
-            yield
-        except BaseException:
-            self._close(self._own, "partial")
-            raise
-        finally:
-            self._outer = None
-        if self._own is not None and not (plan.merge_steps and n + 1 in plan.steps):
-            self._close(self._own, "complete")
+        if plan.discrete or self._off or n not in plan.steps:
+            if own is not None:
+                self._close(own, "complete")
+            return
+        if own is not None:
+            if own.steps[-1] == n - 1 and (own.last_step is None or n <= own.last_step):
+                own.add_step(n)  # a merged capture goes on
+                return
+            self._close(own, "complete")
+        self._own = self._open(n, None)
 
+    def _exit_step(self, n: int, *, failed: bool) -> None:
+        with self._slot.lock:
+            self._exit_step_locked(n, failed=failed)
+
+    def _exit_step_locked(self, n: int, *, failed: bool) -> None:
+        self._outer = None
+        own = self._own
+        if own is None:
+            return
+        if failed:
+            self._close(own, "partial")
+        elif own.last_step is None or n < own.last_step:
+            if own.pending:
+                own.catch_up()  # a merged capture goes on into the next step
+        else:
+            self._close(own, "complete")
+
+    # -- inner steps ----------------------------------------------------------------
     def step(self) -> None:
         """Advance the schedule of the capture running on this backend by one inner step."""
         capture = self._slot.capture
         if capture is not None:
-            capture.step()
-        elif not self._used_steps and not self._failed and not self.plan.discrete:
+            if capture.step():
+                self._raise_failure(capture)
+        elif self._mode is _NEW and not self.plan.discrete:
             # A plain loop that never calls training_step(): one capture for the session.
-            self._session_capture = True
-            self._own = self._open(None, None, ())
+            with self._slot.lock:
+                if self._mode is _NEW:
+                    self._mode = _SESSION
+                    self._own = self._open(None, None)
 
+    # -- regions --------------------------------------------------------------------
     def region(self, name: str) -> AbstractContextManager[None]:
         """Context manager for a named stage: a range, or a capture in discrete mode."""
-        return self._region(name)
-
-    @contextmanager
-    def _region(self, name: str) -> Iterator[None]:
         if self.plan.discrete:
-            capture = self._open_region(name)
-            if capture is not None:
-                try:
-                    yield
-                except BaseException:
-                    self._close(capture, "partial")
-                    raise
-                self._close(capture, "complete")
-                return
-        # Continuous mode, or a discrete region that joined another role's capture:
-        # a range inside whatever is recording.
-        running = self._slot.capture
-        if running is None or not running.recording:
-            yield
-            return
-        rng = running.session.range(name)
-        rng.__enter__()
-        try:
-            yield
-        finally:
-            rng.__exit__(None, None, None)
+            return _DiscreteBlock(self, name)
+        return _RegionBlock(self, name)
 
     def _open_region(self, name: str) -> Capture | None:
         plan = self.plan
         found = plan.region(name)
-        if self._failed or (found is not None and not found.enabled):
+        if self._off or (found is not None and not found.enabled):
             return None
         n = self._outer
-        if (n is None and self._used_steps) or (n is not None and n not in plan.steps):
+        if (n is None and self._mode is _STEPS) or (n is not None and n not in plan.steps):
             return None
-        capture = self._open(None if n is None else str(n), name, () if n is None else (n,))
+        capture = self._open(n, name)
         if capture is not None:
             self._own = capture
         return capture  # None: joined another role's capture, or failed
@@ -265,30 +393,65 @@ class RoleProfiler:
             return wrap_region(self, name or fn.__name__, fn)
         return wrap
 
+    # -- the end --------------------------------------------------------------------
     def close(self) -> None:
-        """Stop whatever this role started. Idempotent."""
-        self._close(self._own, "complete")
+        """Stop whatever this role opened; the profiler does nothing from then on.
+        Idempotent."""
+        if self._off == "closed":
+            return
+        own = self._own
+        self._turn_off("closed")
+        self._close(own, "complete")
 
     def __enter__(self) -> RoleProfiler:
         """``with profile_session(...) as prof:`` starts the whole-session capture here,
         as ``with torch.profiler.profile(...)`` does (unless training_step() is used)."""
-        if not self._used_steps and not self.plan.discrete and self._own is None:
-            self._session_capture = True
-            self._own = self._open(None, None, ())
+        if self._mode is _NEW and not self._off and not self.plan.discrete:
+            self._mode = _SESSION
+            self._own = self._open(None, None)
         return self
 
     def __exit__(self, exc_type: object, *rest: object) -> None:
-        self._close(self._own, "complete" if exc_type is None else "partial")
+        own = self._own
+        if exc_type is not None:
+            self._close(own, "partial")
+        self.close()
+
+
+class _DiscreteBlock:
+    """``with prof.region(name):`` in discrete mode: each call is a capture of its own."""
+
+    __slots__ = ("capture", "inner", "name", "prof")
+
+    def __init__(self, prof: RoleProfiler, name: str) -> None:
+        self.prof = prof
+        self.name = name
+        self.capture: Capture | None = None
+        self.inner: _RegionBlock | None = None
+
+    def __enter__(self) -> None:
+        self.capture = self.prof._open_region(self.name)
+        if self.capture is None:
+            # Joined another role's capture (or off): a range in whatever is recording.
+            self.inner = _RegionBlock(self.prof, self.name)
+            self.inner.__enter__()
+
+    def __exit__(self, exc_type: object, *rest: object) -> None:
+        if self.inner is not None:
+            self.inner.__exit__()
+        elif self.capture is not None:
+            self.prof._close(self.capture, "partial" if exc_type is not None else "complete")
 
 
 def wrap_region(prof: RoleProfiler, name: str, fn: F) -> F:
-    """``fn`` as region ``name`` of ``prof``. Continuous mode costs two attribute reads
-    when nothing records; the function runs exactly once whatever the backend does."""
+    """``fn`` as region ``name`` of ``prof``. Continuous mode costs one attribute read when
+    no capture runs; the function runs exactly once whatever the backend does."""
     if prof.plan.discrete:
         @functools.wraps(fn)
         def discrete(*args: Any, **kwargs: Any) -> Any:
             with prof.region(name):
                 return fn(*args, **kwargs)
+        discrete.__policy_engine__ = (prof.plan.role, prof)  # type: ignore[attr-defined]
         return discrete  # type: ignore[return-value]
 
     the_slot = prof._slot
@@ -296,16 +459,14 @@ def wrap_region(prof: RoleProfiler, name: str, fn: F) -> F:
     @functools.wraps(fn)
     def ranged(*args: Any, **kwargs: Any) -> Any:
         capture = the_slot.capture
-        if capture is None or not capture.recording:
+        if capture is None:
             return fn(*args, **kwargs)
-        try:
-            rng = capture.session.range(name)
-            rng.__enter__()
-        except Exception as err:
-            log.warning("policy-engine: range %r could not open: %s", name, err)
+        entry = capture.region_enter(name)
+        if entry is None:
             return fn(*args, **kwargs)
         try:
             return fn(*args, **kwargs)
         finally:
-            rng.__exit__(None, None, None)
+            capture.region_exit(entry)
+    ranged.__policy_engine__ = (prof.plan.role, prof)  # type: ignore[attr-defined]
     return ranged  # type: ignore[return-value]

@@ -2,43 +2,43 @@
 
 Installed the first time a capture opens, never before (a rank that profiles nothing
 changes nothing). A SIGTERM handler the user installed is called after ours; the default
-action (terminate) is kept by re-raising the signal.
+action (terminate) is kept by re-raising the signal. A SIGTERM that arrives while a
+capture is inside a backend call on the same thread (Python runs handlers between
+bytecodes, so in the middle of a save) waits until that call is done.
 """
 
 from __future__ import annotations
 
 import atexit
-import logging
 import os
 import signal
 import threading
 from types import FrameType
-from typing import Any
 
-log = logging.getLogger("policy_engine")
-_installed = False
-_previous: Any = signal.SIG_DFL
-_lock = threading.Lock()
+from .state import STATE, captures
 
 
-def stop_all(status: str) -> None:
-    """End every running capture, saving what it recorded, marked ``status``."""
-    from .capture import active_captures
-
-    for capture in active_captures():
-        try:
-            capture.end(status)
-        except Exception as err:  # the process is ending; report and go on
-            log.warning("policy-engine: could not stop a %s capture: %s", capture.owner, err)
+def stop_all(why: str) -> None:
+    """End every running capture this thread may end, saving what it recorded (partial)."""
+    for capture in captures():
+        capture.terminate(why)
 
 
 def _on_exit() -> None:
-    stop_all("partial")
+    stop_all("the interpreter exited")
 
 
 def _on_sigterm(signum: int, frame: FrameType | None) -> None:
-    stop_all("partial")
-    previous = _previous
+    me = threading.get_ident()
+    if any(capture.busy == me for capture in captures()):
+        STATE.pending_signal = signum  # finish the backend call first (capture.py)
+        return
+    _terminate(signum, frame)
+
+
+def _terminate(signum: int, frame: FrameType | None) -> None:
+    stop_all("SIGTERM arrived")
+    previous = STATE.previous_sigterm
     if callable(previous):
         previous(signum, frame)
     elif previous == signal.SIG_DFL:
@@ -46,15 +46,25 @@ def _on_sigterm(signum: int, frame: FrameType | None) -> None:
         os.kill(os.getpid(), signum)
 
 
+def deliver_pending() -> None:
+    """Run the SIGTERM that waited for a backend call to finish."""
+    signum, STATE.pending_signal = STATE.pending_signal, None
+    if signum is not None:
+        _terminate(signum, None)
+
+
 def install() -> None:
-    """Register the exit and SIGTERM hooks once per process (SIGTERM: main thread only)."""
-    global _installed, _previous
-    with _lock:
-        if _installed:
-            return
-        _installed = True
+    """Register the exit hook once per process, and the SIGTERM hook once, from the main
+    thread (Python lets only the main thread set signal handlers)."""
+    with STATE.lock:
+        first = not STATE.hooks_installed
+        STATE.hooks_installed = True
+        sigterm = not STATE.sigterm_installed and (
+            threading.current_thread() is threading.main_thread())
+        STATE.sigterm_installed = STATE.sigterm_installed or sigterm
+    if first:
         atexit.register(_on_exit)
-        if threading.current_thread() is threading.main_thread():
-            _previous = signal.getsignal(signal.SIGTERM)
-            if _previous is not signal.SIG_IGN:
-                signal.signal(signal.SIGTERM, _on_sigterm)
+    if sigterm:
+        STATE.previous_sigterm = signal.getsignal(signal.SIGTERM)
+        if STATE.previous_sigterm is not signal.SIG_IGN:
+            signal.signal(signal.SIGTERM, _on_sigterm)
