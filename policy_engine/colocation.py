@@ -74,7 +74,8 @@ def _specs(data: Mapping[str, Any], group: Sequence[str]) -> list[RoleSpec] | No
 
 
 def _show(value: object) -> str:
-    text = str(value) if not isinstance(value, str) else repr(value)
+    text = str(value) if not isinstance(value, str) or value.startswith(("{", "none")) \
+        else repr(value)
     return text if len(text) <= 60 else text[:57] + "..."
 
 
@@ -82,7 +83,10 @@ def _value(spec: RoleSpec, key: str) -> object:
     if key == "name":
         return spec.template.text
     if key == "schedule":
-        return spec.schedule.to_json() if spec.schedule is not None else None
+        if spec.schedule is None:
+            return "none"
+        fields = spec.schedule.to_json()
+        return "{" + ", ".join(f"{k}: {v}" for k, v in fields.items() if v or k == "active") + "}"
     return getattr(spec, key)
 
 

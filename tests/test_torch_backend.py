@@ -103,6 +103,39 @@ def test_traces_match_schedule_manifest_and_explain(tmp_path: Path, caplog: Any)
         assert [r["steps"] for r in matched] == [capture["steps"]] * 2
 
 
+class Enclosing:
+    """The starter policy's shape: a region whose method runs the inner steps itself."""
+
+    def __init__(self) -> None:
+        self.model = torch.nn.Linear(16, 16)
+        self.prof: Any = None
+
+    def update_actor(self, batches: int) -> None:
+        for _ in range(batches):
+            self.model(torch.randn(8, 16)).sum().backward()
+            self.prof.step()
+
+
+def test_regions_are_user_annotations_in_every_recorded_cycle(tmp_path: Path) -> None:
+    policy = {"version": 1, "output_dir": str(tmp_path),
+              "roles": {"actor": {"enabled": True, "steps": [1], "regions": ["update_actor"],
+                                  "schedule": {"wait": 1, "warmup": 1, "active": 2,
+                                               "repeat": 2},
+                                  "name": "<role>_c<cycle>", "torch": {"activities": ["cpu"]}}}}
+    worker = Enclosing()
+    worker.prof = apply_policy(worker, "actor", policy, Topology())
+    with worker.prof.training_step(1):
+        worker.update_actor(8)  # entered in the wait phase; recording starts inside it
+    worker.prof.close()
+    for cycle in (0, 1):
+        events = load_trace(tmp_path / f"actor_c{cycle}.pt.trace.json.gz")["traceEvents"]
+        [region] = [e for e in events if e.get("name") == "update_actor"]
+        assert region["cat"] == "user_annotation"
+        marks = [e for e in events if str(e.get("name")).startswith("ProfilerStep#")]
+        assert region["ts"] <= min(m["ts"] for m in marks)  # opened when recording began
+        assert all(m["cat"] == "user_annotation" for m in marks)
+
+
 def test_explain_agrees_on_which_ranks_profile(tmp_path: Path) -> None:
     policy = load_policy(write_policy(tmp_path))
     predicted = [r["profiled"] for r in explain(policy, "actor", world=4)["ranks"]]

@@ -94,7 +94,9 @@ class Capture:
         self.home_name = threading.current_thread().name
         self.any_thread = bool(getattr(session, "any_thread", False))
         self.joined: list[str] = []
-        self.regions: list[_Region] = []
+        self.stack: list[str] = []  # regions open on the home thread, outermost first
+        self.ranges: dict[int, Any] = {}  # depth in ``stack`` -> its open range
+        self.others: list[_Region] = []  # regions open on other threads (any_thread)
         # the schedule, advanced under the slot's lock
         self._ticks = itertools.count(1)
         self.inner = 0  # the last inner step acted on
@@ -266,67 +268,101 @@ class Capture:
             self._trace(artifact, status)
 
     # -- regions ------------------------------------------------------------------
-    def region_enter(self, name: str) -> _Region | None:
+    # The home thread's open regions are a stack (``stack``, outermost first; ``ranges``
+    # holds the open range of each depth), cheap enough for every wrapped call. Regions
+    # on other threads are tracked only when the session takes calls from any thread:
+    # torch records the home thread alone, so a range elsewhere would show nothing.
+    def region_enter(self, name: str) -> int | _Region | None:
         """A region call starts on this thread; its range opens now if recording, else
-        when recording starts. None when this thread's regions are not recorded."""
+        when recording starts. Returns what :meth:`region_exit` takes (None: nothing)."""
         tid = _get_ident()
-        if tid != self.home and not self.any_thread:
-            return None  # torch records the home thread only: a range here shows nothing
-        if self.pending and tid == self.home:
-            self.catch_up()
+        if tid == self.home:
+            if self.pending:
+                self.catch_up()
+            self.stack.append(name)
+            depth = len(self.stack)
+            if self.recording:
+                with self.slot.lock:
+                    self._open_home(depth, depth)
+            return depth
+        if not self.any_thread:
+            return None
         entry = _Region(name, tid)
-        self.regions.append(entry)
+        self.others.append(entry)
         if self.recording:
             with self.slot.lock:
                 self._open_range(entry)
         return entry
 
-    def region_exit(self, entry: _Region) -> None:
-        try:  # noqa: SIM105 - a bare try is cheaper than contextlib.suppress on this path
-            self.regions.remove(entry)
-        except ValueError:  # pragma: no cover - entries are removed by their own call only
-            pass
-        if entry.range is not None:
+    def region_exit(self, token: int | _Region) -> None:
+        if isinstance(token, int):
+            self.stack.pop()
+            self.home_exit(token)
+            return
+        with self.slot.lock:
+            if token in self.others:
+                self.others.remove(token)
+            self._close_range(token)
+
+    def home_exit(self, depth: int) -> None:
+        """After a home-thread region at ``depth`` left the stack: close its range, and
+        apply what other threads left pending."""
+        if self.ranges:
             with self.slot.lock:
-                self._close_range(entry)
-        if self.pending and entry.thread == self.home:
+                for key in sorted((k for k in self.ranges if k >= depth), reverse=True):
+                    self._end_range(self.ranges.pop(key), self.stack[key - 1]
+                                    if key <= len(self.stack) else "region")
+        if self.pending:
             self.catch_up()
 
-    def _open_range(self, entry: _Region) -> None:
-        if not self.recording or entry.range is not None:
-            return
+    def _start_range(self, name: str) -> Any:
         try:
-            rng = self.session.range(entry.name)
+            rng = self.session.range(name)
             rng.__enter__()
         except Exception as err:
-            warn_once(("range", self.slot.name, entry.name),
-                      "policy-engine: range %r could not open: %s", entry.name, err)
-            return
-        entry.range = rng
+            warn_once(("range", self.slot.name, name),
+                      "policy-engine: range %r could not open: %s", name, err)
+            return None
+        return rng
 
     @staticmethod
-    def _close_range(entry: _Region) -> None:
-        rng, entry.range = entry.range, None
-        if rng is None:
-            return
+    def _end_range(rng: Any, name: str) -> None:
         try:
             rng.__exit__(None, None, None)
         except Exception as err:
-            log.warning("policy-engine: range %r could not close: %s", entry.name, err)
+            log.warning("policy-engine: range %r could not close: %s", name, err)
+
+    def _open_home(self, low: int, high: int) -> None:
+        for depth in range(low, high + 1):
+            if depth not in self.ranges:
+                rng = self._start_range(self.stack[depth - 1])
+                if rng is not None:
+                    self.ranges[depth] = rng
+
+    def _open_range(self, entry: _Region) -> None:
+        if entry.range is None:
+            entry.range = self._start_range(entry.name)
+
+    def _close_range(self, entry: _Region) -> None:
+        rng, entry.range = entry.range, None
+        if rng is not None:
+            self._end_range(rng, entry.name)
 
     def _open_ranges(self) -> None:
-        """Recording starts: ranges for the regions already open on this thread (on every
-        thread when the session takes calls from any thread), outermost first."""
-        tid = _get_ident()
-        for entry in list(self.regions):
-            if self.any_thread or entry.thread == tid:
-                self._open_range(entry)
+        """Recording starts: ranges for the regions already open, outermost first (on
+        the home thread; on every thread when the session takes calls from any)."""
+        if self.any_thread or _get_ident() == self.home:
+            self._open_home(1, len(self.stack))
+        for entry in list(self.others):
+            self._open_range(entry)
 
     def _close_ranges(self) -> None:
-        tid = _get_ident()
-        for entry in reversed(list(self.regions)):
-            if entry.range is not None and (self.any_thread or entry.thread == tid):
-                self._close_range(entry)
+        for entry in reversed(list(self.others)):
+            self._close_range(entry)
+        if self.ranges and (self.any_thread or _get_ident() == self.home):
+            for depth in sorted(self.ranges, reverse=True):
+                name = self.stack[depth - 1] if depth <= len(self.stack) else "region"
+                self._end_range(self.ranges.pop(depth), name)
 
     # -- the manifest -------------------------------------------------------------
     def _trace(self, artifact: Artifact | None, status: str, error: str | None = None) -> None:

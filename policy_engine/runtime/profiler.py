@@ -32,6 +32,7 @@ from .state import capture_id, slot, warn_once
 
 log = logging.getLogger("policy_engine")
 F = TypeVar("F", bound=Callable[..., Any])
+_get_ident = threading.get_ident
 
 # How the code drives the profiler; decided by its first call.
 _NEW, _SESSION, _STEPS = "new", "session", "steps"
@@ -461,12 +462,24 @@ def wrap_region(prof: RoleProfiler, name: str, fn: F) -> F:
         capture = the_slot.capture
         if capture is None:
             return fn(*args, **kwargs)
-        entry = capture.region_enter(name)
-        if entry is None:
-            return fn(*args, **kwargs)
+        if capture.home != _get_ident() or capture.pending or capture.recording:
+            token = capture.region_enter(name)
+            if token is None:
+                return fn(*args, **kwargs)
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                capture.region_exit(token)
+        # The home thread outside recording: the region goes on the stack, so that a
+        # recording that starts inside it opens its range (Capture._open_ranges).
+        stack = capture.stack
+        stack.append(name)
+        depth = len(stack)
         try:
             return fn(*args, **kwargs)
         finally:
-            capture.region_exit(entry)
+            stack.pop()
+            if capture.ranges or capture.pending:
+                capture.home_exit(depth)
     ranged.__policy_engine__ = (prof.plan.role, prof)  # type: ignore[attr-defined]
     return ranged  # type: ignore[return-value]

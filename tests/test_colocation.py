@@ -1,0 +1,121 @@
+"""``colocate:``: what validate refuses, and how shared captures are named at run time."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from policy_engine import PolicyError, Topology, apply_policy, load_policy, profile_session
+from policy_engine.runtime.manifest import read_manifests, scan_manifests
+from policy_engine.testing import recording_backend
+
+
+def policy(out: Path | str, colocate: Any = (("actor", "ref"),), **roles: Any) -> dict[str, Any]:
+    base = {"enabled": True, "steps": [2, 3], "torch": {"activities": ["cpu"]},
+            "name": "<role>[_step<step>]"}
+    body = {"rollout": dict(base), "actor": dict(base), "ref": dict(base)}
+    for name, extra in roles.items():
+        body[name] = {**body.get(name, base), **extra}
+    return {"version": 1, "output_dir": str(out), "roles": body,
+            "colocate": [list(g) for g in colocate]}
+
+
+def messages(data: dict[str, Any]) -> list[str]:
+    try:
+        loaded = load_policy(data)
+    except PolicyError as err:
+        return [p.render() for p in err.problems]
+    return [p.render() for p in loaded.warnings]
+
+
+def test_a_valid_group(tmp_path: Path) -> None:
+    assert messages(policy(tmp_path)) == []
+
+
+@pytest.mark.parametrize(("roles", "expected"), [
+    ({"ref": {"discrete": True, "regions": ["x"]}},
+     "<mapping>: error: colocated roles 'actor' and 'ref' share torch captures but differ "
+     "in mode (False and True): one capture has one mode (at $.roles.ref.discrete)"),
+    ({"ref": {"schedule": {"warmup": 1, "active": 2, "repeat": 1}}},
+     "<mapping>: error: colocated roles 'actor' and 'ref' share torch captures but differ in "
+     "schedule (none and {warmup: 1, active: 2, repeat: 1}): one capture has one schedule "
+     "(at $.roles.ref.schedule)"),
+    ({"ref": {"torch": {"activities": ["cpu"], "record_shapes": True}}},
+     "<mapping>: error: colocated roles 'actor' and 'ref' share torch captures but differ in "
+     "their torch settings: one capture has one profiler configuration (at $.roles.ref.torch)"),
+    ({"ref": {"backend": "mstx"}},
+     "<mapping>: error: colocated roles 'actor' (torch) and 'ref' (mstx) cannot share a "
+     "process: torch.profiler and torch_npu's profiler drive the same framework profiler, "
+     "one at a time (at $.colocate[0])"),
+    ({"actor": {"merge_steps": True}, "ref": {"merge_steps": True, "steps": [3, 4]}},
+     "<mapping>: error: colocated roles 'actor' and 'ref' merge steps into shared torch "
+     "captures but profile different steps (2-3 and 3-4): one merged capture covers one run "
+     "of steps (at $.roles.ref.steps)"),
+])
+def test_what_cannot_share_a_capture(tmp_path: Path, roles: dict[str, Any],
+                                     expected: str) -> None:
+    assert expected in messages(policy(tmp_path, **roles))
+
+
+def test_group_mistakes(tmp_path: Path) -> None:
+    found = messages(policy(tmp_path, colocate=[["actor", "ref"], ["ref", "rollout"],
+                                                ["actr", "rollout"]]))
+    assert "<mapping>: error: role 'ref' is in colocate groups 0 and 1: a role runs in one " \
+           "process group (at $.colocate[1][0])" in found
+    assert "<mapping>: warning: colocated role 'actr' is not under roles (did you mean " \
+           "'actor'?): it gets the defaults (at $.colocate[2][0])" in found
+
+
+def test_disabled_or_other_backend_roles_do_not_conflict(tmp_path: Path) -> None:
+    assert messages(policy(tmp_path, ref={"enabled": False, "schedule": {"active": 1}})) == []
+    found = messages(policy(tmp_path, colocate=[["actor", "rollout"]],
+                            rollout={"backend": "nsight", "schedule": {"active": 1}}))
+    assert not [m for m in found if "error" in m]
+
+
+def run_colocated(out: Path, data: dict[str, Any]) -> list[dict[str, Any]]:
+    with recording_backend("torch"):
+        actor = profile_session(data, "actor", Topology())
+        ref = profile_session(data, "ref", Topology())
+        for n in (1, 2, 3):
+            with ref.training_step(n), actor.training_step(n):  # ref opens, whoever it is
+                actor.step()
+        actor.close()
+        ref.close()
+    return sorted(read_manifests(str(out)), key=lambda r: r["start"])
+
+
+def test_shared_capture_names_every_role_in_policy_order(tmp_path: Path) -> None:
+    rows = run_colocated(tmp_path, policy(tmp_path, colocate=[["ref", "actor"]]))
+    assert [r["path"] for r in rows] == ["actor+ref_step2.rec", "actor+ref_step3.rec"]
+    assert [(r["role"], r["joined"]) for r in rows] == [("ref", ["actor"])] * 2
+    opens = [r for r in scan_manifests(str(tmp_path)).records if r["event"] == "open"]
+    assert [o["roles"] for o in opens] == [["actor", "ref"]] * 2
+
+
+def test_participants_follow_each_roles_steps(tmp_path: Path) -> None:
+    rows = run_colocated(tmp_path, policy(tmp_path, ref={"steps": [3]}))
+    assert [r["path"] for r in rows] == ["actor_step2.rec", "actor+ref_step3.rec"]
+
+
+def test_undeclared_colocation_warns_once_with_the_line_to_add(tmp_path: Path,
+                                                                caplog: Any) -> None:
+    with caplog.at_level(logging.WARNING, "policy_engine"):
+        rows = run_colocated(tmp_path, policy(tmp_path, colocate=()))
+    assert [r["path"] for r in rows] == ["ref_step2.rec", "ref_step3.rec"]
+    warnings = [r.getMessage() for r in caplog.records if "colocate" in r.getMessage()]
+    assert warnings == ["policy-engine: roles 'ref' and 'actor' share this process and its "
+                        "torch capture, but the policy does not say so: add `colocate: "
+                        "[[ref, actor]]` so that validate checks them and explain names their "
+                        "traces"]
+
+
+def test_a_role_of_the_group_that_is_off_on_this_rank_is_left_out(tmp_path: Path) -> None:
+    data = policy(tmp_path, ref={"ranks": [1]})
+    prof = apply_policy(object(), "actor", data, Topology(rank=0, world=2))
+    assert prof.plan.roles_for(2) == ("actor",)
+    prof = apply_policy(object(), "actor", data, Topology(rank=1, world=2))
+    assert isinstance(prof.plan.colocated, tuple) and not prof.plan.enabled
