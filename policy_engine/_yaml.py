@@ -2,16 +2,25 @@
 
 PyYAML only *composes* the text into a node graph here; no Python object is ever
 constructed from a tag. This module checks that graph (tags, duplicate keys, key
-types, nesting, alias expansion) and builds dicts, lists and scalars itself.
+types, nesting, alias expansion, integer sizes) and builds dicts, lists and scalars
+itself.
+
+Composing recurses once per nesting level, and libyaml's composer (PyYAML's C loader)
+does so with no guard: tens of thousands of levels overflow the C stack and kill the
+process (PyYAML 6.0.3 and older). So the nesting and the number of values are bounded
+before anything is composed; see :func:`_check_shape`.
 """
 
 from __future__ import annotations
 
+import contextlib
+import re
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import yaml
 from yaml.constructor import SafeConstructor
+from yaml.events import CollectionEndEvent, CollectionStartEvent, Event, NodeEvent
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
 from policy_engine.errors import Location, PolicyError, Problem, json_path
@@ -27,6 +36,21 @@ MAX_DEPTH = 64
 """Deepest nesting of lists and mappings a policy may have (real ones use about 6)."""
 MAX_NODES = 100_000
 """Most values a policy may hold once aliases are expanded (stops alias bombs)."""
+INT_LIMIT = 2**63
+"""Integers in a policy are below this in absolute value (18 digits are plenty)."""
+TOO_MANY = (
+    f"the policy holds more than {MAX_NODES} values once aliases are expanded; refusing to build it"
+)
+LONE_SURROGATE = "a lone surrogate (\\ud800-\\udfff) is not a character; write UTF-8 text"
+
+# Every collection the parser opens starts at an indicator character of its own: `[`,
+# `{`, the `-` of its first entry, or the `?` or `:` of its first key. So the number of
+# these characters bounds the nesting from above, and a text holds at most about two
+# values per character. Texts within both bounds (every policy of a few lines) are
+# composed straight away; the others are walked first, event by event.
+_OPENERS = "[{-?:"
+_SURROGATE = re.compile(r"[\ud800-\udfff]")
+_INT_TEXT = 100  # an integer written with more significant digits is refused unread
 
 _T = "tag:yaml.org,2002:"
 _STR, _INT, _FLOAT, _BOOL, _NULL = _T + "str", _T + "int", _T + "float", _T + "bool", _T + "null"
@@ -128,8 +152,25 @@ def show_tag(tag: str) -> str:
     return "!!" + tag[len(_T) :] if tag.startswith(_T) else tag
 
 
+def has_surrogate(text: str) -> bool:
+    """Whether ``text`` holds a lone surrogate, which no encoder accepts (nor can print)."""
+    return _SURROGATE.search(text) is not None
+
+
+def int_too_large(digits: int) -> str:
+    """The message for an integer of ``digits`` digits at or beyond INT_LIMIT."""
+    return f"integer too large: {digits} digits (a policy's numbers are below 2**63)"
+
+
+def shorten(text: str, limit: int = 60) -> str:
+    """User text to quote in a message, cut to ``limit`` characters."""
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
 def _compose(text: str, origin: str) -> Node | None:
     try:
+        _refuse_surrogates(text, origin)
+        _check_shape(text, origin)
         loader = _LOADER(text)  # the pure-Python reader checks characters right here
         loader.yaml_implicit_resolvers = _RESOLVERS  # an instance attribute shadows the class's
         try:
@@ -144,6 +185,109 @@ def _compose(text: str, origin: str) -> Node | None:
         raise PolicyError.single(str(exc).splitlines()[0], where or Location(origin)) from None
     except RecursionError:  # the pure-Python composer recurses once per level
         raise too_deep(Location(origin), ()) from None
+
+
+def _refuse_surrogates(text: str, origin: str) -> None:
+    """Refuse lone surrogates (from undecodable bytes) as the pure-Python reader does;
+    the C loader cannot even encode them."""
+    found = _SURROGATE.search(text)
+    if found:
+        message = (
+            f"unacceptable character #x{ord(found.group()):04x}: special characters are not allowed"
+        )
+        raise PolicyError.single(message, _offset_location(text, found.start(), origin))
+
+
+def check_limits(text: str, origin: str) -> None:
+    """Refuse YAML or JSON text nested past MAX_DEPTH or holding more than MAX_NODES
+    values, with where; anything else is left to the reader that reads it."""
+    with contextlib.suppress(yaml.YAMLError, ValueError):  # ValueError: lone surrogates
+        _check_shape(text, origin)
+
+
+def _check_shape(text: str, origin: str) -> None:
+    """Refuse nesting beyond MAX_DEPTH and more than MAX_NODES values before composing.
+
+    Parsers keep their state in lists, not on the call stack, so walking the events is
+    safe at any depth; the walk stops at the first node past a limit, which is where
+    the error points. Short, shallow texts need no walk (see ``_OPENERS``).
+    """
+    if _short_and_shallow(text):
+        return
+    try:
+        _walk_events(_LOADER, text, origin)
+    except yaml.MarkedYAMLError as exc:
+        if _LOADER is yaml.SafeLoader or "maximum nesting depth" not in (exc.problem or ""):
+            raise
+        # Newer libyaml stops at 1000 levels of its own while it reads ahead; the
+        # pure-Python parser reads lazily and finds where our limit is crossed.
+        _walk_events(yaml.SafeLoader, text, origin)
+        raise
+
+
+def _short_and_shallow(text: str) -> bool:
+    """Whether ``text`` is surely within both limits (see ``_OPENERS``)."""
+    return sum(map(text.count, _OPENERS)) <= MAX_DEPTH and 2 * len(text) < MAX_NODES
+
+
+class _Open:
+    """A collection being walked: its start event, its path, and where in it we are."""
+
+    def __init__(self, event: Event, path: PathKey, mapping: bool) -> None:
+        self.event, self.path, self.mapping = event, path, mapping
+        self.index = 0  # items seen (keys and values alike in a mapping)
+        self.key: str | None = None  # the scalar key whose value comes next
+
+    def child_path(self) -> PathKey:
+        if not self.mapping:
+            return (*self.path, self.index)
+        return self.path if self.key is None else (*self.path, self.key)
+
+    def done(self, event: Event) -> None:
+        """A child (scalar, alias or closed collection) is complete."""
+        if self.mapping and self.index % 2 == 0 and isinstance(event, yaml.ScalarEvent):
+            self.key = event.value
+        self.index += 1
+        if self.mapping and self.index % 2 == 0:
+            self.key = None
+
+
+def _walk_events(loader_class: type[Any], text: str, origin: str) -> None:
+    loader = loader_class(text)
+    try:
+        stack: list[_Open] = []
+        nodes = 0
+        while loader.check_event():
+            event = loader.get_event()
+            if isinstance(event, CollectionEndEvent):
+                closed = stack.pop()
+                if stack:
+                    stack[-1].done(closed.event)
+                continue
+            if not isinstance(event, NodeEvent):
+                continue
+            path = stack[-1].child_path() if stack else ()
+            nodes += 1
+            if nodes > MAX_NODES:
+                where = stack[-1] if stack else None
+                raise PolicyError.single(
+                    TOO_MANY,
+                    _mark(where.event if where else event, origin),
+                    json_path(where.path if where else path),
+                )
+            if isinstance(event, CollectionStartEvent):
+                if len(stack) >= MAX_DEPTH:
+                    raise too_deep(_mark(event, origin), path)
+                stack.append(_Open(event, path, not isinstance(event, yaml.SequenceStartEvent)))
+            elif stack:
+                stack[-1].done(event)
+    finally:
+        loader.dispose()
+
+
+def _mark(event: Event, origin: str) -> Location:
+    mark = event.start_mark
+    return Location(origin, mark.line + 1, mark.column + 1) if mark else Location(origin)
 
 
 def _syntax_error(exc: yaml.MarkedYAMLError, text: str, origin: str) -> PolicyError:
@@ -206,12 +350,7 @@ class _Checker:
                 child_size, child_height = self.visit(child, child_path, depth + 1)
                 size, height = size + child_size, max(height, child_height)
                 if size > MAX_NODES:
-                    raise self._fatal(
-                        f"the policy holds more than {MAX_NODES} values once aliases are expanded; "
-                        "refusing to build it",
-                        node,
-                        path,
-                    )
+                    raise self._fatal(TOO_MANY, node, path)
             self.open.discard(node)
             result = (size, height + 1)
         self.measured[node] = result
@@ -231,7 +370,9 @@ class _Checker:
             if name in first:
                 line = first[name].start_mark.line + 1
                 self._problem(
-                    f"duplicate key {name!r} (first defined at line {line})", key, (*path, name)
+                    f"duplicate key {shorten(name)!r} (first defined at line {line})",
+                    key,
+                    (*path, name),
                 )
                 continue
             first[name] = key
@@ -243,13 +384,15 @@ class _Checker:
             yield value, (*path, name)
 
     def _check_tag(self, node: Node, path: PathKey) -> None:
+        if isinstance(node, ScalarNode) and has_surrogate(node.value):  # from a \u escape
+            self._problem(LONE_SURROGATE, node, path)
+            return
         allowed = _ALLOWED[type(node)]
         if node.tag in allowed:
             if isinstance(node, ScalarNode) and node.tag in _CONSTRUCT:
-                try:
-                    _CONSTRUCT[node.tag](node)
-                except (ValueError, KeyError, IndexError):
-                    self._problem(f"{node.value!r} is not a valid {show_tag(node.tag)}", node, path)
+                problem = _scalar_problem(node)
+                if problem:
+                    self._problem(problem, node, path)
         elif node.tag in _CORE:
             self._problem(
                 f"tag '{show_tag(node.tag)}' cannot be used on {_NODE_KINDS[type(node)]}",
@@ -266,10 +409,40 @@ class _Checker:
         return PolicyError.single(message, _at(node, self.origin), json_path(path))
 
 
+def _scalar_problem(node: ScalarNode) -> str | None:
+    """What is wrong with a typed scalar's text, if anything; never converts a huge int."""
+    if node.tag == _INT:
+        digits = _long_int(node.value)
+        if digits:
+            return int_too_large(digits)
+    try:
+        value = _CONSTRUCT[node.tag](node)
+    except (ValueError, KeyError, IndexError, OverflowError):
+        return f"{shorten(node.value)!r} is not a valid {show_tag(node.tag)}"
+    if node.tag == _INT and abs(value) >= INT_LIMIT:
+        return int_too_large(len(str(abs(value))))
+    return None
+
+
+def _long_int(text: str) -> int:
+    """The significant digits of an integer written too long to convert (else 0).
+
+    Past _INT_TEXT digits a number is far beyond INT_LIMIT in any base, and Python
+    refuses to convert decimal ones past 4300 digits; base 60 (``1:30``) takes time.
+    """
+    body = text.lstrip("+-")
+    base = body[:2].lower()
+    digits = (body[2:] if base in ("0x", "0b") else body).replace("_", "").lstrip("0")
+    kind = {"0x": "[0-9a-fA-F]+", "0b": "[01]+"}.get(base, "[0-9:]+")
+    if len(digits) <= _INT_TEXT or not re.fullmatch(kind, digits):
+        return 0
+    return len(digits.replace(":", ""))
+
+
 def _key_message(key: Node) -> str:
     if isinstance(key, ScalarNode):
         kind = _SCALAR_KINDS.get(key.tag, f"a '{show_tag(key.tag)}' value")
-        shown = f"{key.value} ({kind})" if key.value else kind
+        shown = f"{shorten(key.value)} ({kind})" if key.value else kind
         return f"keys must be strings, got {shown}"
     return f"keys must be strings, got {_NODE_KINDS[type(key)]}"
 

@@ -6,18 +6,34 @@ positions let every problem point at the file, line and column it came from.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
+import errno
 import json
 import numbers
 import os
+import re
+import stat
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any, Literal
+from typing import Any, Literal, NoReturn
 
 import attrs
 
 from policy_engine import _yaml
 from policy_engine._toml import parse_toml
-from policy_engine._yaml import PathKey, check_root, describe, parse_yaml, too_deep
+from policy_engine._yaml import (
+    INT_LIMIT,
+    LONE_SURROGATE,
+    TOO_MANY,
+    PathKey,
+    check_root,
+    describe,
+    has_surrogate,
+    int_too_large,
+    parse_yaml,
+    shorten,
+    too_deep,
+)
 from policy_engine.errors import Location, PolicyError, json_path
 
 # Overrides live in policy_engine.overrides; the names imported "as" themselves are
@@ -31,7 +47,22 @@ from policy_engine.overrides import parse_override as parse_override
 
 Format = Literal["yaml", "toml", "json"]
 _FORMATS: dict[str, Format] = {".yaml": "yaml", ".yml": "yaml", ".toml": "toml", ".json": "json"}
-_MAX_BYTES = 16 * 1024 * 1024  # far above any policy; stops /dev/zero and friends
+_MAX_BYTES = 16 * 1024 * 1024  # far above any policy
+MAX_EXTENDS_DEPTH = 64
+"""Longest chain of files a policy may build on (the policy, its base, its base's base...)."""
+MAX_EXTENDS_FILES = 128
+"""Most files one policy may read, counting a base each time some file names it."""
+_NOT_REGULAR = {
+    stat.S_IFIFO: "a named pipe",
+    stat.S_IFSOCK: "a socket",
+    stat.S_IFCHR: "a character device",
+    stat.S_IFBLK: "a block device",
+}
+# JSON's tokens that json reports no position for: numbers and NaN/Infinity (strings
+# are matched only to be skipped)
+_JSON_TOKEN = re.compile(
+    r'"(?:[^"\\]|\\.)*"|NaN|-?Infinity|-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][-+]?[0-9]+)?'
+)
 
 
 class PolicyFileError(PolicyError):
@@ -67,15 +98,20 @@ class Document:
 
 
 def read_text(path: str | os.PathLike[str]) -> str:
-    """Read a policy file as UTF-8 text (BOM stripped), refusing binary and bad encodings."""
+    """Read a policy file as UTF-8 text (BOM stripped), refusing binary and bad encodings.
+
+    Only regular files are read: a named pipe, a device or a socket is refused without
+    waiting on it (see :func:`_read_regular`).
+    """
     name = os.fspath(path)
     try:
-        with open(name, "rb") as stream:
-            raw = stream.read(_MAX_BYTES + 1)
+        raw = _read_regular(name)
     except OSError as exc:
         raise PolicyFileError.single(
             f"cannot read {name}: {exc.strerror or exc}", Location(name)
         ) from None
+    except ValueError as exc:  # a NUL character in the name, or a lone surrogate
+        raise PolicyFileError.single(f"cannot read {name!r}: {exc}", Location(name)) from None
     if len(raw) > _MAX_BYTES:
         raise PolicyError.single(
             f"file is larger than {_MAX_BYTES >> 20} MiB, not a policy", Location(name)
@@ -94,6 +130,32 @@ def read_text(path: str | os.PathLike[str]) -> str:
     return text.removeprefix("\ufeff")
 
 
+def _read_regular(name: str) -> bytes:
+    """The first bytes of a regular file, never blocking on what is not one.
+
+    ``stat`` refuses a pipe or a device before it is opened (opening some devices acts
+    on them); the descriptor is opened non-blocking and checked again, in case the
+    name was swapped in between.
+    """
+    with contextlib.suppress(OSError):  # opening says why, in the same words as for any file
+        _require_regular(os.stat(name), name)
+    with open(name, "rb", opener=_open_nonblocking) as stream:
+        _require_regular(os.fstat(stream.fileno()), name)
+        return stream.read(_MAX_BYTES + 1)
+
+
+def _open_nonblocking(name: str, flags: int) -> int:
+    return os.open(name, flags | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0))
+
+
+def _require_regular(status: os.stat_result, name: str) -> None:
+    if stat.S_ISDIR(status.st_mode):
+        raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR))
+    if not stat.S_ISREG(status.st_mode):
+        kind = _NOT_REGULAR.get(stat.S_IFMT(status.st_mode), "not a file")
+        raise PolicyFileError.single(f"not a regular file: {name} ({kind})", Location(name))
+
+
 def read_document(path: str | os.PathLike[str]) -> Document:
     """Read and parse one policy file, the format picked by its extension."""
     name = os.fspath(path)
@@ -107,17 +169,23 @@ def read_document(path: str | os.PathLike[str]) -> Document:
 
 
 def parse_document(text: str, origin: str, fmt: Format) -> Document:
-    """Parse policy text in the given format; ``origin`` labels positions and errors."""
+    """Parse policy text in the given format; ``origin`` labels positions and errors.
+
+    Whatever the text holds, the only error raised is :class:`PolicyError`.
+    """
+    parse = {"yaml": parse_yaml, "json": _parse_json, "toml": _parse_toml}.get(fmt)
+    if parse is None:
+        raise ValueError(f"unknown policy format {fmt!r}")
     text = text.removeprefix("\ufeff")
-    if fmt == "yaml":
-        return parse_yaml(text, origin)
-    if not text.strip():
+    if fmt != "yaml" and not text.strip():
         raise PolicyError.single("the policy is empty", Location(origin))
-    if fmt == "json":
-        return _parse_json(text, origin)
-    if fmt == "toml":
-        return _parse_toml(text, origin)
-    raise ValueError(f"unknown policy format {fmt!r}")
+    try:
+        return parse(text, origin)
+    except RecursionError:  # every reader bounds nesting first; this is a last resort
+        raise too_deep(Location(origin), ()) from None
+    except (ValueError, OverflowError) as exc:  # UnicodeError is a ValueError
+        message = f"cannot read the policy: {shorten(str(exc))}"
+        raise PolicyError.single(message, Location(origin)) from None
 
 
 def document_from_mapping(data: Mapping[str, Any], origin: str = "<mapping>") -> Document:
@@ -139,36 +207,92 @@ def _unique_pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return out
 
 
+class _Constant(Exception):
+    """NaN or Infinity, which JSON does not have (json reads them all the same)."""
+
+
 def _refuse_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not valid JSON")
+    raise _Constant(name)
+
+
+class _BigInt(Exception):
+    """A JSON integer at or past INT_LIMIT, stopped before Python converts it."""
+
+
+def _json_int(text: str) -> int:
+    if len(text) > 20 or abs(value := int(text)) >= INT_LIMIT:  # 2**63 has 19 digits
+        raise _BigInt(text)
+    return value
 
 
 def _parse_json(text: str, origin: str) -> Document:
+    _yaml.check_limits(text, origin)  # JSON is YAML: stop a huge or deep text before json
     try:
-        data = json.loads(text, object_pairs_hook=_unique_pairs, parse_constant=_refuse_constant)
+        data = json.loads(
+            text,
+            object_pairs_hook=_unique_pairs,
+            parse_constant=_refuse_constant,
+            parse_int=_json_int,
+        )
     except json.JSONDecodeError as exc:
         raise PolicyError.single(exc.msg, Location(origin, exc.lineno, exc.colno)) from None
-    except ValueError as exc:  # NaN / Infinity
-        raise PolicyError.single(str(exc), Location(origin)) from None
+    except _BigInt as exc:
+        number = exc.args[0]
+        where = _offset_location(text, _json_token_offset(text, number), origin)
+        error = PolicyError.single(int_too_large(len(number.lstrip("-"))), where)
+        raise _located(error, text, origin) from None
+    except _Constant as exc:
+        where = _offset_location(text, _json_token_offset(text, exc.args[0]), origin)
+        raise PolicyError.single(f"{exc.args[0]} is not valid JSON", where) from None
     except RecursionError:
-        raise too_deep(Location(origin), ()) from None
+        raise _located(too_deep(Location(origin), ()), text, origin) from None
     except _DuplicateKey as exc:
-        # json keeps no positions; the YAML composer reads JSON and reports where.
-        try:
-            _yaml.parse_yaml_value(text, origin)
-        except PolicyError as located:
-            duplicates = [p for p in located.problems if p.message.startswith("duplicate key")]
-            if duplicates:
-                raise PolicyError(duplicates) from None
-        raise PolicyError.single(f"duplicate key {exc.args[0]!r}", Location(origin)) from None
+        error = PolicyError.single(f"duplicate key {exc.args[0]!r}", Location(origin))
+        raise _located(error, text, origin, "duplicate key") from None
     try:
         positions = _yaml.parse_yaml_value(text, origin)
         values, keys = positions.values, positions.keys
     except (PolicyError, ValueError, RecursionError):  # JSON that PyYAML reads differently
         values, keys = {}, {}
     doc = Document({}, origin, values, keys)
-    plain = _plain(data, (), 0, doc.locate)
+    try:
+        plain = _plain(data, (), 0, doc.locate)
+    except PolicyError as exc:
+        raise (exc if values else _located(exc, text, origin)) from None
     return attrs.evolve(doc, data=check_root(plain, doc.locate(())))
+
+
+def _located(error: PolicyError, text: str, origin: str, prefix: str = "") -> PolicyError:
+    """``error`` as the YAML reader reports it, with positions, when it finds the same.
+
+    json keeps no positions, but JSON is YAML: the YAML reader finds the same problems
+    (duplicate keys, nesting, integer sizes) and says where they are.
+    """
+    try:
+        _yaml.parse_yaml_value(text, origin)
+    except PolicyError as located:
+        wanted = prefix or error.problems[0].message
+        same = [p for p in located.problems if p.message.startswith(wanted)]
+        if same:
+            return PolicyError(same)
+    except (ValueError, RecursionError):
+        pass
+    return error
+
+
+def _json_token_offset(text: str, token: str) -> int | None:
+    """Where ``token`` first stands as a number or a constant (not inside a string)."""
+    for found in _JSON_TOKEN.finditer(text):
+        if found.group() == token:
+            return found.start()
+    return None
+
+
+def _offset_location(text: str, offset: int | None, origin: str) -> Location:
+    if offset is None:
+        return Location(origin)
+    line_start = text.rfind("\n", 0, offset) + 1
+    return Location(origin, text.count("\n", 0, offset) + 1, offset - line_start + 1)
 
 
 def _parse_toml(text: str, origin: str) -> Document:
@@ -178,65 +302,121 @@ def _parse_toml(text: str, origin: str) -> Document:
 
 
 def _plain(value: Any, path: PathKey, depth: int, where: Callable[[PathKey], Location]) -> Any:
-    """Deep-copy to dict/list/str/int/float/bool/None, refusing anything else."""
-    if value is None or isinstance(value, (bool, str)):
-        return value
-    if isinstance(value, numbers.Integral):
-        return int(value)
-    if isinstance(value, numbers.Real):
-        return float(value)
-    if isinstance(value, (Mapping, Sequence)) and not isinstance(value, (bytes, bytearray)):
-        if depth >= _yaml.MAX_DEPTH:
-            raise too_deep(where(path), path)
-        if isinstance(value, Sequence):
-            return [_plain(item, (*path, i), depth + 1, where) for i, item in enumerate(value)]
-        out: dict[str, Any] = {}
-        for key, item in value.items():
-            if not isinstance(key, str):
-                plain = isinstance(key, (int, float))
-                shown = f"{key!r} ({describe(key)})" if plain else describe(key)
-                raise PolicyError.single(
-                    f"keys must be strings, got {shown}", where(path), json_path(path)
-                )
-            out[key] = _plain(item, (*path, key), depth + 1, where)
-        return out
-    if isinstance(value, (datetime.date, datetime.time)):  # TOML's; datetime is a date
-        raise PolicyError.single(
-            f"key {json_path(path).removeprefix('$').removeprefix('.')!r} holds a date/time;"
-            " policies have none (quote it to make a string)",
-            where(path),
-            json_path(path),
-        )
-    raise PolicyError.single(
-        f"{type(value).__name__} values are not allowed in a policy", where(path), json_path(path)
-    )
+    """Deep-copy to dict/list/str/int/float/bool/None, refusing anything else.
+
+    The rules of YAML policies hold: nesting up to MAX_DEPTH, at most MAX_NODES values
+    (keys count), integers below INT_LIMIT, strings of proper Unicode.
+    """
+    return _Plain(where).copy(value, path, depth)
+
+
+@attrs.define
+class _Plain:
+    where: Callable[[PathKey], Location]
+    nodes: int = 0
+
+    def copy(self, value: Any, path: PathKey, depth: int) -> Any:
+        self.count(path)
+        if value is None or isinstance(value, bool):
+            return value
+        if isinstance(value, str):
+            self.check_text(value, path)
+            return value
+        if isinstance(value, numbers.Integral):
+            number = int(value)
+            if abs(number) >= INT_LIMIT:
+                self.fail(int_too_large(_digits(number)), path)
+            return number
+        if isinstance(value, numbers.Real):
+            try:
+                return float(value)
+            except (OverflowError, ValueError):
+                self.fail(f"{type(value).__name__} value out of a float's range", path)
+        if isinstance(value, (Mapping, Sequence)) and not isinstance(value, (bytes, bytearray)):
+            if depth >= _yaml.MAX_DEPTH:
+                raise too_deep(self.where(path), path)
+            if isinstance(value, Sequence):
+                return [self.copy(item, (*path, i), depth + 1) for i, item in enumerate(value)]
+            out: dict[str, Any] = {}
+            for key, item in value.items():
+                if not isinstance(key, str):
+                    plain = isinstance(key, (int, float))
+                    shown = f"{shorten(repr(key))} ({describe(key)})" if plain else describe(key)
+                    self.fail(f"keys must be strings, got {shown}", path)
+                self.check_text(key, path)
+                self.count(path)
+                out[key] = self.copy(item, (*path, key), depth + 1)
+            return out
+        if isinstance(value, (datetime.date, datetime.time)):  # TOML's; datetime is a date
+            self.fail(
+                f"key {json_path(path).removeprefix('$').removeprefix('.')!r} holds a date/time;"
+                " policies have none (quote it to make a string)",
+                path,
+            )
+        self.fail(f"{type(value).__name__} values are not allowed in a policy", path)
+
+    def count(self, path: PathKey) -> None:
+        self.nodes += 1
+        if self.nodes > _yaml.MAX_NODES:
+            self.fail(TOO_MANY, path)
+
+    def check_text(self, text: str, path: PathKey) -> None:
+        if has_surrogate(text):
+            self.fail(LONE_SURROGATE, path)
+
+    def fail(self, message: str, path: PathKey) -> NoReturn:
+        raise PolicyError.single(message, self.where(path), json_path(path))
+
+
+def _digits(number: int) -> int:
+    """How many decimal digits ``number`` has, without writing out a huge one."""
+    size = abs(number)
+    if size.bit_length() <= 14_000:  # about 4200 digits: within Python's limit for str()
+        return len(str(size))
+    return int(size.bit_length() * 0.30103) + 1  # log10(2); may be one too many
 
 
 def load_policy_document(
     path: str | os.PathLike[str], overrides: Iterable[Override] = ()
 ) -> Document:
-    """Read a policy file, resolve its ``extends`` chain, then apply ``overrides``."""
-    return apply_overrides(_load_extended(os.fspath(path), ()), overrides)
+    """Read a policy file, resolve its ``extends`` chain, then apply ``overrides``.
+
+    A chain holds at most MAX_EXTENDS_DEPTH files and the whole policy at most
+    MAX_EXTENDS_FILES; the ``extends`` value that would pass either is the error.
+    """
+    return apply_overrides(_load_extended(os.fspath(path), (), _Count()), overrides)
 
 
-def _load_extended(name: str, chain: tuple[tuple[str, str], ...]) -> Document:
+@attrs.define
+class _Count:
+    """Files read so far for one policy, shared by every level of its ``extends``."""
+
+    files: int = 0
+
+
+def _load_extended(name: str, chain: tuple[tuple[str, str], ...], read: _Count) -> Document:
+    """``name`` merged over its bases; ``chain``: the files that include it, outermost first."""
     doc = read_document(name)
+    read.files += 1
     if "extends" not in doc.data:
         return doc
-    chain = (*chain, (os.path.realpath(name), name))
+    chain = (*chain, (_real(name), name))
     merged: Document | None = None
     sources = [name]
     for target, at in _extends_targets(doc):
         base_name = os.path.normpath(os.path.join(os.path.dirname(name), target))
-        real = os.path.realpath(base_name)
+        real = _real(base_name)
         seen = [real_name for real_name, _ in chain]
         if real in seen:
             names = [shown for _, shown in chain[seen.index(real) :]]
             raise PolicyError.single(
                 "extends cycle: " + " -> ".join([*names, base_name]), doc.locate(at), json_path(at)
             )
+        problem = _extends_limit(chain, base_name, read.files)
+        if problem:
+            raise PolicyError.single(problem, doc.locate(at), json_path(at))
         try:
-            base = _load_extended(base_name, chain)
+            base = _load_extended(base_name, chain, read)
         except PolicyFileError as exc:  # the includer's mistake: point at its extends
             message = exc.problems[0].message
             raise PolicyError.single(message, doc.locate(at), json_path(at)) from None
@@ -245,6 +425,25 @@ def _load_extended(name: str, chain: tuple[tuple[str, str], ...]) -> Document:
     own = attrs.evolve(doc, data={k: v for k, v in doc.data.items() if k != "extends"})
     result = own if merged is None else _merge_documents(merged, own)
     return attrs.evolve(result, origin=name, sources=tuple(dict.fromkeys(sources)))
+
+
+def _real(name: str) -> str:
+    """The file's real path for finding cycles; a name the system refuses stays as it is
+    (reading it says why)."""
+    try:
+        return os.path.realpath(name)
+    except (OSError, ValueError):
+        return os.path.abspath(name)
+
+
+def _extends_limit(chain: tuple[tuple[str, str], ...], base_name: str, read: int) -> str | None:
+    if len(chain) >= MAX_EXTENDS_DEPTH:
+        names = [*(shown for _, shown in chain), base_name]
+        shown = " -> ".join([*names[:2], "...", *names[-2:]])
+        return f"extends chain is longer than {MAX_EXTENDS_DEPTH} files: {shown}"
+    if read >= MAX_EXTENDS_FILES:
+        return f"extends reads more than {MAX_EXTENDS_FILES} files in all"
+    return None
 
 
 def _extends_targets(doc: Document) -> list[tuple[str, PathKey]]:

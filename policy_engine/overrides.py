@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 import attrs
 
 from policy_engine import _yaml
-from policy_engine._yaml import PathKey, describe
+from policy_engine._yaml import MAX_DEPTH, PathKey, describe, shorten, too_deep
 from policy_engine.errors import Location, PolicyError, Problem, json_path
 
 if TYPE_CHECKING:
@@ -43,28 +43,56 @@ def parse_override(text: str, origin: str | None = None) -> Override:
     """Parse ``dotted.key=VALUE``; VALUE is YAML read with the policy's safety rules.
 
     ``origin`` is the label errors show for this override; by default ``--set TEXT``.
+    Whatever ``text`` holds, the only error raised is :class:`PolicyError`.
     """
-    location = Location(f"--set {text}" if origin is None else origin)
+    location = Location(_label(f"--set {text}" if origin is None else origin))
     key, equals, raw = text.partition("=")
     key = key.strip()
     if not equals or not key or not raw.strip():
         raise PolicyError.single(f"override needs KEY=VALUE, got {text!r}", location)
     if not _OVERRIDE_KEY.fullmatch(key):
         raise PolicyError.single(
-            f"override key {key!r} is not a dotted name such as roles.actor.ranks", location
+            f"override key {shorten(key)!r} is not a dotted name such as roles.actor.ranks",
+            location,
         )
     path = tuple(key.split("."))
     if path[0] == "extends":
         raise PolicyError.single("extends cannot be set by an override", location, "$.extends")
+    if len(path) > MAX_DEPTH:
+        raise too_deep(location, path[:MAX_DEPTH])
     try:
         parsed = _yaml.parse_yaml_value(raw, location.origin)
     except PolicyError as exc:  # positions inside VALUE mean little: point at the override
         raise PolicyError(
             [attrs.evolve(p, location=location, json_path=json_path(path)) for p in exc.problems]
         ) from None
+    except RecursionError:  # the reader bounds nesting first; this is a last resort
+        raise too_deep(location, path) from None
+    except (ValueError, OverflowError) as exc:
+        message = f"cannot read the value: {shorten(str(exc))}"
+        raise PolicyError.single(message, location, json_path(path)) from None
     if () not in parsed.values:  # VALUE held only a comment
         raise PolicyError.single(f"override needs KEY=VALUE, got {text!r}", location)
+    if len(path) - 1 + _height(parsed.value) >= MAX_DEPTH:  # the deepest mapping or list
+        raise too_deep(location, path)
     return Override(path, parsed.value, location)
+
+
+def _label(origin: str) -> str:
+    """``origin`` fit to start an error line: cut when long, and with what cannot be
+    printed as it is (control characters, lone surrogates from undecodable bytes of
+    argv or the environment) written as escapes."""
+    shown = "".join(c if c.isprintable() else c.encode("unicode_escape").decode() for c in origin)
+    return shorten(shown, 200)
+
+
+def _height(value: Any) -> int:
+    """How many levels of mappings and lists ``value`` has (0 for a scalar)."""
+    if isinstance(value, dict):
+        return 1 + max(map(_height, value.values()), default=0)
+    if isinstance(value, list):
+        return 1 + max(map(_height, value), default=0)
+    return 0
 
 
 def overrides_from_env(environ: Mapping[str, str] | None = None) -> list[Override]:
@@ -111,10 +139,11 @@ def apply_overrides(doc: Document, overrides: Iterable[Override]) -> Document:
                 problems.append(Problem(message, json_path(path[:depth]), where))
                 break
         else:
+            replaced = target.get(path[-1])
             target[path[-1]] = copy.deepcopy(override.value)
             for positions in (values, keys):
-                for stale in [p for p in positions if p[: len(path)] == path]:
-                    del positions[stale]
+                for stale in _subpaths(replaced, path):  # what the old value held
+                    positions.pop(stale, None)
             for sub in _subpaths(override.value, path):
                 values[sub] = where
                 if isinstance(sub[-1], str):  # list items have no key

@@ -227,3 +227,52 @@ def test_check_runtime_reports_a_missing_package(
                                "torch_npu is not installed")
     assert lines[0].endswith("(at $.defaults.backend)")
     assert lines[-1] == "policies/ascend_npu.yaml: invalid (1 error)"
+
+
+# ---------------------------------------------------------------- hostile files
+
+
+def test_a_named_pipe_exits_2_without_waiting(tmp_path: Path) -> None:
+    pipe = tmp_path / "policy.yaml"
+    os.mkfifo(pipe)
+    done = run_cli("validate", str(pipe))  # a read that blocks times out
+    assert done.returncode == 2
+    assert done.stdout.splitlines() == [
+        f"{pipe}: error: not a regular file: {pipe} (a named pipe) (at $)",
+        f"{pipe}: unreadable (1 error)",
+    ]
+
+
+@pytest.mark.parametrize(("name", "text", "where", "message"), [
+    ("deep.yaml", "[" * 60_000, "1:65", "nesting is deeper than 64 levels"),
+    ("deep.json", "[" * 60_000, "1:65", "nesting is deeper than 64 levels"),
+    ("deep.toml", "a = " + "[" * 60_000, "1:68", "nesting is deeper than 64 levels"),
+    ("big.yaml", "version: " + "9" * 5000, "1:10",
+     "integer too large: 5000 digits (a policy's numbers are below 2**63)"),
+    ("big.json", '{"version": ' + "9" * 5000 + "}", "1:13",
+     "integer too large: 5000 digits (a policy's numbers are below 2**63)"),
+    ("big.toml", "version = " + "9" * 5000, "1:11",
+     "integer too large: 5000 digits (a policy's numbers are below 2**63)"),
+])
+def test_hostile_files_are_invalid_with_a_position(
+        name: str, text: str, where: str, message: str, tmp_path: Path,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / name
+    path.write_text(text)
+    assert main(["validate", str(path)]) == 1
+    out, err = capsys.readouterr()
+    assert err == ""
+    lines = out.splitlines()
+    assert lines[0].startswith(f"{path}:{where}: error: {message} (at $")
+    assert lines[1:] == [f"{path}: invalid (1 error)"]
+
+
+def test_a_deep_override_from_the_environment_is_invalid(
+        capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(ROOT)
+    monkeypatch.setenv("PROFILE_POLICY_SET", "prefix=" + "[" * 60_000)
+    assert main(["validate", "policies/verl_ppo.yaml"]) == 1
+    out = capsys.readouterr().out
+    assert "Traceback" not in out
+    assert out.splitlines()[0].endswith(
+        "...: error: nesting is deeper than 64 levels (at $.prefix)")

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import fractions
 import json
+import os
+import socket
+import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
@@ -181,12 +185,13 @@ def test_json_positions() -> None:
         ),
         ('{"a": 1,\n "b": [1, 2,]}', "Expecting value", 2, 13),
         ('{"a": 1}\n{"b": 2}', "Extra data", 2, 1),
-        ('{"a": NaN}', "NaN is not valid JSON", None, None),
+        ('{"a": NaN}', "NaN is not valid JSON", 1, 7),
+        ('{"a": "NaN", "b": [1, -Infinity]}', "-Infinity is not valid JSON", 1, 23),
         ("[1, 2]", "the policy must be a mapping, got a list", 1, 1),
         ("null", "the policy is empty", 1, 1),
         ("  \n", "the policy is empty", None, None),
         ("{}", "the policy is empty", 1, 1),
-        ("[" * 100_000, f"nesting is deeper than {MAX_DEPTH} levels", None, None),
+        ("[" * 100_000, f"nesting is deeper than {MAX_DEPTH} levels", 1, MAX_DEPTH + 1),
     ],
 )
 def test_json_errors(text: str, message: str, line: int | None, column: int | None) -> None:
@@ -214,7 +219,7 @@ def test_json_that_pyyaml_cannot_position_still_loads() -> None:
         st.recursive(
             st.none()
             | st.booleans()
-            | st.integers()
+            | st.integers(-(2**63) + 1, 2**63 - 1)  # a policy's integers are below 2**63
             | st.text()
             | st.floats(allow_nan=False, allow_infinity=False),
             lambda inner: (
@@ -680,3 +685,284 @@ def test_load_policy_document_applies_overrides_after_extends(in_tmp: Path) -> N
     assert doc.data == {"version": 1, "prefix": "cli"}
     assert doc.locate(("prefix",)) == Location("--set prefix=cli")
     assert pos(doc, ("version",)) == ("base.yaml", 1, 10)
+
+
+# --- what is not a regular file -----------------------------------------------------------
+
+
+def read_in_thread(name: str) -> BaseException | str:
+    """read_text(name) with a time limit: a read that blocks fails the test, not hangs it."""
+    result: list[BaseException | str] = []
+
+    def read() -> None:
+        try:
+            result.append(read_text(name))
+        except BaseException as exc:  # handed to the test
+            result.append(exc)
+
+    thread = threading.Thread(target=read, daemon=True)
+    thread.start()
+    thread.join(10)
+    assert result, f"reading {name} blocked"
+    return result[0]
+
+
+def test_a_named_pipe_is_refused_without_waiting(in_tmp: Path) -> None:
+    os.mkfifo("p.yaml")
+    error = read_in_thread("p.yaml")
+    assert isinstance(error, PolicyFileError)
+    [problem] = error.problems
+    assert (problem.message, *where(problem)) == (
+        "not a regular file: p.yaml (a named pipe)", "p.yaml", None, None
+    )
+
+
+def test_a_socket_and_a_device_are_refused(in_tmp: Path) -> None:
+    with socket.socket(socket.AF_UNIX) as server:
+        server.bind("s.yaml")
+        error = read_in_thread("s.yaml")
+    assert isinstance(error, PolicyFileError)
+    assert error.problems[0].message == "not a regular file: s.yaml (a socket)"
+    os.symlink(os.devnull, "d.yaml")
+    error = read_in_thread("d.yaml")
+    assert isinstance(error, PolicyFileError)
+    assert error.problems[0].message == "not a regular file: d.yaml (a character device)"
+
+
+def test_a_name_the_system_refuses_is_a_file_error() -> None:
+    with pytest.raises(PolicyFileError) as info:
+        read_text("a\0.yaml")
+    assert problem_of(info).message == "cannot read 'a\\x00.yaml': embedded null byte"
+
+
+def test_extends_naming_a_pipe_points_at_the_includer(in_tmp: Path) -> None:
+    os.mkfifo("base.yaml")
+    write(in_tmp, "top.yaml", "version: 1\nextends: base.yaml\n")
+    with pytest.raises(PolicyError) as info:
+        load_policy_document("top.yaml")
+    assert type(info.value) is PolicyError
+    assert (problem_of(info).message, where(problem_of(info))) == (
+        "not a regular file: base.yaml (a named pipe)", ("top.yaml", 2, 10)
+    )
+
+
+def test_extends_naming_a_nul_points_at_the_includer(in_tmp: Path) -> None:
+    write(in_tmp, "top.yaml", 'version: 1\nextends: "a\\0.yaml"\n')
+    with pytest.raises(PolicyError) as info:
+        load_policy_document("top.yaml")
+    assert (problem_of(info).message, where(problem_of(info))) == (
+        "cannot read 'a\\x00.yaml': embedded null byte", ("top.yaml", 2, 10)
+    )
+
+
+# --- extends limits ---------------------------------------------------------------------
+
+
+def test_a_long_extends_chain_stops_at_the_limit(in_tmp: Path) -> None:
+    for i in range(1000):
+        write(in_tmp, f"c{i}.yaml", f"extends: c{i + 1}.yaml\n" if i < 999 else "version: 1\n")
+    start = time.perf_counter()
+    with pytest.raises(PolicyError) as info:
+        load_policy_document("c0.yaml")
+    assert time.perf_counter() - start < 5
+    last = loader.MAX_EXTENDS_DEPTH - 1
+    assert (problem_of(info).message, where(problem_of(info))) == (
+        f"extends chain is longer than {loader.MAX_EXTENDS_DEPTH} files: "
+        f"c0.yaml -> c1.yaml -> ... -> c{last}.yaml -> c{last + 1}.yaml",
+        (f"c{last}.yaml", 1, 10),
+    )
+
+
+def test_a_chain_at_the_limit_loads(in_tmp: Path) -> None:
+    depth = loader.MAX_EXTENDS_DEPTH
+    for i in range(depth):
+        text = f"extends: c{i + 1}.yaml\n" if i < depth - 1 else "version: 1\n"
+        write(in_tmp, f"c{i}.yaml", text)
+    assert load_policy_document("c0.yaml").data == {"version": 1}
+
+
+def test_extends_may_read_only_so_many_files(in_tmp: Path) -> None:
+    write(in_tmp, "base.yaml", "prefix: x\n")
+    names = ", ".join(["base.yaml"] * 1000)
+    write(in_tmp, "top.yaml", f"version: 1\nextends: [{names}]\n")
+    with pytest.raises(PolicyError) as info:
+        load_policy_document("top.yaml")
+    limit = loader.MAX_EXTENDS_FILES
+    problem = problem_of(info)
+    assert problem.message == f"extends reads more than {limit} files in all"
+    assert (problem.json_path, where(problem)) == (
+        f"$.extends[{limit - 1}]", ("top.yaml", 2, 11 + 11 * (limit - 1))
+    )
+
+
+def test_a_diamond_that_fans_out_is_bounded(in_tmp: Path) -> None:
+    write(in_tmp, "d20.yaml", "version: 1\n")
+    for i in range(20):  # 2**20 reads without a limit
+        write(in_tmp, f"d{i}.yaml", f"extends: [d{i + 1}.yaml, d{i + 1}.yaml]\n")
+    start = time.perf_counter()
+    with pytest.raises(PolicyError, match="extends reads more than"):
+        load_policy_document("d0.yaml")
+    assert time.perf_counter() - start < 5
+
+
+# --- numbers, nesting and size in JSON and TOML ---------------------------------------------
+
+TOO_LARGE = "integer too large: {} digits (a policy's numbers are below 2**63)"
+LONE_SURROGATE = "a lone surrogate (\\ud800-\\udfff) is not a character; write UTF-8 text"
+
+
+@pytest.mark.parametrize(
+    ("text", "digits", "line", "column", "path"),
+    [
+        ('{"a": 9223372036854775807,\n "b": 9223372036854775808}', 19, 2, 7, "$.b"),
+        ('{"a": [1, -9223372036854775808]}', 19, 1, 11, "$.a[1]"),
+        ('{"a": "1", "b": ' + "9" * 5000 + "}", 5000, 1, 17, "$.b"),
+    ],
+)
+def test_json_integers_of_2_63_and_more(
+    text: str, digits: int, line: int, column: int, path: str
+) -> None:
+    with pytest.raises(PolicyError) as info:
+        parse_document(text, "p.json", "json")
+    problem = problem_of(info)
+    assert (problem.message, *where(problem), problem.json_path) == (
+        TOO_LARGE.format(digits), "p.json", line, column, path
+    )
+
+
+def test_json_integers_are_located_even_where_yaml_cannot_read() -> None:
+    text = '{"' + "k" * 1100 + '": 1, "b": 99999999999999999999}'
+    with pytest.raises(PolicyError) as info:
+        parse_document(text, "p.json", "json")
+    assert (problem_of(info).message, *where(problem_of(info))) == (
+        TOO_LARGE.format(20), "p.json", 1, 1114
+    )
+
+
+@pytest.mark.parametrize(
+    ("text", "digits", "line", "column", "path"),
+    [
+        ("a = 9223372036854775807\nb = 9223372036854775808\n", 19, 2, 5, "$.b"),
+        ("[t]\na = [1, -9223372036854775808]\n", 19, 2, 9, "$.t.a"),
+        ("a = { b = 0x8000_0000_0000_0000 }\n", 19, 1, 11, "$.a"),
+        ("a = 1\nb = " + "9" * 5000 + "\n", 5000, 2, 5, "$.b"),
+        ("a = 0b" + "1" * 200 + "\n", 200, 1, 5, "$.a"),
+    ],
+)
+def test_toml_integers_of_2_63_and_more(
+    text: str, digits: int, line: int, column: int, path: str
+) -> None:
+    with pytest.raises(PolicyError) as info:
+        parse_document(text, "p.toml", "toml")
+    problem = problem_of(info)
+    assert (problem.message, *where(problem), problem.json_path) == (
+        TOO_LARGE.format(digits), "p.toml", line, column, path
+    )
+
+
+def test_toml_numbers_below_the_limit_and_look_alikes_pass() -> None:
+    text = 'a = 1.5e300\nb = "99999999999999999999"\nc = -9_223_372_036_854_775_807\n'
+    doc = parse_document(text, "p.toml", "toml")
+    assert doc.data == {"a": 1.5e300, "b": "99999999999999999999", "c": -(2**63) + 1}
+
+
+@pytest.mark.parametrize(
+    ("text", "line", "column", "path"),
+    [
+        ("a" + ".a" * 200_000 + " = 1\n", 1, 127, "$" + ".a" * MAX_DEPTH),
+        ("[a" + ".a" * 200_000 + "]\n", 1, 128, "$" + ".a" * MAX_DEPTH),
+        ("x = {a" + ".a" * 200_000 + " = 1}\n", 1, 130, "$.x" + ".a" * (MAX_DEPTH - 1)),
+        ("a = " + "[" * 60_000 + "\n", 1, 4 + MAX_DEPTH, "$.a"),
+        ("[t]\na = " + "[{b = " * 10_000 + "\n", 2, 5 + 6 * 31, "$.t.a"),  # 63rd bracket
+        ("[[a]]\n" * 3 + "[a" + ".b" * 70 + "]\n", 4, 2 + 2 * 62, "$.a[2]" + ".b" * 62),
+    ],
+)
+def test_deep_toml_is_refused_before_tomllib(text: str, line: int, column: int, path: str) -> None:
+    start = time.perf_counter()
+    with pytest.raises(PolicyError) as info:
+        parse_document(text, "p.toml", "toml")
+    assert time.perf_counter() - start < 2  # tomllib takes minutes on such keys
+    problem = problem_of(info)
+    assert (problem.message, *where(problem), problem.json_path) == (
+        f"nesting is deeper than {MAX_DEPTH} levels", "p.toml", line, column, path
+    )
+
+
+def test_toml_with_too_many_values() -> None:
+    text = "a = [" + "1, " * 200_000 + "1]\n"
+    with pytest.raises(PolicyError) as info:
+        parse_document(text, "p.toml", "toml")
+    assert problem_of(info).message.startswith("the policy holds more than 100000 values")
+    assert where(problem_of(info))[1] == 1
+
+
+def test_json_with_too_many_values_is_refused_early() -> None:
+    text = '{"a": [' + "1, " * 2_000_000 + "1]}"
+    start = time.perf_counter()
+    with pytest.raises(PolicyError) as info:
+        parse_document(text, "p.json", "json")
+    assert time.perf_counter() - start < 2
+    problem = problem_of(info)
+    assert problem.message.startswith("the policy holds more than 100000 values")
+    assert (*where(problem), problem.json_path) == ("p.json", 1, 7, "$.a")
+
+
+@pytest.mark.parametrize(
+    ("data", "message", "path"),
+    [
+        ({"a": [1, 2**63]}, TOO_LARGE.format(19), "$.a[1]"),
+        ({"a": -(10**5000)}, TOO_LARGE.format(5001), "$.a"),
+        ({"a": 1 << 100_000}, TOO_LARGE.format(30104), "$.a"),  # about: too long to write out
+        ({"a": "x\udcff"}, LONE_SURROGATE, "$.a"),
+        ({"a": {"\ud800": 1}}, LONE_SURROGATE, "$.a"),
+        ({"a": fractions.Fraction(10**400)}, "Fraction value out of a float's range", "$.a"),
+    ],
+)
+def test_mappings_follow_the_same_rules(data: Any, message: str, path: str) -> None:
+    with pytest.raises(PolicyError) as info:
+        document_from_mapping(data)
+    assert (problem_of(info).message, problem_of(info).json_path) == (message, path)
+
+
+# --- overrides ----------------------------------------------------------------------------
+
+
+def test_override_keys_and_values_nest_only_so_deep() -> None:
+    key = ".".join(["a"] * (MAX_DEPTH + 1))
+    with pytest.raises(PolicyError, match=f"nesting is deeper than {MAX_DEPTH} levels"):
+        parse_override(f"{key}=1")
+    parse_override(".".join(["a"] * MAX_DEPTH) + "=1")  # 63 mappings and a value: fine
+    half = MAX_DEPTH // 2
+    parse_override(".".join(["a"] * half) + "=" + "[" * half + "]" * half)
+    with pytest.raises(PolicyError) as info:
+        parse_override(".".join(["a"] * half) + "=" + "[" * (half + 1) + "]" * (half + 1))
+    assert problem_of(info).message == f"nesting is deeper than {MAX_DEPTH} levels"
+
+
+def test_override_labels_are_printable() -> None:
+    with pytest.raises(PolicyError) as info:
+        parse_override("prefix=\x1e\udcff")
+    assert problem_of(info).location == Location("--set prefix=\\x1e\\udcff")
+    with pytest.raises(PolicyError) as info:
+        overrides_from_env({"PROFILE_POLICY_SET": "x=" + "[" * 100_000})
+    label = problem_of(info).location.origin  # type: ignore[union-attr]
+    assert label == "PROFILE_POLICY_SET[1]: x=" + "[" * 172 + "..."
+    assert problem_of(info).message == f"nesting is deeper than {MAX_DEPTH} levels"
+
+
+def test_override_integers_are_bounded() -> None:
+    with pytest.raises(PolicyError) as info:
+        parse_override("mesh.tp=" + "9" * 5000)
+    assert (problem_of(info).message, problem_of(info).json_path) == (
+        TOO_LARGE.format(5000), "$.mesh.tp"
+    )
+
+
+def test_many_overrides_apply_in_linear_time() -> None:
+    doc = parse_document(BASE, "p.yaml", "yaml")
+    overrides = [parse_override(f"k{i}.v=[{i}, {i}]") for i in range(20_000)]
+    overrides += [parse_override(f"k{i}.v=1") for i in range(20_000)]
+    start = time.perf_counter()
+    new = apply_overrides(doc, overrides)
+    assert time.perf_counter() - start < 5
+    assert new.data["k7"] == {"v": 1} and ("k7", "v", 0) not in new.values

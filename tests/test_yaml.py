@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import glob
 import math
 import os
+import subprocess
+import sys
 import time
 from typing import Any
 
@@ -422,7 +425,11 @@ def test_parse_yaml_value_accepts_any_shape() -> None:
 # PyYAML's emitter writes some control and line-separator characters unquoted
 text = st.text(st.characters(blacklist_categories=("Cs", "Cc", "Zl", "Zp")))
 plain = st.recursive(
-    st.none() | st.booleans() | st.integers() | text | st.floats(allow_nan=False),
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**63) + 1, 2**63 - 1)  # a policy's integers are below 2**63
+    | text
+    | st.floats(allow_nan=False),
     lambda inner: st.lists(inner, max_size=4) | st.dictionaries(text, inner, max_size=4),
     max_leaves=20,
 )
@@ -445,3 +452,165 @@ def test_round_trip_and_every_value_located(data: dict[str, Any]) -> None:
         assert doc.values[path].line is not None
         if path:
             assert isinstance(path[-1], int) or path in doc.keys
+
+
+# --- limits checked before composing ----------------------------------------------------
+# libyaml's composer (PyYAML's C loader) recurses once per level with no guard: PyYAML
+# 6.0.3 and older die of a stack overflow on a few tens of thousands of levels.
+
+DEEP = [
+    ("[" * 60_000, 1, 65),
+    ("{a: " * 20_000, 1, 257),
+    ("[a: " * 20_000, 1, 129),  # a single-pair mapping inside each list
+    ("- " * 30_000 + "x\n", 1, 129),
+    ("? " * 20_000 + "x\n", 1, 129),
+    ("".join(" " * i + "a:\n" for i in range(3000)), 65, 65),
+    (DEEP_BLOCK, 65, 64),
+]
+
+
+@pytest.mark.parametrize(("text", "line", "column"), DEEP)
+def test_deep_input_is_refused_where_the_limit_is_crossed(
+    text: str, line: int, column: int, loader: str
+) -> None:
+    [(message, *where, _path)] = errors(text)
+    assert (message, *where) == (f"nesting is deeper than {MAX_DEPTH} levels", line, column)
+
+
+def test_deep_input_never_reaches_the_composer() -> None:
+    """In a process of its own: a regression here is a crash, not a failed assertion."""
+    script = (
+        "from policy_engine._yaml import parse_yaml\n"
+        "from policy_engine.errors import PolicyError\n"
+        "texts = ['[' * 60_000, '{a: ' * 20_000, '- ' * 30_000 + 'x', '? ' * 20_000 + 'x']\n"
+        "for text in texts:\n"
+        "    try:\n"
+        "        parse_yaml(text, 'p.yaml')\n"
+        "    except PolicyError as exc:\n"
+        "        print(exc.problems[0].message)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script],
+        cwd=os.path.dirname(HERE),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.splitlines() == [f"nesting is deeper than {MAX_DEPTH} levels"] * 4
+
+
+def test_the_size_limit_points_at_the_collection_that_passes_it(loader: str) -> None:
+    text = "a: 1\nx: [" + "1, " * MAX_NODES + "1]\n"
+    [(message, line, column, path)] = errors(text)
+    assert message.startswith(f"the policy holds more than {MAX_NODES} values")
+    assert (line, column, path) == (2, 4, "$.x")
+
+
+def event_depth(text: str, loader_class: type[Any]) -> int:
+    """The deepest nesting the parser reaches in ``text``, up to its first error."""
+    parser = loader_class(text)
+    depth = deepest = 0
+    try:
+        while parser.check_event():
+            event = parser.get_event()
+            if isinstance(event, yaml.CollectionStartEvent):
+                depth += 1
+                deepest = max(deepest, depth)
+            elif isinstance(event, yaml.CollectionEndEvent):
+                depth -= 1
+    except yaml.YAMLError:
+        pass
+    finally:
+        parser.dispose()
+    return deepest
+
+
+@given(st.text(alphabet="[]{}-?:,#'\"|>&*! \n\tab0", max_size=200))
+def test_indicator_characters_bound_the_nesting(text: str) -> None:
+    """What lets short texts skip the event walk: each level needs a character of its own."""
+    bound = sum(map(text.count, _yaml._OPENERS))
+    assert event_depth(text, yaml.SafeLoader) <= bound
+    if yaml.__with_libyaml__:
+        assert event_depth(text, yaml.CSafeLoader) <= bound
+
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+POLICY_FILES = sorted(
+    [
+        *glob.glob(os.path.join(HERE, "..", "policies", "*.yaml")),
+        *glob.glob(os.path.join(HERE, "data", "**", "*.yaml"), recursive=True),
+    ]
+)
+
+
+@pytest.mark.parametrize("path", POLICY_FILES, ids=os.path.basename)
+def test_real_policies_pass_the_walk_unchanged(path: str) -> None:
+    with open(path, encoding="utf-8") as stream:
+        text = stream.read()
+    try:
+        before = parse_yaml(text, path)
+    except PolicyError as exc:  # invalid examples: the walk must not change the answer
+        before_error: Any = [p.render() for p in exc.problems]
+    else:
+        before_error = None
+    try:
+        _yaml._walk_events(_yaml._LOADER, text, path)  # refuses nothing real
+    except yaml.YAMLError:  # a syntax error, which the composer finds the same way
+        assert before_error is not None
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(_yaml, "_short_and_shallow", lambda text: False)  # always walk
+        try:
+            after = parse_yaml(text, path)
+        except PolicyError as exc:
+            assert [p.render() for p in exc.problems] == before_error
+        else:
+            assert before_error is None and after == before
+
+
+# --- integers ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("value", "digits"),
+    [
+        ("9223372036854775808", 19),
+        ("-9223372036854775808", 19),
+        ("0x8000000000000000", 19),
+        ("0b" + "1" * 64, 20),
+        ("9" * 5000, 5000),  # past Python's 4300-digit limit for str -> int
+        ("-0x" + "f" * 5000, 5000),
+        ("1" + ":59" * 100, 201),  # base 60
+        ("!!int '" + "1" * 200 + "'", 200),
+        ("!!int '" + "1" * 30 + "'", 30),
+    ],
+)
+def test_integers_of_2_63_and_more_are_refused(value: str, digits: int, loader: str) -> None:
+    message = f"integer too large: {digits} digits (a policy's numbers are below 2**63)"
+    assert errors(f"x: {value}\n") == [(message, 1, 4, "$.x")]
+
+
+def test_integers_below_2_63_are_fine() -> None:
+    text = "a: 9223372036854775807\nb: -9223372036854775807\nc: 0x7fffffffffffffff\n"
+    assert parse_yaml(text, "p.yaml").data == {"a": 2**63 - 1, "b": -(2**63) + 1, "c": 2**63 - 1}
+
+
+def test_long_values_are_cut_in_messages() -> None:
+    [(message, *_)] = errors("x: !!int '" + "z" * 5000 + "'\n")
+    assert message == f"'{'z' * 57}...' is not a valid !!int"
+    [(message, *_)] = errors("ok: 1\n? " + "1" * 5000 + "\n: x\n")
+    assert message == f"keys must be strings, got {'1' * 57}... (an integer)"
+
+
+# --- characters -------------------------------------------------------------------------
+
+
+def test_lone_surrogates_are_refused(loader: str) -> None:
+    assert errors("x: a\udcff\n") == [
+        ("unacceptable character #xdcff: special characters are not allowed", 1, 5, "$")
+    ]
+
+
+def test_surrogate_escapes_are_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(_yaml, "_LOADER", yaml.SafeLoader)  # libyaml refuses them itself
+    assert errors('x: "\\udcff"\n') == [(_yaml.LONE_SURROGATE, 1, 4, "$.x")]

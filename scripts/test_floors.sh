@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# Test the lowest versions pyproject.toml allows: a fresh venv with exactly the floors of
+# pyyaml, jsonschema and attrs (read from pyproject.toml, so the two cannot drift) and no
+# torch, running the tests of the loader, the schema and validate against the source tree
+# (tests/test_hostile.py among them: PyYAML 6.0.3 and older crash on deep input unless the
+# loader stops it first).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+floors=$(python3 - <<'PY'
+import re
+import tomllib
+
+with open("pyproject.toml", "rb") as stream:
+    dependencies = tomllib.load(stream)["project"]["dependencies"]
+wanted = {"pyyaml", "jsonschema", "attrs"}
+pins = []
+for spec in dependencies:
+    found = re.fullmatch(r"([A-Za-z0-9_.-]+)\s*>=\s*([0-9][0-9A-Za-z.]*)", spec.strip())
+    if found and found.group(1).lower() in wanted:
+        wanted.discard(found.group(1).lower())
+        pins.append(f"{found.group(1)}=={found.group(2)}")
+if wanted:
+    raise SystemExit(f"no '>=' floor in pyproject.toml for: {', '.join(sorted(wanted))}")
+print(" ".join(pins))
+PY
+)
+
+venv=$(mktemp -d)
+trap 'rm -rf "$venv"' EXIT
+python3 -m venv "$venv"
+echo "floors: $floors"
+"$venv/bin/python" -m pip install -q --disable-pip-version-check $floors pytest hypothesis
+
+# test_check_runtime_passes_where_the_backend_can_run wants torch importable: not here.
+PYTHONPATH="$PWD" "$venv/bin/python" -m pytest -q -p no:cacheprovider \
+  tests/test_yaml.py tests/test_loader.py tests/test_hostile.py tests/test_schema.py \
+  tests/test_validate.py tests/test_cli.py \
+  --deselect tests/test_cli.py::test_check_runtime_passes_where_the_backend_can_run
