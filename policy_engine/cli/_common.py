@@ -50,6 +50,8 @@ def overrides(sets: Sequence[str]) -> list[Override]:
     parsed: list[Override] = []
     problems: list[Problem] = []
     for text in sets:
+        if not isinstance(text, str):  # argparse gives `--set=--` as a list
+            text = " ".join(map(str, text))
         try:
             parsed.append(parse_override(text))
         except PolicyError as err:
