@@ -14,21 +14,22 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from .apply import apply_policy, profile_session
-    from .compiler import compile_plan
-    from .errors import Location, PolicyError, Problem, ProfilingError
-    from .model import Policy
-    from .plan import Plan
-    from .policy import load_policy
-    from .runtime.profiler import OffProfiler, RoleProfiler
-    from .topology import Topology
+    from policy_engine.errors import Location, PolicyError, Problem, ProfilingError
+    from policy_engine.language.load import load_policy
+    from policy_engine.language.model import Policy
+    from policy_engine.plan.compile import compile_plan
+    from policy_engine.plan.plan import Plan
+    from policy_engine.plan.topology import Topology
+    from policy_engine.runtime.apply import apply_policy, profile_session
+    from policy_engine.runtime.profiler import OffProfiler, RoleProfiler
 
 _WHERE = {
-    "apply_policy": "apply", "profile_session": "apply", "compile_plan": "compiler",
-    "Location": "errors", "PolicyError": "errors", "Problem": "errors",
-    "ProfilingError": "errors", "Policy": "model", "Plan": "plan", "load_policy": "policy",
+    "apply_policy": "runtime.apply", "profile_session": "runtime.apply",
+    "compile_plan": "plan.compile", "Location": "errors", "PolicyError": "errors",
+    "Problem": "errors", "ProfilingError": "errors", "Policy": "language.model",
+    "Plan": "plan.plan", "load_policy": "language.load",
     "OffProfiler": "runtime.profiler", "RoleProfiler": "runtime.profiler",
-    "Topology": "topology",
+    "Topology": "plan.topology",
 }
 __all__ = [
     "Location",

@@ -18,9 +18,9 @@ from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager
 from typing import Any, ClassVar
 
-from .backends.base import Artifact, CaptureInfo
-from .output import write_atomic
-from .runtime.state import slot
+from policy_engine.backends.base import Artifact, CaptureInfo
+from policy_engine.backends.output import write_atomic
+from policy_engine.runtime.state import slot
 
 
 class RecordingSession:

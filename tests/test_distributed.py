@@ -21,7 +21,7 @@ from typing import Any
 import attrs
 import pytest
 
-from policy_engine.topology import Topology
+from policy_engine.plan.topology import Topology
 
 pytestmark = pytest.mark.slow
 

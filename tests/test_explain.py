@@ -10,9 +10,9 @@ import pytest
 
 from policy_engine import load_policy
 from policy_engine.cli.main import main
-from policy_engine.explain import capture_runs, explain
-from policy_engine.plan import Plan
-from policy_engine.selectors import StepSet
+from policy_engine.language.steps import StepSet
+from policy_engine.plan.plan import Plan
+from policy_engine.plan.predict import capture_runs, explain
 
 ROOT = Path(__file__).resolve().parent.parent
 POLICIES = ROOT / "policies"
@@ -299,7 +299,7 @@ def test_capture_runs(steps: object, merge: bool, runs: list[tuple[int, int | No
 ])
 def test_every_rank_equals_its_compiled_plan(role_body: dict[str, object]) -> None:
     from policy_engine import Topology, compile_plan
-    from policy_engine.explain import default_inner_steps, rank_entry
+    from policy_engine.plan.predict import default_inner_steps, rank_entry
 
     body = {"enabled": True, **role_body}
     policy = load_policy({"version": 1, "mesh": {"pp": 2, "dp": 2, "tp": 2},

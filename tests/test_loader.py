@@ -17,22 +17,24 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from policy_engine import loader
-from policy_engine._yaml import MAX_DEPTH
 from policy_engine.errors import Location, PolicyError, Problem
-from policy_engine.loader import (
+from policy_engine.language import document as loader
+from policy_engine.language.document import (
     Document,
-    Override,
     PolicyFileError,
-    apply_overrides,
     document_from_mapping,
     load_policy_document,
-    overrides_from_env,
     parse_document,
-    parse_override,
     read_document,
     read_text,
 )
+from policy_engine.language.overrides import (
+    Override,
+    apply_overrides,
+    overrides_from_env,
+    parse_override,
+)
+from policy_engine.language.yaml_reader import MAX_DEPTH
 
 Where = tuple[str, "int | None", "int | None"]
 

@@ -104,7 +104,7 @@ def test_sigterm_while_saving_finishes_the_trace_then_stops(tmp_path: Path,
     # had begun (partial) and lets SIGTERM end the process.
     proc.wait(timeout=120)
     assert proc.returncode == -signal.SIGTERM
-    data, text = traces(tmp_path, capsys)
+    data, _ = traces(tmp_path, capsys)
     assert [(t["path"], t["status"]) for t in data["traces"]] == [
         ("actor_step1_c0.pt.trace.json.gz", "complete"),
         ("actor_step1_c1.pt.trace.json.gz", "partial")]

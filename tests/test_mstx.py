@@ -18,8 +18,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from npu_fixtures import FAKE_ROOT, installed_fake
 
-from policy_engine.backends import mstx as backend
 from policy_engine.backends.base import BackendUnavailable, CaptureInfo
+from policy_engine.backends.mstx import checks
+from policy_engine.backends.mstx import session as backend
 
 DEFAULTS: dict[str, Any] = {
     "level": "level1",
@@ -100,7 +101,7 @@ def test_missing_torch_npu_is_backend_unavailable(tmp_path: Path) -> None:
     assert "torch_npu" not in sys.modules
     with pytest.raises(BackendUnavailable, match=r"pip install torch_npu.*CANN"):
         backend.MstxBackend().open(make_info(tmp_path))
-    assert backend.check_runtime(DEFAULTS) == [backend.INSTALL]
+    assert checks.check_runtime(DEFAULTS) == [checks.INSTALL]
 
 
 def test_backend_class_contract() -> None:
@@ -155,7 +156,7 @@ def test_check_runtime_reads_sources_without_importing(
         "mstx_domain_include": ["engine"],
         "with_flops": True,
     }
-    problems = backend.check_runtime(settings)
+    problems = checks.check_runtime(settings)
     assert "torch_npu" not in sys.modules
     assert problems == [
         "torch_npu 2.5.1 has no 'mstx_domain_include' argument in _ExperimentalConfig: "
@@ -175,7 +176,7 @@ def test_check_runtime_reports_missing_cann_and_msprof(
     monkeypatch.delenv("ASCEND_HOME_PATH", raising=False)
     monkeypatch.delenv("ASCEND_TOOLKIT_HOME", raising=False)
     monkeypatch.setenv("PATH", str(tmp_path))  # no msprof here
-    problems = backend.check_runtime({**DEFAULTS, "export_type": ["text", "db"]})
+    problems = checks.check_runtime({**DEFAULTS, "export_type": ["text", "db"]})
     assert problems[0].startswith("the Ascend CANN environment is not set")
     assert problems[-1].startswith("export_type db needs CANN's msprof on PATH")
 
@@ -187,9 +188,9 @@ def test_check_runtime_asks_msprof_about_db(
     msprof.write_text("#!/bin/sh\necho 'usage: msprof --output=<dir> --application=<app>'\n")
     msprof.chmod(0o755)
     monkeypatch.setenv("PATH", str(tmp_path))
-    assert backend._db_problem() == "export_type db: this CANN's msprof cannot export db"
+    assert checks._db_problem() == "export_type db: this CANN's msprof cannot export db"
     msprof.write_text("#!/bin/sh\necho '  --type  <text|db>  export type'\n")
-    assert backend._db_problem() is None
+    assert checks._db_problem() is None
 
 
 # -- what is passed to torch_npu ----------------------------------------------------------
@@ -422,7 +423,7 @@ def test_worker_names_are_safe_short_and_deterministic(base: str) -> None:
 
 def test_importing_the_backend_imports_no_torch() -> None:
     code = (
-        "import sys, policy_engine.backends.mstx as m; m.check_settings({}); "
+        "import sys, policy_engine.backends.mstx.session as m; m.check_settings({}); "
         "assert not {'torch', 'torch_npu'} & set(sys.modules), sorted(sys.modules)"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
@@ -627,7 +628,7 @@ def test_a_value_torch_npu_replaces_silently_is_reported(
 def test_version_warnings(
     params: dict[str, frozenset[str] | None], settings: dict[str, Any], expected: list[str]
 ) -> None:
-    assert backend.version_warnings(settings, params, "9.9") == expected
+    assert checks.version_warnings(settings, params, "9.9") == expected
 
 
 def test_signatures_are_read_from_the_installed_package(fake_npu_251: ModuleType) -> None:
@@ -644,7 +645,7 @@ def test_signatures_are_read_from_the_installed_package(fake_npu_251: ModuleType
     ("settings", "expected"),
     [
         ({}, []),
-        ({"activities": []}, [(backend.EMPTY, ("activities",))]),
+        ({"activities": []}, [(checks.EMPTY, ("activities",))]),
         (
             {"level": "level0", "aic_metrics": "memory"},
             [("aic_metrics 'memory' needs level1 or level2 (torch_npu resets it to none at "
@@ -685,7 +686,7 @@ def test_signatures_are_read_from_the_installed_package(fake_npu_251: ModuleType
     ],
 )  # fmt: skip
 def test_check_settings(settings: dict[str, Any], expected: list[Any]) -> None:
-    assert backend.check_settings({**DEFAULTS, **settings}) == expected
+    assert checks.check_settings({**DEFAULTS, **settings}) == expected
 
 
 def test_open_refuses_invalid_settings(fake_npu: ModuleType, tmp_path: Path) -> None:
@@ -698,8 +699,8 @@ def test_registry_finds_the_backend() -> None:
     from policy_engine import backends
 
     assert backends.canonical("npu") == "mstx"
-    assert backends.module("npu") is backend
-    assert backends.check_settings("npu", {"activities": []}) == [(backend.EMPTY, ("activities",))]
+    assert backends.checks("npu") is checks
+    assert backends.check_settings("npu", {"activities": []}) == [(checks.EMPTY, ("activities",))]
 
 
 def test_schema_values_match_torch_npu_tables() -> None:
@@ -711,7 +712,7 @@ def test_schema_values_match_torch_npu_tables() -> None:
     assert sorted(props["aic_metrics"]["enum"]) == sorted(backend.AIC_METRICS)
     assert props["activities"]["items"]["enum"] == list(backend.ACTIVITIES)
     assert props["export_type"]["oneOf"][0]["enum"] == list(backend.EXPORT_TYPES)
-    used = {key for key, _, _ in backend._NEEDS} | set(backend.FLAGS) | set(DEFAULTS)
+    used = {key for key, _, _ in checks._NEEDS} | set(backend.FLAGS) | set(DEFAULTS)
     assert used | {"aic_metrics"} <= set(props)
 
 
@@ -741,7 +742,7 @@ def _manifest(out: Path) -> list[dict[str, Any]]:
 
 def test_runtime_drives_cycles_and_regions(fake_npu: ModuleType, tmp_path: Path) -> None:
     from policy_engine import profile_session
-    from policy_engine.topology import Topology
+    from policy_engine.plan.topology import Topology
 
     role = {
         "enabled": True, "backend": "npu", "steps": [1], "ranks": "all", "regions": ["update"],
@@ -775,7 +776,7 @@ def test_runtime_drives_cycles_and_regions(fake_npu: ModuleType, tmp_path: Path)
 
 def test_colocated_roles_share_one_torch_npu_profiler(fake_npu: ModuleType, tmp_path: Path) -> None:
     from policy_engine import profile_session
-    from policy_engine.topology import Topology
+    from policy_engine.plan.topology import Topology
 
     role = {"enabled": True, "backend": "mstx", "steps": [1], "ranks": "all",
             "schedule": {"warmup": 1, "active": 2, "repeat": 1}}  # fmt: skip

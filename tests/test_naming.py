@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from policy_engine.naming import (
+from policy_engine.language.naming import (
     DEFAULT_TEMPLATE,
     EMPTY_NAME,
     FIELDS,

@@ -17,8 +17,9 @@ from typing import Any
 import pytest
 
 from policy_engine import Topology, compile_plan, load_policy, profile_session
-from policy_engine.backends import nsight
 from policy_engine.backends.base import BackendUnavailable, CaptureInfo
+from policy_engine.backends.nsight import checks as nsight_checks
+from policy_engine.backends.nsight import session as nsight
 from policy_engine.runtime.manifest import read_manifests
 from policy_engine.runtime.state import slot
 
@@ -218,9 +219,10 @@ def test_cuda_profiler_api_needs_cuda(tmp_path: Path, nvtx: FakeNvtx) -> None:
 
 def test_check_runtime(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "nvtx", None)
-    monkeypatch.setattr(nsight.glob, "glob", lambda pattern: [])  # no /dev/nvidia*
-    assert nsight.check_runtime({"capture": "nvtx"}) == ["nvtx is not installed: pip install nvtx"]
-    assert nsight.check_runtime({"capture": "cuda_profiler_api", "ranges": False}) == [
+    monkeypatch.setattr(nsight_checks.glob, "glob", lambda pattern: [])  # no /dev/nvidia*
+    assert nsight_checks.check_runtime({"capture": "nvtx"}) == [
+        "nvtx is not installed: pip install nvtx"]
+    assert nsight_checks.check_runtime({"capture": "cuda_profiler_api", "ranges": False}) == [
         "capture cuda_profiler_api needs a CUDA device; use capture: nvtx (or auto) without one"
     ]
 

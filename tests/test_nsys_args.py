@@ -16,8 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from policy_engine import Topology, compile_plan, load_policy, profile_session
-from policy_engine.cli.main import main
-from policy_engine.nsys_args import (
+from policy_engine.backends.nsight.launch import (
     NsysArgsError,
     capture_range_end,
     nsys_output,
@@ -26,9 +25,10 @@ from policy_engine.nsys_args import (
     report_path,
     resolve_output,
 )
-from policy_engine.nsys_ranges import count_ranges, run_lengths
-from policy_engine.plan import Plan
-from policy_engine.selectors import StepSet
+from policy_engine.cli.main import main
+from policy_engine.language.steps import StepSet
+from policy_engine.plan.captures import count_ranges, run_lengths
+from policy_engine.plan.plan import Plan
 from policy_engine.testing import recording_backend
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from policy_engine.nsys_args import resolve_output
+from policy_engine.backends.nsight.launch import resolve_output
 from policy_engine.runtime.manifest import read_manifests
 
 pytestmark = pytest.mark.slow

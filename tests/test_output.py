@@ -1,4 +1,4 @@
-"""policy_engine.output: files are written whole or not at all, never outside output_dir."""
+"""backends/output.py: files are written whole or not at all, never outside output_dir."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from policy_engine import output
-from policy_engine.output import UnsafePathError, find_leftovers, write_atomic
+from policy_engine.backends import output
+from policy_engine.backends.output import UnsafePathError, find_leftovers, write_atomic
 from policy_engine.runtime import manifest
 
 

@@ -11,12 +11,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from jsonschema import Draft202012Validator
 
-from policy_engine import backends, schema
-from policy_engine.loader import document_from_mapping, parse_document
-from policy_engine.model import BUILTIN_DEFAULTS
-from policy_engine.schedule import Schedule
-from policy_engine.selectors import DIMENSIONS
-from policy_engine.topology import DIMS
+from policy_engine import backends
+from policy_engine.language import schema
+from policy_engine.language.document import document_from_mapping, parse_document
+from policy_engine.language.model import BUILTIN_DEFAULTS
+from policy_engine.language.ranks import DIMENSIONS
+from policy_engine.language.schedule import Schedule
+from policy_engine.plan.topology import DIMS
 
 ROOT = Path(__file__).resolve().parent.parent
 SCHEMA = json.loads((ROOT / "schemas" / schema.SCHEMA_NAME).read_text(encoding="utf-8"))

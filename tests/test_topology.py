@@ -14,8 +14,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from policy_engine._discover import coords_from_mesh_dims
-from policy_engine.topology import Topology, coords_from_mesh, parse_mesh
+from policy_engine.plan.discover import coords_from_mesh_dims
+from policy_engine.plan.topology import Topology, coords_from_mesh, parse_mesh
 
 LAUNCHER_PREFIXES = ("SLURM_", "OMPI_")
 LAUNCHER_NAMES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK")
@@ -247,7 +247,7 @@ def test_discovery_never_initializes_a_process_group(setenv: Callable[..., None]
 
 def test_discovery_imports_neither_torch_nor_megatron() -> None:
     code = (
-        "import sys; from policy_engine.topology import Topology; Topology.discover(); "
+        "import sys; from policy_engine.plan.topology import Topology; Topology.discover(); "
         "assert not {'torch', 'megatron'} & set(sys.modules), sorted(sys.modules)"
     )
     subprocess.run([sys.executable, "-c", code], check=True)

@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from policy_engine import Topology, apply_policy, load_policy
-from policy_engine.explain import explain
+from policy_engine.plan.predict import explain
 from policy_engine.runtime.manifest import read_manifests
 
 

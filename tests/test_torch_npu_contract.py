@@ -33,7 +33,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from npu_fixtures import installed_fake
 
-from policy_engine.backends import mstx as backend
+from policy_engine.backends.mstx import checks
+from policy_engine.backends.mstx import session as backend
 
 VERSION, OLD = "2.13.0", "2.5.1"
 FILES = (
@@ -352,7 +353,7 @@ def test_folder_name_and_handler_path(real: Path) -> None:
 def test_backend_source_reader_agrees_with_inspect(
     real: Path, real_old: Path, fake: ModuleType
 ) -> None:
-    found = backend.source_params(real)
+    found = checks.source_params(real)
     mstx_cls = fake.npu.mstx
     prof = fake.profiler
     assert found == {
@@ -365,8 +366,8 @@ def test_backend_source_reader_agrees_with_inspect(
     everything = {"ranges": True, "domain": "engine", "mstx_domain_include": ["engine"],
                   "l2_cache": True, "record_op_args": True, "with_flops": True,
                   "data_simplification": False}  # fmt: skip
-    assert backend.version_warnings(everything, found, VERSION) == []
-    old = backend.version_warnings(everything, backend.source_params(real_old), OLD)
+    assert checks.version_warnings(everything, found, VERSION) == []
+    old = checks.version_warnings(everything, checks.source_params(real_old), OLD)
     assert [m.split("'")[1] for m in old] == ["mstx_domain_include", "domain"]
 
 
@@ -424,7 +425,7 @@ def test_real_npu_schedule_equals_torch_schedule(
 
 def _engine_schedule(fields: dict[str, int]) -> Any:
     try:
-        from policy_engine.schedule import Schedule
+        from policy_engine.language.schedule import Schedule
     except ImportError:  # written concurrently; compared once it exists
         return None
     return Schedule(**fields)

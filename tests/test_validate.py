@@ -16,8 +16,8 @@ from hypothesis import strategies as st
 
 from policy_engine import PolicyError, load_policy
 from policy_engine.cli.main import main
-from policy_engine.loader import document_from_mapping
-from policy_engine.policy import analyze
+from policy_engine.language.document import document_from_mapping
+from policy_engine.language.load import analyze
 
 DATA = Path(__file__).parent / "data"
 INVALID = DATA / "invalid"

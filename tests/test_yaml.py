@@ -15,9 +15,9 @@ import yaml
 from hypothesis import given
 from hypothesis import strategies as st
 
-from policy_engine import _yaml
-from policy_engine._yaml import MAX_DEPTH, MAX_NODES, parse_yaml, parse_yaml_value
 from policy_engine.errors import PolicyError
+from policy_engine.language import yaml_reader as _yaml
+from policy_engine.language.yaml_reader import MAX_DEPTH, MAX_NODES, parse_yaml, parse_yaml_value
 
 Error = tuple[str, "int | None", "int | None", str]
 
@@ -480,7 +480,7 @@ def test_deep_input_is_refused_where_the_limit_is_crossed(
 def test_deep_input_never_reaches_the_composer() -> None:
     """In a process of its own: a regression here is a crash, not a failed assertion."""
     script = (
-        "from policy_engine._yaml import parse_yaml\n"
+        "from policy_engine.language.yaml_reader import parse_yaml\n"
         "from policy_engine.errors import PolicyError\n"
         "texts = ['[' * 60_000, '{a: ' * 20_000, '- ' * 30_000 + 'x', '? ' * 20_000 + 'x']\n"
         "for text in texts:\n"

@@ -4,14 +4,15 @@ The schema's ``backend`` enum is checked against this registry by the test suite
 file format and the code cannot drift apart. Modules are imported only when a backend is
 used, so naming one here costs nothing.
 
-Each backend module defines:
+Each backend names two modules:
 
-* ``BACKEND``: the Backend class (see :mod:`policy_engine.backends.base`);
-* ``check_settings(settings) -> list[tuple[str, tuple[str | int, ...]]]``: checks of the
-  backend's own settings block that the schema cannot express (message, sub-path);
-  pure Python, no heavy imports;
-* ``check_runtime(settings) -> list[str]``: what stops the backend from running here
-  (package missing, no device), for ``validate --check-runtime``.
+* its ``checks`` module, pure Python (validate imports it, never the tool):
+  ``check_settings(settings) -> list[(message, sub-path)]``, what the schema cannot
+  express about the backend's settings block; ``check_runtime(settings) -> list[str]``,
+  what stops the backend from running here (package missing, no device), for
+  ``validate --check-runtime``;
+* its ``session`` module, imported when a capture opens: ``BACKEND``, the Backend class
+  (see :mod:`policy_engine.backends.base`), and optionally ``session_settings(plan)``.
 """
 
 from __future__ import annotations
@@ -21,10 +22,22 @@ from collections.abc import Mapping
 from types import ModuleType
 from typing import Any
 
-BACKENDS: Mapping[str, str] = {
-    "torch": "policy_engine.backends.torch",
-    "mstx": "policy_engine.backends.mstx",
-    "nsight": "policy_engine.backends.nsight",
+import attrs
+
+
+@attrs.frozen
+class Entry:
+    """Where a backend's parts live."""
+
+    checks: str
+    session: str
+
+
+BACKENDS: Mapping[str, Entry] = {
+    "torch": Entry("policy_engine.backends.torch", "policy_engine.backends.torch"),
+    "mstx": Entry("policy_engine.backends.mstx.checks", "policy_engine.backends.mstx.session"),
+    "nsight": Entry("policy_engine.backends.nsight.checks",
+                    "policy_engine.backends.nsight.session"),
 }
 ALIASES: Mapping[str, str] = {"npu": "mstx", "nsys": "nsight"}
 
@@ -37,27 +50,31 @@ def canonical(name: str) -> str:
     return name
 
 
-def module(name: str) -> ModuleType:
-    """Import the module that implements backend ``name``."""
-    return importlib.import_module(BACKENDS[canonical(name)])
+def checks(name: str) -> ModuleType:
+    """The module with backend ``name``'s checks (pure Python)."""
+    return importlib.import_module(BACKENDS[canonical(name)].checks)
 
 
 def create(name: str) -> Any:
-    """A new Backend object for ``name``."""
-    return module(name).BACKEND()
+    """A new Backend object for ``name`` (imports its session module)."""
+    return importlib.import_module(BACKENDS[canonical(name)].session).BACKEND()
 
 
 def check_settings(
     name: str, settings: Mapping[str, Any]
 ) -> list[tuple[str, tuple[str | int, ...]]]:
     """Problems in a backend's settings block that the schema cannot see."""
-    mod = module(name)
-    checker = getattr(mod, "check_settings", None)
-    return list(checker(settings)) if checker else []
+    return list(checks(name).check_settings(settings))
+
+
+def check_runtime(name: str, settings: Mapping[str, Any]) -> list[str]:
+    """What stops backend ``name`` from running in this process (imports no tool)."""
+    return list(checks(name).check_runtime(settings))
 
 
 def session_settings(name: str, plan: Any) -> Mapping[str, Any]:
     """The settings a backend's captures of ``plan`` get: the role's block, or what the
     backend derives from the whole plan (nsight adds the output name nsys was given)."""
-    hook = getattr(module(name), "session_settings", None)
+    module = importlib.import_module(BACKENDS[canonical(name)].session)
+    hook = getattr(module, "session_settings", None)
     return hook(plan) if hook is not None else plan.settings  # type: ignore[no-any-return]

@@ -23,8 +23,8 @@ from collections.abc import Mapping
 from contextlib import AbstractContextManager
 from typing import Any, ClassVar
 
-from ..output import write_atomic
-from .base import Artifact, BackendUnavailable, CaptureInfo
+from policy_engine.backends.base import Artifact, BackendUnavailable, CaptureInfo
+from policy_engine.backends.output import write_atomic
 
 log = logging.getLogger("policy_engine")
 

@@ -10,13 +10,14 @@ from typing import Any
 
 import attrs
 
-from .._frozen import FrozenDict
-from ..errors import PolicyError, Problem, did_you_mean
-from ..loader import Override, PolicyFileError, overrides_from_env, parse_override
-from ..model import Policy, build_policy
-from ..policy import Analysis, analyze, read_source
-from ..topology import mesh_size, parse_mesh
-from .main import UsageError
+from policy_engine.cli.main import UsageError
+from policy_engine.errors import PolicyError, Problem, did_you_mean
+from policy_engine.language.document import PolicyFileError
+from policy_engine.language.frozen import FrozenDict
+from policy_engine.language.load import Analysis, analyze, read_source
+from policy_engine.language.model import Policy, build_policy
+from policy_engine.language.overrides import Override, overrides_from_env, parse_override
+from policy_engine.plan.topology import mesh_size, parse_mesh
 
 
 def mesh_arg(text: str) -> dict[str, int]:

@@ -7,10 +7,10 @@ import os
 import time
 from typing import Any
 
-from .._resources import read_resource
-from ..loader import parse_document
-from ..policy import load_policy
-from . import traces
+from policy_engine._resources import read_resource
+from policy_engine.cli import traces
+from policy_engine.language.document import parse_document
+from policy_engine.language.load import load_policy
 
 DEFAULT_POLICY = "verl_ppo.yaml"
 
@@ -37,7 +37,7 @@ def run(args: argparse.Namespace) -> int:
         data["output_dir"] = out
         policy = load_policy(data)
         label = f"built-in {DEFAULT_POLICY}"
-    from .. import demo  # imports torch: only this command needs it
+    from policy_engine.cli import ppo as demo
 
     print(f"policy-engine demo: 4 workers (rollout, actor, ref, critic) in one process, "
           f"{args.steps} PPO steps on the CPU, policy: {label}")

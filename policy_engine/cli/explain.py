@@ -9,9 +9,14 @@ import sys
 from collections.abc import Iterable
 from typing import Any
 
-from ..explain import iter_ranks
-from ._common import add_format_option, add_layout_options, load_role_layout, positive_int
-from .main import UsageError
+from policy_engine.cli._common import (
+    add_format_option,
+    add_layout_options,
+    load_role_layout,
+    positive_int,
+)
+from policy_engine.cli.main import UsageError
+from policy_engine.plan.predict import iter_ranks
 
 
 def add_parser(sub: Any, name: str) -> None:

@@ -6,7 +6,7 @@ import argparse
 import os
 from typing import Any
 
-from .main import UsageError
+from policy_engine.cli.main import UsageError
 
 STARTER = """\
 # yaml-language-server: $schema=https://policy-engine.dev/schemas/profile_policy.schema.json

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import sys
 from collections.abc import Sequence
 
-from ..errors import PolicyError
+from policy_engine.errors import PolicyError
 
 #: subcommand -> module under policy_engine.cli
 COMMANDS: dict[str, str] = {
@@ -49,10 +50,9 @@ def _tolerant_output() -> None:
     for stream in (sys.stdout, sys.stderr):
         reconfigure = getattr(stream, "reconfigure", None)
         if reconfigure is not None:
-            try:
+            # A stream replaced by one that cannot be reconfigured keeps its errors.
+            with contextlib.suppress(ValueError, OSError):
                 reconfigure(errors="backslashreplace")
-            except (ValueError, OSError):  # a stream already written to in another way
-                pass
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -16,22 +16,26 @@ import textwrap
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-from .._frozen import thaw
-from ..compiler import compile_plan
-from ..errors import PolicyError, Problem, json_path
-from ..model import Policy
-from ..nsys_args import NsysArgsError, nsys_output, nsys_profile_args, report_path
-from ..nsys_ranges import count_ranges
-from ..topology import Topology
-from ._common import (
+from policy_engine.backends.nsight.launch import (
+    NsysArgsError,
+    nsys_output,
+    nsys_profile_args,
+    report_path,
+)
+from policy_engine.cli._common import (
     add_format_option,
     add_layout_options,
     load_role_layout,
     positive_int,
     print_json,
 )
-from .main import UsageError
-
+from policy_engine.cli.main import UsageError
+from policy_engine.errors import PolicyError, Problem, json_path
+from policy_engine.language.frozen import thaw
+from policy_engine.language.model import Policy
+from policy_engine.plan.captures import count_ranges
+from policy_engine.plan.compile import compile_plan
+from policy_engine.plan.topology import Topology
 
 #: Report paths listed per rank; the rest follow the same numbering.
 MAX_LISTED_REPORTS = 1000

@@ -6,7 +6,7 @@ import argparse
 import sys
 from typing import Any
 
-from ..schema import schema_text
+from policy_engine.language.schema import schema_text
 
 
 def add_parser(sub: Any, name: str) -> None:

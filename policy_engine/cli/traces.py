@@ -15,10 +15,16 @@ import sys
 import time
 from typing import Any
 
-from ..output import find_leftovers, is_temp_name, temp_pid
-from ..runtime.manifest import MANIFEST_DIR, MANIFEST_SUFFIX, Scan, host_name, scan_manifests
-from ._common import add_format_option, print_json
-from .main import UsageError
+from policy_engine.backends.output import find_leftovers, is_temp_name, temp_pid
+from policy_engine.cli._common import add_format_option, print_json
+from policy_engine.cli.main import UsageError
+from policy_engine.runtime.manifest import (
+    MANIFEST_DIR,
+    MANIFEST_SUFFIX,
+    Scan,
+    host_name,
+    scan_manifests,
+)
 
 # Folders written whole by a tool (torch_npu) are one trace, not many files.
 _TRACE_DIR_SUFFIXES = ("_ascend_pt",)

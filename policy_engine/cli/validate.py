@@ -8,12 +8,17 @@ from typing import Any
 
 import attrs
 
-from .. import backends
-from ..checks import UNNAMED, origin
-from ..errors import PolicyError, Problem, json_path
-from ..loader import Document, PolicyFileError
-from ..model import build_policy, build_role
-from ._common import add_format_option, add_layout_options, analyze_file, print_json
+from policy_engine import backends
+from policy_engine.cli._common import (
+    add_format_option,
+    add_layout_options,
+    analyze_file,
+    print_json,
+)
+from policy_engine.errors import PolicyError, Problem, json_path
+from policy_engine.language.checks import UNNAMED, origin
+from policy_engine.language.document import Document, PolicyFileError
+from policy_engine.language.model import build_policy, build_role
 
 
 def add_parser(sub: Any, name: str) -> None:
@@ -56,7 +61,7 @@ def _runtime_problems(doc: Document) -> list[Problem]:
         if not spec.enabled:
             continue
         at = origin(data, UNNAMED if role is None else role, "backend")
-        for message in backends.module(spec.backend).check_runtime(dict(spec.settings)):
+        for message in backends.check_runtime(spec.backend, dict(spec.settings)):
             if (spec.backend, message) not in seen:
                 seen.add((spec.backend, message))
                 problems.append(Problem(f"backend {spec.backend}: {message}",

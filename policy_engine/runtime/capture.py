@@ -26,10 +26,10 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ..backends.base import Artifact, Session
-from ..schedule import Action, Schedule
-from . import manifest
-from .state import STATE, Slot, warn_once
+from policy_engine.backends.base import Artifact, Session
+from policy_engine.language.schedule import Action, Schedule
+from policy_engine.runtime import manifest
+from policy_engine.runtime.state import STATE, Slot, warn_once
 
 log = logging.getLogger("policy_engine")
 
@@ -505,6 +505,6 @@ class Capture:
 
 def _deliver_pending_signal() -> None:
     if STATE.pending_signal is not None:
-        from .signals import deliver_pending
+        from policy_engine.runtime.signals import deliver_pending
 
         deliver_pending()

@@ -31,7 +31,7 @@ from typing import IO, Any
 
 import attrs
 
-from ..output import folder
+from policy_engine.backends.output import folder
 
 MANIFEST_DIR = "manifests"
 MANIFEST_SUFFIX = ".manifest.jsonl"

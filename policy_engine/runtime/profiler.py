@@ -22,13 +22,13 @@ from collections.abc import Callable
 from contextlib import AbstractContextManager
 from typing import Any, TypeVar
 
-from .. import backends
-from ..backends.base import CaptureInfo
-from ..errors import ProfilingError
-from ..plan import Plan
-from . import manifest, signals
-from .capture import Capture
-from .state import capture_id, slot, warn_once
+from policy_engine import backends
+from policy_engine.backends.base import CaptureInfo
+from policy_engine.errors import ProfilingError
+from policy_engine.plan.plan import Plan
+from policy_engine.runtime import manifest, signals
+from policy_engine.runtime.capture import Capture
+from policy_engine.runtime.state import capture_id, slot, warn_once
 
 log = logging.getLogger("policy_engine")
 F = TypeVar("F", bound=Callable[..., Any])

@@ -15,7 +15,7 @@ import signal
 import threading
 from types import FrameType
 
-from .state import STATE, captures
+from policy_engine.runtime.state import STATE, captures
 
 
 def stop_all(why: str) -> None:

@@ -17,7 +17,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from .capture import Capture
+    from policy_engine.runtime.capture import Capture
 
 log = logging.getLogger("policy_engine")
 

@@ -26,7 +26,7 @@ import stat
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from .naming import MAX_COMPONENT_BYTES, shorten
+from policy_engine.language.naming import MAX_COMPONENT_BYTES, shorten
 
 log = logging.getLogger("policy_engine")
 

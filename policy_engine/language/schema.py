@@ -14,14 +14,13 @@ import difflib
 import functools
 import json
 from collections.abc import Iterator, Sequence
-from importlib import resources
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .errors import Problem, did_you_mean, json_path
+from policy_engine._resources import read_resource
+from policy_engine.errors import Problem, did_you_mean, json_path
 
 if TYPE_CHECKING:
-    from .loader import Document
+    from policy_engine.language.document import Document
 
 # jsonschema's ValidationError. Its stubs type most attributes as "X | Unset", which every
 # error that iter_errors yields has set; Any spares a cast at each use.
@@ -48,11 +47,7 @@ _MAX_LISTED = 8  # list the known keys after "unknown key" when there are this f
 
 def schema_text() -> str:
     """The schema file's text, from the installed package or the source checkout."""
-    packaged = resources.files("policy_engine") / "_schema" / SCHEMA_NAME
-    if packaged.is_file():
-        return packaged.read_text(encoding="utf-8")
-    checkout = Path(__file__).resolve().parent.parent / "schemas" / SCHEMA_NAME
-    return checkout.read_text(encoding="utf-8")
+    return read_resource(f"_schema/{SCHEMA_NAME}", f"schemas/{SCHEMA_NAME}")
 
 
 @functools.lru_cache(maxsize=1)

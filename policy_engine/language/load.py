@@ -8,18 +8,16 @@ from typing import Any, Union
 
 import attrs
 
-from . import checks, schema
-from .errors import PolicyError, Problem
-from .loader import (
-    Document,
+from policy_engine.errors import PolicyError, Problem
+from policy_engine.language import checks, schema
+from policy_engine.language.document import Document, document_from_mapping, load_policy_document
+from policy_engine.language.model import Policy, build_policy
+from policy_engine.language.overrides import (
     Override,
     apply_overrides,
-    document_from_mapping,
-    load_policy_document,
     overrides_from_env,
     parse_override,
 )
-from .model import Policy, build_policy
 
 PolicySource = Union[str, "os.PathLike[str]", Mapping[str, Any], Policy]
 ENV_FILE = "PROFILE_POLICY"

@@ -26,7 +26,8 @@ from contextlib import AbstractContextManager, contextmanager, nullcontext
 from pathlib import Path
 from typing import Any, ClassVar
 
-from policy_engine.backends._mstx_checks import (
+from policy_engine.backends.base import Artifact, BackendUnavailable, CaptureInfo
+from policy_engine.backends.mstx.checks import (
     _DOMAINS,
     CANN,
     INSTALL,
@@ -39,13 +40,12 @@ from policy_engine.backends._mstx_checks import (
 
 # The validate-time part lives in _mstx_checks; the names imported "as" themselves are
 # re-exported so that tests and callers reaching for them here keep working.
-from policy_engine.backends._mstx_checks import _NEEDS as _NEEDS
-from policy_engine.backends._mstx_checks import EMPTY as EMPTY
-from policy_engine.backends._mstx_checks import SOURCES as SOURCES
-from policy_engine.backends._mstx_checks import _db_problem as _db_problem
-from policy_engine.backends._mstx_checks import source_params as source_params
-from policy_engine.backends.base import Artifact, BackendUnavailable, CaptureInfo
-from policy_engine.output import make_folders
+from policy_engine.backends.mstx.checks import _NEEDS as _NEEDS
+from policy_engine.backends.mstx.checks import EMPTY as EMPTY
+from policy_engine.backends.mstx.checks import SOURCES as SOURCES
+from policy_engine.backends.mstx.checks import _db_problem as _db_problem
+from policy_engine.backends.mstx.checks import source_params as source_params
+from policy_engine.backends.output import make_folders
 
 __all__ = ["MstxBackend", "MstxSession", "check_runtime", "check_settings", "version_warnings"]
 

@@ -10,10 +10,10 @@ from typing import Any
 
 import attrs
 
-from ._frozen import FrozenDict, thaw
-from .naming import LATE_FIELDS, NameTemplate
-from .schedule import Schedule
-from .selectors import StepSet
+from policy_engine.language.frozen import FrozenDict, thaw
+from policy_engine.language.naming import LATE_FIELDS, NameTemplate
+from policy_engine.language.schedule import Schedule
+from policy_engine.language.steps import StepSet
 
 
 @attrs.frozen

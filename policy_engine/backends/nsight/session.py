@@ -13,7 +13,6 @@ nvtx and torch are imported only when a capture opens.
 
 from __future__ import annotations
 
-import glob
 import importlib
 import importlib.util
 import json
@@ -22,23 +21,23 @@ import os
 import socket
 import sys
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import Any, ClassVar
 
-from ..nsys_args import (
+from policy_engine.backends.base import Artifact, BackendUnavailable, CaptureInfo
+from policy_engine.backends.nsight.checks import NO_CUDA
+from policy_engine.backends.nsight.launch import (
     CAPTURE_DOMAIN,
     CAPTURE_RANGE,
     DEFAULT_DOMAIN,
     nsys_output,
-    options_problems,
     report_path,
     resolve_output,
 )
-from ..nsys_ranges import count_ranges
-from ..output import make_folders
-from ..plan import Plan
-from .base import Artifact, BackendUnavailable, CaptureInfo
+from policy_engine.backends.output import make_folders
+from policy_engine.plan.captures import count_ranges
+from policy_engine.plan.plan import Plan
 
 log = logging.getLogger("policy_engine")
 
@@ -46,32 +45,6 @@ log = logging.getLogger("policy_engine")
 ENV_SESSION = "NSYS_PROFILING_SESSION_ID"
 ENV_RANGE = "NSYS_NVTX_PROFILER_RANGE"
 ENV_DOMAIN = "NSYS_NVTX_PROFILER_DOMAIN"
-_NO_CUDA = "capture cuda_profiler_api needs a CUDA device; use capture: nvtx (or auto) without one"
-
-
-def check_settings(settings: Mapping[str, Any]) -> list[tuple[str, tuple[str | int, ...]]]:
-    return options_problems(settings)
-
-
-def _installed(name: str) -> bool:
-    try:
-        return importlib.util.find_spec(name) is not None
-    except ValueError:  # imported already, without a spec
-        return True
-
-
-def check_runtime(settings: Mapping[str, Any]) -> list[str]:
-    """What stops captures here; imports nothing (the CLI never imports torch)."""
-    problems = []
-    capture = settings.get("capture", "auto")
-    if (capture != "cuda_profiler_api" or settings.get("ranges", True)) and not _installed("nvtx"):
-        problems.append("nvtx is not installed: pip install nvtx")
-    if capture == "cuda_profiler_api":
-        if not _installed("torch"):
-            problems.append("capture cuda_profiler_api needs torch: pip install torch")
-        elif not glob.glob("/dev/nvidia[0-9]*"):
-            problems.append(_NO_CUDA)
-    return problems
 
 
 def session_settings(plan: Plan) -> dict[str, Any]:
@@ -105,7 +78,7 @@ def _cuda_profiler(required: bool) -> Any:
     if torch.cuda.is_available():
         return torch.cuda.profiler
     if required:
-        raise BackendUnavailable(_NO_CUDA)
+        raise BackendUnavailable(NO_CUDA)
     return None
 
 

@@ -9,15 +9,15 @@ import weakref
 from collections.abc import Mapping
 from typing import Any, Union
 
-from .compiler import compile_plan
-from .errors import PolicyError, Problem, did_you_mean
-from .model import Policy
-from .overrides import ENV_OVERRIDES
-from .plan import Plan
-from .policy import ENV_FILE, load_policy
-from .runtime.profiler import OffProfiler, RoleProfiler, wrap_region
-from .runtime.state import STATE, warn_once
-from .topology import DIMS, Topology
+from policy_engine.errors import PolicyError, Problem, did_you_mean
+from policy_engine.language.load import ENV_FILE, load_policy
+from policy_engine.language.model import Policy
+from policy_engine.language.overrides import ENV_OVERRIDES
+from policy_engine.plan.compile import compile_plan
+from policy_engine.plan.plan import Plan
+from policy_engine.plan.topology import DIMS, Topology
+from policy_engine.runtime.profiler import OffProfiler, RoleProfiler, wrap_region
+from policy_engine.runtime.state import STATE, warn_once
 
 log = logging.getLogger("policy_engine")
 PolicyArg = Union[str, "os.PathLike[str]", Mapping[str, Any], Policy, None]

@@ -12,9 +12,9 @@ import contextlib
 from collections.abc import Mapping
 from typing import Any
 
-from .apply import Profiler, apply_policy
-from .model import Policy
-from .topology import Topology
+from policy_engine.language.model import Policy
+from policy_engine.plan.topology import Topology
+from policy_engine.runtime.apply import Profiler, apply_policy
 
 HIDDEN = 64
 VOCAB = 128

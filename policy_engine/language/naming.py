@@ -14,7 +14,7 @@ from collections.abc import Mapping
 
 import attrs
 
-from .topology import DIMS
+from policy_engine.plan.topology import DIMS
 
 DEFAULT_TEMPLATE = (
     "<prefix>_<role>[_<region>][_step<step>]_rank<rank>-of-<world>"

@@ -19,9 +19,19 @@ from typing import Any, Literal, NoReturn
 
 import attrs
 
-from policy_engine import _yaml
-from policy_engine._toml import parse_toml
-from policy_engine._yaml import (
+from policy_engine.errors import Location, PolicyError, json_path
+from policy_engine.language import yaml_reader as _yaml
+
+# Overrides live in policy_engine.overrides; the names imported "as" themselves are
+# re-exported so that imports from this module keep working.
+from policy_engine.language.overrides import ENV_OVERRIDES as ENV_OVERRIDES
+from policy_engine.language.overrides import Override as Override
+from policy_engine.language.overrides import _subpaths
+from policy_engine.language.overrides import apply_overrides as apply_overrides
+from policy_engine.language.overrides import overrides_from_env as overrides_from_env
+from policy_engine.language.overrides import parse_override as parse_override
+from policy_engine.language.toml_reader import parse_toml
+from policy_engine.language.yaml_reader import (
     INT_LIMIT,
     LONE_SURROGATE,
     TOO_MANY,
@@ -34,16 +44,6 @@ from policy_engine._yaml import (
     shorten,
     too_deep,
 )
-from policy_engine.errors import Location, PolicyError, json_path
-
-# Overrides live in policy_engine.overrides; the names imported "as" themselves are
-# re-exported so that imports from this module keep working.
-from policy_engine.overrides import ENV_OVERRIDES as ENV_OVERRIDES
-from policy_engine.overrides import Override as Override
-from policy_engine.overrides import _subpaths
-from policy_engine.overrides import apply_overrides as apply_overrides
-from policy_engine.overrides import overrides_from_env as overrides_from_env
-from policy_engine.overrides import parse_override as parse_override
 
 Format = Literal["yaml", "toml", "json"]
 _FORMATS: dict[str, Format] = {".yaml": "yaml", ".yml": "yaml", ".toml": "toml", ".json": "json"}

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import attrs
 
-from .plan import Plan
-from .schedule import Schedule
-from .selectors import StepSet
+from policy_engine.language.schedule import Schedule
+from policy_engine.language.steps import StepSet
+from policy_engine.plan.plan import Plan
 
 
 @attrs.frozen

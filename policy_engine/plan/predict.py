@@ -5,12 +5,12 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from .compiler import compile_plan
-from .model import Policy
-from .naming import LATE_FIELDS
-from .plan import Plan
-from .schedule import Action, Schedule
-from .topology import DIMS, Topology, coords_from_mesh
+from policy_engine.language.model import Policy
+from policy_engine.language.naming import LATE_FIELDS
+from policy_engine.language.schedule import Action, Schedule
+from policy_engine.plan.compile import compile_plan
+from policy_engine.plan.plan import Plan
+from policy_engine.plan.topology import DIMS, Topology, coords_from_mesh
 
 
 def capture_runs(plan: Plan, lo: int, hi: int) -> list[tuple[int, int | None]]:

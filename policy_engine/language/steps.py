@@ -19,7 +19,7 @@ from collections.abc import Iterator, Sequence
 
 import attrs
 
-from policy_engine._selector_base import (
+from policy_engine.language.selector import (
     Path,
     SelectorError,
     _bounded_int,

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 import attrs
 
 if TYPE_CHECKING:
-    from policy_engine.topology import Topology
+    from policy_engine.plan.topology import Topology
 
 log = logging.getLogger("policy_engine")
 
@@ -210,7 +210,7 @@ def coords_from_mesh_dims(
     >>> coords_from_mesh_dims(("dp_replicate", "dp_shard", "tp"), (1, 2, 0), (2, 4, 2))
     ({'tp': 0, 'dp': 6}, {'tp': 2, 'dp': 8})
     """
-    from policy_engine.topology import DIMS
+    from policy_engine.plan.topology import DIMS
 
     coords: dict[str, int] = {}
     sizes: dict[str, int] = {}
@@ -247,7 +247,7 @@ def coords_from_mesh_dims(
 
 def discover(mesh: Mapping[str, int] | None = None) -> Topology:
     """Implements :meth:`Topology.discover`."""
-    from policy_engine.topology import Topology
+    from policy_engine.plan.topology import Topology
 
     launch = launcher_from_env(os.environ)
     rank, world = (launch.rank, launch.world) if launch else (0, 1)

@@ -11,9 +11,9 @@ import difflib
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
-from .model import RoleSpec, build_role
-from .schedule import ScheduleError
-from .selectors import SelectorError
+from policy_engine.language.model import RoleSpec, build_role
+from policy_engine.language.schedule import ScheduleError
+from policy_engine.language.selector import SelectorError
 
 Path = tuple[str | int, ...]
 Found = tuple[str, Path, str]  # message, where, severity

@@ -15,12 +15,12 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
-from policy_engine import _yaml
-from policy_engine._yaml import MAX_DEPTH, PathKey, describe, shorten, too_deep
 from policy_engine.errors import Location, PolicyError, Problem, json_path
+from policy_engine.language import yaml_reader as _yaml
+from policy_engine.language.yaml_reader import MAX_DEPTH, PathKey, describe, shorten, too_deep
 
 if TYPE_CHECKING:
-    from policy_engine.loader import Document  # loader imports this module
+    from policy_engine.language.document import Document  # loader imports this module
 
 __all__ = ["ENV_OVERRIDES", "Override", "apply_overrides", "overrides_from_env", "parse_override"]
 

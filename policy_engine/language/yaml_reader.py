@@ -28,7 +28,7 @@ from policy_engine.errors import Location, PolicyError, Problem, json_path
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from policy_engine.loader import Document
+    from policy_engine.language.document import Document
 
 PathKey = tuple[str | int, ...]
 
@@ -96,7 +96,7 @@ class YamlValue(NamedTuple):
 
 def parse_yaml(text: str, origin: str) -> Document:
     """Parse a YAML policy (one document, a mapping at the top) safely, keeping positions."""
-    from policy_engine.loader import Document  # loader imports this module
+    from policy_engine.language.document import Document  # loader imports this module
 
     parsed = parse_yaml_value(text, origin)
     data = check_root(parsed.value, parsed.values.get((), Location(origin)), () in parsed.values)

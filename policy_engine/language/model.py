@@ -15,12 +15,13 @@ from typing import Any
 
 import attrs
 
-from . import backends
-from ._frozen import FrozenDict, deep_merge, freeze, thaw
-from .errors import Problem
-from .naming import DEFAULT_TEMPLATE, NameTemplate
-from .schedule import Schedule
-from .selectors import RankSelector, StepSet
+from policy_engine import backends
+from policy_engine.errors import Problem
+from policy_engine.language.frozen import FrozenDict, deep_merge, freeze, thaw
+from policy_engine.language.naming import DEFAULT_TEMPLATE, NameTemplate
+from policy_engine.language.ranks import RankSelector
+from policy_engine.language.schedule import Schedule
+from policy_engine.language.steps import StepSet
 
 #: What a role gets for every setting the policy leaves out.
 BUILTIN_DEFAULTS: Mapping[str, Any] = {

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import socket
 
-from ._frozen import FrozenDict
-from .errors import PolicyError, Problem
-from .model import Policy
-from .plan import Plan, RegionPlan
-from .selectors import StepSet
-from .topology import DIMS, Topology
+from policy_engine.errors import PolicyError, Problem
+from policy_engine.language.frozen import FrozenDict
+from policy_engine.language.model import Policy
+from policy_engine.language.steps import StepSet
+from policy_engine.plan.plan import Plan, RegionPlan
+from policy_engine.plan.topology import DIMS, Topology
 
 
 def resolve_topology(policy: Policy, topology: Topology | None) -> Topology:

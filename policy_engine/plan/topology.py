@@ -116,7 +116,7 @@ class Topology:
         Raises ValueError for a malformed launcher variable (naming it) or a mesh that
         does not match the world size.
         """
-        from policy_engine._discover import discover
+        from policy_engine.plan.discover import discover
 
         return discover(mesh)
 
@@ -129,7 +129,7 @@ class Topology:
         ``dp_shard``/``fsdp`` combined into dp (replicate-major). Other names are ignored.
         Rank, world, local rank and node come from :meth:`discover`.
         """
-        from policy_engine._discover import from_device_mesh
+        from policy_engine.plan.discover import from_device_mesh
 
         return from_device_mesh(mesh)
 

@@ -17,7 +17,8 @@ import re
 import sys
 from typing import Any
 
-from policy_engine._yaml import (
+from policy_engine.errors import Location, PolicyError, json_path
+from policy_engine.language.yaml_reader import (
     INT_LIMIT,
     MAX_DEPTH,
     MAX_NODES,
@@ -27,7 +28,6 @@ from policy_engine._yaml import (
     shorten,
     too_deep,
 )
-from policy_engine.errors import Location, PolicyError, json_path
 
 if sys.version_info >= (3, 11):
     import tomllib

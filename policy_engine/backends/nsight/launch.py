@@ -17,7 +17,7 @@ from collections.abc import Mapping
 
 import attrs
 
-from .naming import NameTemplate
+from policy_engine.language.naming import NameTemplate
 
 #: The NVTX range the engine opens around every capture, and its domain. Fixed, so that
 #: ``--nvtx-capture=NAME@DOMAIN`` never depends on the policy; region names are method
