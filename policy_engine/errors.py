@@ -67,6 +67,21 @@ def json_path(parts: Iterable[str | int]) -> str:
     return out
 
 
+def describe(value: object) -> str:
+    """Name a plain value's kind for messages: 'a list', 'an integer', ..."""
+    if value is None:
+        return "null"
+    kinds = (
+        (bool, "a boolean"),
+        (int, "an integer"),
+        (float, "a number"),
+        (str, "a string"),
+        (dict, "a mapping"),
+        (list, "a list"),
+    )
+    return next((name for kind, name in kinds if isinstance(value, kind)), type(value).__name__)
+
+
 def did_you_mean(word: str, choices: Iterable[str]) -> str:
     """`` (did you mean 'ranks'?)`` when a choice is close to ``word``, else ``""``."""
     close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)

@@ -20,15 +20,16 @@ import policy_engine.language.checks as checks
 import policy_engine.language.steps as steps_module
 from policy_engine.cli.main import main
 from policy_engine.language.checks import check_document
-from policy_engine.language.document import document_from_mapping
+from policy_engine.language.mesh import DIMS, coords_from_mesh, mesh_size
 from policy_engine.language.naming import NameTemplate
 from policy_engine.language.ranks import RankSelector
+from policy_engine.language.read import document_from_mapping
 from policy_engine.language.schedule import Action, Schedule
 from policy_engine.language.selector import SelectorError
 from policy_engine.language.steps import StepSet
 from policy_engine.plan.captures import count_ranges, cycle_ranges
 from policy_engine.plan.plan import Plan
-from policy_engine.plan.topology import DIMS, Topology, coords_from_mesh, mesh_size
+from policy_engine.plan.topology import Topology
 
 RECORDING = (Action.RECORD, Action.RECORD_AND_SAVE)
 

@@ -18,23 +18,22 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from policy_engine.errors import Location, PolicyError, Problem
-from policy_engine.language import document as loader
-from policy_engine.language.document import (
-    Document,
-    PolicyFileError,
-    document_from_mapping,
-    load_policy_document,
-    parse_document,
-    read_document,
-    read_text,
-)
+from policy_engine.language import extends
+from policy_engine.language import read as reader
+from policy_engine.language.document import MAX_DEPTH, Document, PolicyFileError
+from policy_engine.language.extends import load_policy_document
 from policy_engine.language.overrides import (
     Override,
     apply_overrides,
     overrides_from_env,
     parse_override,
 )
-from policy_engine.language.yaml_reader import MAX_DEPTH
+from policy_engine.language.read import (
+    document_from_mapping,
+    parse_document,
+    read_document,
+    read_text,
+)
 
 Where = tuple[str, "int | None", "int | None"]
 
@@ -93,7 +92,7 @@ def test_unreadable_file_is_a_file_error(in_tmp: Path, monkeypatch: pytest.Monke
         raise PermissionError(13, "Permission denied")
 
     # patched in the module rather than chmod, which root (CI containers) ignores
-    monkeypatch.setattr(loader, "open", denied, raising=False)
+    monkeypatch.setattr(reader, "open", denied, raising=False)
     with pytest.raises(PolicyFileError) as info:
         read_text("p.yaml")
     assert problem_of(info).message == "cannot read p.yaml: Permission denied"
@@ -125,7 +124,7 @@ def test_bom_is_stripped(in_tmp: Path) -> None:
 
 
 def test_oversized_file(in_tmp: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(loader, "_MAX_BYTES", 8)
+    monkeypatch.setattr(reader, "_MAX_BYTES", 8)
     write(in_tmp, "p.yaml", "version: 1\n")
     with pytest.raises(PolicyError, match="larger than 0 MiB"):
         read_text("p.yaml")
@@ -767,16 +766,16 @@ def test_a_long_extends_chain_stops_at_the_limit(in_tmp: Path) -> None:
     with pytest.raises(PolicyError) as info:
         load_policy_document("c0.yaml")
     assert time.perf_counter() - start < 5
-    last = loader.MAX_EXTENDS_DEPTH - 1
+    last = extends.MAX_EXTENDS_DEPTH - 1
     assert (problem_of(info).message, where(problem_of(info))) == (
-        f"extends chain is longer than {loader.MAX_EXTENDS_DEPTH} files: "
+        f"extends chain is longer than {extends.MAX_EXTENDS_DEPTH} files: "
         f"c0.yaml -> c1.yaml -> ... -> c{last}.yaml -> c{last + 1}.yaml",
         (f"c{last}.yaml", 1, 10),
     )
 
 
 def test_a_chain_at_the_limit_loads(in_tmp: Path) -> None:
-    depth = loader.MAX_EXTENDS_DEPTH
+    depth = extends.MAX_EXTENDS_DEPTH
     for i in range(depth):
         text = f"extends: c{i + 1}.yaml\n" if i < depth - 1 else "version: 1\n"
         write(in_tmp, f"c{i}.yaml", text)
@@ -789,7 +788,7 @@ def test_extends_may_read_only_so_many_files(in_tmp: Path) -> None:
     write(in_tmp, "top.yaml", f"version: 1\nextends: [{names}]\n")
     with pytest.raises(PolicyError) as info:
         load_policy_document("top.yaml")
-    limit = loader.MAX_EXTENDS_FILES
+    limit = extends.MAX_EXTENDS_FILES
     problem = problem_of(info)
     assert problem.message == f"extends reads more than {limit} files in all"
     assert (problem.json_path, where(problem)) == (

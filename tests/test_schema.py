@@ -13,11 +13,11 @@ from jsonschema import Draft202012Validator
 
 from policy_engine import backends
 from policy_engine.language import schema
-from policy_engine.language.document import document_from_mapping, parse_document
+from policy_engine.language.mesh import DIMS
 from policy_engine.language.model import BUILTIN_DEFAULTS
 from policy_engine.language.ranks import DIMENSIONS
+from policy_engine.language.read import document_from_mapping, parse_document
 from policy_engine.language.schedule import Schedule
-from policy_engine.plan.topology import DIMS
 
 ROOT = Path(__file__).resolve().parent.parent
 SCHEMA = json.loads((ROOT / "schemas" / schema.SCHEMA_NAME).read_text(encoding="utf-8"))

@@ -14,8 +14,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from policy_engine.language.mesh import coords_from_mesh, parse_mesh
 from policy_engine.plan.discover import coords_from_mesh_dims
-from policy_engine.plan.topology import Topology, coords_from_mesh, parse_mesh
+from policy_engine.plan.topology import Topology
 
 LAUNCHER_PREFIXES = ("SLURM_", "OMPI_")
 LAUNCHER_NAMES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK")

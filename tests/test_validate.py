@@ -16,8 +16,8 @@ from hypothesis import strategies as st
 
 from policy_engine import PolicyError, load_policy
 from policy_engine.cli.main import main
-from policy_engine.language.document import document_from_mapping
 from policy_engine.language.load import analyze
+from policy_engine.language.read import document_from_mapping
 
 DATA = Path(__file__).parent / "data"
 INVALID = DATA / "invalid"

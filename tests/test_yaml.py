@@ -17,7 +17,8 @@ from hypothesis import strategies as st
 
 from policy_engine.errors import PolicyError
 from policy_engine.language import yaml_reader as _yaml
-from policy_engine.language.yaml_reader import MAX_DEPTH, MAX_NODES, parse_yaml, parse_yaml_value
+from policy_engine.language.document import MAX_DEPTH, MAX_NODES
+from policy_engine.language.yaml_reader import parse_yaml, parse_yaml_value
 
 Error = tuple[str, "int | None", "int | None", str]
 

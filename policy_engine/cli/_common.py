@@ -15,9 +15,9 @@ from policy_engine.errors import PolicyError, Problem, did_you_mean
 from policy_engine.language.document import PolicyFileError
 from policy_engine.language.frozen import FrozenDict
 from policy_engine.language.load import Analysis, analyze, read_source
+from policy_engine.language.mesh import mesh_size, parse_mesh
 from policy_engine.language.model import Policy, build_policy
 from policy_engine.language.overrides import Override, overrides_from_env, parse_override
-from policy_engine.plan.topology import mesh_size, parse_mesh
 
 
 def mesh_arg(text: str) -> dict[str, int]:

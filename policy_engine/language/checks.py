@@ -19,13 +19,13 @@ from policy_engine.errors import Problem, Severity, json_path
 from policy_engine.language import colocation
 from policy_engine.language.document import Document
 from policy_engine.language.frozen import deep_merge
+from policy_engine.language.mesh import DIMS, format_mesh, mesh_size
 from policy_engine.language.model import BUILTIN_DEFAULTS, RoleSpec, build_role
 from policy_engine.language.naming import NameTemplate, TemplateError
 from policy_engine.language.ranks import Box, RankSelector, intersect
 from policy_engine.language.schema import fits
 from policy_engine.language.selector import SelectorError
 from policy_engine.language.steps import StepSet
-from policy_engine.plan.topology import DIMS, format_mesh, mesh_size
 
 Path = tuple[str | int, ...]
 #: The role name that stands for roles the policy does not name (they get ``defaults``).

@@ -10,7 +10,8 @@ import attrs
 
 from policy_engine.errors import PolicyError, Problem
 from policy_engine.language import checks, schema
-from policy_engine.language.document import Document, document_from_mapping, load_policy_document
+from policy_engine.language.document import Document
+from policy_engine.language.extends import load_policy_document
 from policy_engine.language.model import Policy, build_policy
 from policy_engine.language.overrides import (
     Override,
@@ -18,6 +19,7 @@ from policy_engine.language.overrides import (
     overrides_from_env,
     parse_override,
 )
+from policy_engine.language.read import document_from_mapping
 
 PolicySource = Union[str, "os.PathLike[str]", Mapping[str, Any], Policy]
 ENV_FILE = "PROFILE_POLICY"

@@ -14,7 +14,7 @@ from collections.abc import Mapping
 
 import attrs
 
-from policy_engine.plan.topology import DIMS
+from policy_engine.language.mesh import DIMS
 
 DEFAULT_TEMPLATE = (
     "<prefix>_<role>[_<region>][_step<step>]_rank<rank>-of-<world>"

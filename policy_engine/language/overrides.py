@@ -11,16 +11,13 @@ import copy
 import os
 import re
 from collections.abc import Iterable, Iterator, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import attrs
 
-from policy_engine.errors import Location, PolicyError, Problem, json_path
+from policy_engine.errors import Location, PolicyError, Problem, describe, json_path
 from policy_engine.language import yaml_reader as _yaml
-from policy_engine.language.yaml_reader import MAX_DEPTH, PathKey, describe, shorten, too_deep
-
-if TYPE_CHECKING:
-    from policy_engine.language.document import Document  # loader imports this module
+from policy_engine.language.document import MAX_DEPTH, Document, PathKey, shorten, too_deep
 
 __all__ = ["ENV_OVERRIDES", "Override", "apply_overrides", "overrides_from_env", "parse_override"]
 

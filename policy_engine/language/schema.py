@@ -14,13 +14,11 @@ import difflib
 import functools
 import json
 from collections.abc import Iterator, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from policy_engine._resources import read_resource
 from policy_engine.errors import Problem, did_you_mean, json_path
-
-if TYPE_CHECKING:
-    from policy_engine.language.document import Document
+from policy_engine.language.document import Document
 
 # jsonschema's ValidationError. Its stubs type most attributes as "X | Unset", which every
 # error that iter_errors yields has set; Any spares a cast at each use.

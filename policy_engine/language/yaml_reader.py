@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import contextlib
 import re
-from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any, NamedTuple
+from collections.abc import Callable, Iterator
+from typing import Any, NamedTuple
 
 import yaml
 from yaml.constructor import SafeConstructor
@@ -24,24 +24,21 @@ from yaml.events import CollectionEndEvent, CollectionStartEvent, Event, NodeEve
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
 from policy_engine.errors import Location, PolicyError, Problem, json_path
-
-if TYPE_CHECKING:
-    from collections.abc import Callable
-
-    from policy_engine.language.document import Document
-
-PathKey = tuple[str | int, ...]
-
-MAX_DEPTH = 64
-"""Deepest nesting of lists and mappings a policy may have (real ones use about 6)."""
-MAX_NODES = 100_000
-"""Most values a policy may hold once aliases are expanded (stops alias bombs)."""
-INT_LIMIT = 2**63
-"""Integers in a policy are below this in absolute value (18 digits are plenty)."""
-TOO_MANY = (
-    f"the policy holds more than {MAX_NODES} values once aliases are expanded; refusing to build it"
+from policy_engine.language.document import (
+    INT_LIMIT,
+    LONE_SURROGATE,
+    MAX_DEPTH,
+    MAX_NODES,
+    SURROGATE,
+    TOO_MANY,
+    Document,
+    PathKey,
+    check_root,
+    has_surrogate,
+    int_too_large,
+    shorten,
+    too_deep,
 )
-LONE_SURROGATE = "a lone surrogate (\\ud800-\\udfff) is not a character; write UTF-8 text"
 
 # Every collection the parser opens starts at an indicator character of its own: `[`,
 # `{`, the `-` of its first entry, or the `?` or `:` of its first key. So the number of
@@ -49,7 +46,6 @@ LONE_SURROGATE = "a lone surrogate (\\ud800-\\udfff) is not a character; write U
 # values per character. Texts within both bounds (every policy of a few lines) are
 # composed straight away; the others are walked first, event by event.
 _OPENERS = "[{-?:"
-_SURROGATE = re.compile(r"[\ud800-\udfff]")
 _INT_TEXT = 100  # an integer written with more significant digits is refused unread
 
 _T = "tag:yaml.org,2002:"
@@ -96,8 +92,6 @@ class YamlValue(NamedTuple):
 
 def parse_yaml(text: str, origin: str) -> Document:
     """Parse a YAML policy (one document, a mapping at the top) safely, keeping positions."""
-    from policy_engine.language.document import Document  # loader imports this module
-
     parsed = parse_yaml_value(text, origin)
     data = check_root(parsed.value, parsed.values.get((), Location(origin)), () in parsed.values)
     return Document(data, origin, parsed.values, parsed.keys)
@@ -117,54 +111,9 @@ def parse_yaml_value(text: str, origin: str) -> YamlValue:
     return YamlValue(_build(node, (), origin, values, keys), values, keys)
 
 
-def describe(value: object) -> str:
-    """Name a plain value's kind for messages: 'a list', 'an integer', ..."""
-    if value is None:
-        return "null"
-    kinds = (
-        (bool, "a boolean"),
-        (int, "an integer"),
-        (float, "a number"),
-        (str, "a string"),
-        (dict, "a mapping"),
-        (list, "a list"),
-    )
-    return next((name for kind, name in kinds if isinstance(value, kind)), type(value).__name__)
-
-
-def check_root(value: object, location: Location, present: bool = True) -> dict[str, Any]:
-    """Refuse a policy that is empty or not a mapping; return it typed as a mapping."""
-    if not present or value is None or value == {}:
-        raise PolicyError.single("the policy is empty", location)
-    if not isinstance(value, dict):
-        raise PolicyError.single(f"the policy must be a mapping, got {describe(value)}", location)
-    return value
-
-
-def too_deep(location: Location, path: PathKey) -> PolicyError:
-    """The error for nesting beyond MAX_DEPTH (shared with the JSON and TOML readers)."""
-    message = f"nesting is deeper than {MAX_DEPTH} levels"
-    return PolicyError.single(message, location, json_path(path))
-
-
 def show_tag(tag: str) -> str:
     """Write a tag the way a user types it: ``!!python/object`` rather than its URI."""
     return "!!" + tag[len(_T) :] if tag.startswith(_T) else tag
-
-
-def has_surrogate(text: str) -> bool:
-    """Whether ``text`` holds a lone surrogate, which no encoder accepts (nor can print)."""
-    return _SURROGATE.search(text) is not None
-
-
-def int_too_large(digits: int) -> str:
-    """The message for an integer of ``digits`` digits at or beyond INT_LIMIT."""
-    return f"integer too large: {digits} digits (a policy's numbers are below 2**63)"
-
-
-def shorten(text: str, limit: int = 60) -> str:
-    """User text to quote in a message, cut to ``limit`` characters."""
-    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def _compose(text: str, origin: str) -> Node | None:
@@ -190,7 +139,7 @@ def _compose(text: str, origin: str) -> Node | None:
 def _refuse_surrogates(text: str, origin: str) -> None:
     """Refuse lone surrogates (from undecodable bytes) as the pure-Python reader does;
     the C loader cannot even encode them."""
-    found = _SURROGATE.search(text)
+    found = SURROGATE.search(text)
     if found:
         message = (
             f"unacceptable character #x{ord(found.group()):04x}: special characters are not allowed"

@@ -6,10 +6,11 @@ import socket
 
 from policy_engine.errors import PolicyError, Problem
 from policy_engine.language.frozen import FrozenDict
+from policy_engine.language.mesh import DIMS
 from policy_engine.language.model import Policy
 from policy_engine.language.steps import StepSet
 from policy_engine.plan.plan import Plan, RegionPlan
-from policy_engine.plan.topology import DIMS, Topology
+from policy_engine.plan.topology import Topology
 
 
 def resolve_topology(policy: Policy, topology: Topology | None) -> Topology:

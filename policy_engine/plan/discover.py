@@ -14,12 +14,11 @@ import os
 import re
 import sys
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import attrs
 
-if TYPE_CHECKING:
-    from policy_engine.plan.topology import Topology
+from policy_engine.language.mesh import DIMS
 
 log = logging.getLogger("policy_engine")
 
@@ -210,8 +209,6 @@ def coords_from_mesh_dims(
     >>> coords_from_mesh_dims(("dp_replicate", "dp_shard", "tp"), (1, 2, 0), (2, 4, 2))
     ({'tp': 0, 'dp': 6}, {'tp': 2, 'dp': 8})
     """
-    from policy_engine.plan.topology import DIMS
-
     coords: dict[str, int] = {}
     sizes: dict[str, int] = {}
     if not names:
@@ -245,10 +242,9 @@ def coords_from_mesh_dims(
     return coords, sizes
 
 
-def discover(mesh: Mapping[str, int] | None = None) -> Topology:
-    """Implements :meth:`Topology.discover`."""
-    from policy_engine.plan.topology import Topology
-
+def live_place() -> dict[str, Any]:
+    """Where this process sits, from what is live in it: the fields of a Topology
+    (:meth:`Topology.discover <policy_engine.plan.topology.Topology.discover>`)."""
     launch = launcher_from_env(os.environ)
     rank, world = (launch.rank, launch.world) if launch else (0, 1)
     source = launch.source if launch else "single"
@@ -273,17 +269,8 @@ def discover(mesh: Mapping[str, int] | None = None) -> Topology:
         (coords, sizes), source = parallel, "megatron"
 
     local_rank, local_world, node = _place_on_node(launch, rank)
-    topo = Topology(
-        rank=rank,
-        world=world,
-        local_rank=local_rank,
-        node=node,
-        coords=coords,
-        sizes=sizes,
-        local_world=local_world,
-        source=source,
-    )
-    return topo.with_mesh(mesh) if mesh else topo
+    return {"rank": rank, "world": world, "local_rank": local_rank, "node": node,
+            "coords": coords, "sizes": sizes, "local_world": local_world, "source": source}
 
 
 def _place_on_node(launch: _Launch | None, rank: int) -> tuple[int, int | None, int]:
@@ -305,31 +292,16 @@ def _place_on_node(launch: _Launch | None, rank: int) -> tuple[int, int | None, 
     return launch.local_rank, local_world, node
 
 
-def from_device_mesh(device_mesh: Any) -> Topology:
-    """Implements :meth:`Topology.from_device_mesh`."""
-    base = discover()
+def device_mesh_coords(device_mesh: Any, rank: int) -> tuple[dict[str, int],
+                                                             dict[str, int]] | None:
+    """The coordinates and sizes a torch ``DeviceMesh`` gives this process (None when the
+    process is not in the mesh)."""
     coordinate = device_mesh.get_coordinate()
     if coordinate is None:
-        # This rank is not part of the mesh: it has no coordinates in it.
-        log.debug("topology: rank %d is not in the device mesh", base.rank)
-        return base
+        log.debug("topology: rank %d is not in the device mesh", rank)
+        return None
     shape = [int(device_mesh.size(i)) for i in range(device_mesh.ndim)]
     names = device_mesh.mesh_dim_names
     if not names:
         log.debug("topology: device mesh has no mesh_dim_names; no coordinates taken from it")
-    coords, sizes = coords_from_mesh_dims(names, [int(c) for c in coordinate], shape)
-    for dim, index in coords.items():
-        if dim in base.coords and base.coords[dim] != index:
-            log.debug(
-                "topology: %s says %s=%d but the device mesh says %d; using the device mesh",
-                base.source,
-                dim,
-                base.coords[dim],
-                index,
-            )
-    return attrs.evolve(
-        base,
-        coords={**base.coords, **coords},
-        sizes={**base.sizes, **sizes},
-        source="device_mesh",
-    )
+    return coords_from_mesh_dims(names, [int(c) for c in coordinate], shape)

@@ -5,12 +5,13 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from typing import Any
 
+from policy_engine.language.mesh import DIMS, coords_from_mesh
 from policy_engine.language.model import Policy
 from policy_engine.language.naming import LATE_FIELDS
 from policy_engine.language.schedule import Action, Schedule
 from policy_engine.plan.compile import compile_plan
 from policy_engine.plan.plan import Plan
-from policy_engine.plan.topology import DIMS, Topology, coords_from_mesh
+from policy_engine.plan.topology import Topology
 
 
 def capture_runs(plan: Plan, lo: int, hi: int) -> list[tuple[int, int | None]]:

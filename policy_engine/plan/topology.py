@@ -9,35 +9,13 @@ from typing import Any
 
 import attrs
 
+from policy_engine.language.mesh import coords_from_mesh, format_mesh, mesh_size
+from policy_engine.plan import discover as _discover
+
 log = logging.getLogger("policy_engine")
-
-#: Parallel dimensions a mesh may name, and the order used when rendering names.
-DIMS: tuple[str, ...] = ("tp", "pp", "dp", "cp", "ep")
-
 
 def _frozen_map(value: Mapping[str, int] | None) -> Mapping[str, int]:
     return MappingProxyType(dict(value or {}))
-
-
-def coords_from_mesh(rank: int, mesh: Mapping[str, int]) -> dict[str, int]:
-    """Coordinates of ``rank`` in ``mesh`` (outermost dimension first, last varies fastest).
-
-    >>> coords_from_mesh(5, {"pp": 2, "dp": 2, "tp": 2})
-    {'pp': 1, 'dp': 0, 'tp': 1}
-    """
-    out: dict[str, int] = {}
-    rest = rank
-    for dim, size in reversed(list(mesh.items())):
-        out[dim] = rest % size
-        rest //= size
-    return {dim: out[dim] for dim in mesh}
-
-
-def mesh_size(mesh: Mapping[str, int]) -> int:
-    total = 1
-    for size in mesh.values():
-        total *= size
-    return total
 
 
 @attrs.frozen
@@ -116,9 +94,8 @@ class Topology:
         Raises ValueError for a malformed launcher variable (naming it) or a mesh that
         does not match the world size.
         """
-        from policy_engine.plan.discover import discover
-
-        return discover(mesh)
+        topo = cls(**_discover.live_place())
+        return topo.with_mesh(mesh) if mesh else topo
 
     @classmethod
     def from_device_mesh(cls, mesh: Any) -> Topology:
@@ -129,9 +106,17 @@ class Topology:
         ``dp_shard``/``fsdp`` combined into dp (replicate-major). Other names are ignored.
         Rank, world, local rank and node come from :meth:`discover`.
         """
-        from policy_engine.plan.discover import from_device_mesh
-
-        return from_device_mesh(mesh)
+        base = cls.discover()
+        found = _discover.device_mesh_coords(mesh, base.rank)
+        if found is None:
+            return base
+        coords, sizes = found
+        for dim, index in coords.items():
+            if dim in base.coords and base.coords[dim] != index:
+                log.debug("topology: %s says %s=%d but the device mesh says %d; using the "
+                          "device mesh", base.source, dim, base.coords[dim], index)
+        return attrs.evolve(base, coords={**base.coords, **coords},
+                            sizes={**base.sizes, **sizes}, source="device_mesh")
 
     @classmethod
     def for_rank(
@@ -177,25 +162,3 @@ class Topology:
             "sizes": dict(self.sizes),
             "source": self.source,
         }
-
-
-def format_mesh(mesh: Mapping[str, int]) -> str:
-    return ",".join(f"{k}={v}" for k, v in mesh.items())
-
-
-def parse_mesh(text: str) -> dict[str, int]:
-    """Parse ``pp=2,dp=2,tp=2`` (CLI form). Raises ValueError naming the bad part."""
-    mesh: dict[str, int] = {}
-    for part in filter(None, (p.strip() for p in text.split(","))):
-        name, sep, size = part.partition("=")
-        name = name.strip()
-        if not sep or name not in DIMS or not size.strip().isdigit() or int(size) < 1:
-            raise ValueError(
-                f"bad mesh entry {part!r}: expected DIM=SIZE with DIM one of {', '.join(DIMS)}"
-            )
-        if name in mesh:
-            raise ValueError(f"mesh names {name!r} twice")
-        mesh[name] = int(size)
-    if not mesh:
-        raise ValueError("empty mesh")
-    return mesh

@@ -11,11 +11,12 @@ from typing import Any, Union
 
 from policy_engine.errors import PolicyError, Problem, did_you_mean
 from policy_engine.language.load import ENV_FILE, load_policy
+from policy_engine.language.mesh import DIMS
 from policy_engine.language.model import Policy
 from policy_engine.language.overrides import ENV_OVERRIDES
 from policy_engine.plan.compile import compile_plan
 from policy_engine.plan.plan import Plan
-from policy_engine.plan.topology import DIMS, Topology
+from policy_engine.plan.topology import Topology
 from policy_engine.runtime.profiler import OffProfiler, RoleProfiler, wrap_region
 from policy_engine.runtime.state import STATE, warn_once
 

@@ -504,7 +504,6 @@ class Capture:
 
 
 def _deliver_pending_signal() -> None:
-    if STATE.pending_signal is not None:
-        from policy_engine.runtime.signals import deliver_pending
-
-        deliver_pending()
+    """A SIGTERM waited for the backend call that just ended (runtime.signals)."""
+    if STATE.pending_signal is not None and STATE.signal_hook is not None:
+        STATE.signal_hook()

@@ -63,6 +63,7 @@ def install() -> None:
             threading.current_thread() is threading.main_thread())
         STATE.sigterm_installed = STATE.sigterm_installed or sigterm
     if first:
+        STATE.signal_hook = deliver_pending
         atexit.register(_on_exit)
     if sigterm:
         STATE.previous_sigterm = signal.getsignal(signal.SIGTERM)

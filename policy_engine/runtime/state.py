@@ -14,6 +14,7 @@ import os
 import signal
 import threading
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -52,6 +53,7 @@ class ProcessState:
         self.sigterm_installed = False
         self.previous_sigterm: Any = signal.SIG_DFL
         self.pending_signal: int | None = None  # SIGTERM that arrived inside a transition
+        self.signal_hook: Callable[[], None] | None = None  # delivers it (runtime.signals)
         self.applied: dict[tuple[int, str], Any] = {}  # (id(worker), role) -> profiler
 
 
@@ -99,6 +101,7 @@ def reset() -> None:
     fresh.hooks_installed = STATE.hooks_installed
     fresh.sigterm_installed = STATE.sigterm_installed
     fresh.previous_sigterm = STATE.previous_sigterm
+    fresh.signal_hook = STATE.signal_hook
     STATE.__dict__.update(fresh.__dict__)
 
 
