@@ -1,16 +1,25 @@
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
+
+from policy_engine.runtime import state
 
 
 def _policy(output_dir: str, **role: Any) -> dict[str, Any]:
     body = {"enabled": True, "backend": "torch", "torch": {"activities": ["cpu"]}}
     body.update(role)
     return {"version": 1, "prefix": "t", "output_dir": output_dir, "roles": {"actor": body}}
+
+
+@pytest.fixture(autouse=True)
+def _fresh_process_state() -> Iterator[None]:
+    """Each test starts with nothing a process holds: no capture, no one-time warning."""
+    yield
+    state.reset()
 
 
 @pytest.fixture

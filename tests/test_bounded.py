@@ -20,6 +20,7 @@ import policy_engine.language.checks as checks
 import policy_engine.language.steps as steps_module
 from policy_engine.cli.main import main
 from policy_engine.language.checks import check_document
+from policy_engine.language.load import load_policy
 from policy_engine.language.mesh import DIMS, coords_from_mesh, mesh_size
 from policy_engine.language.naming import NameTemplate
 from policy_engine.language.ranks import RankSelector
@@ -28,6 +29,7 @@ from policy_engine.language.schedule import Action, Schedule
 from policy_engine.language.selector import SelectorError
 from policy_engine.language.steps import StepSet
 from policy_engine.plan.captures import count_ranges, cycle_ranges
+from policy_engine.plan.compile import compile_plan
 from policy_engine.plan.plan import Plan
 from policy_engine.plan.topology import Topology
 
@@ -157,15 +159,20 @@ def test_unknown_answers_past_the_allowance(monkeypatch: pytest.MonkeyPatch) -> 
     assert covering.run_end(0) == 100_001  # a whole period marks cheaply
 
 
+def plan_of(**role: Any) -> Plan:
+    """The plan of a one-role policy (``role`` holds the role's settings) on rank 0 of 1."""
+    policy = load_policy({"version": 1, "roles": {"a": {"enabled": True, **role}}})
+    return compile_plan(policy, "a", Topology())
+
+
 def test_merged_capture_labels_come_from_the_runs() -> None:
-    plan = Plan(role="actor", rank=0, world=1, enabled=True, merge_steps=True,
-                steps=StepSet.parse(["0-100000000", "200000000-300000000:2",
-                                     "200000001-300000001:2"]))
+    plan = plan_of(merge_steps=True, steps=["0-100000000", "200000000-300000000:2",
+                                            "200000001-300000001:2"])
     assert plan.capture_label(0) == "0-100000000"
     assert plan.capture_label(5) == "5-100000000"
     assert plan.capture_label(200_000_000) == "200000000-300000001"
     assert plan.capture_label(100_000_000) == "100000000"
-    every = Plan(role="actor", rank=0, world=1, enabled=True, merge_steps=True)
+    every = plan_of(merge_steps=True, steps="all")
     assert every.capture_label(7) == "7+"
 
 
@@ -197,13 +204,11 @@ def test_run_lengths_of_huge_sets() -> None:
     # Adjacent members of two strides: pairs (7k, 7k+1) and lone multiples of 7 ...
     steps = StepSet.parse(["0-6999999:7", "1-7000000:14"])
     assert steps.run_lengths() == {2: 500_000, 1: 500_000}
-    plan = Plan(role="a", rank=0, world=1, enabled=True, backend="nsight", merge_steps=True,
-                steps=StepSet.parse("0-999999999999:7"),
-                schedule=Schedule(wait=1, active=1, repeat=1))
+    plan = plan_of(backend="nsight", merge_steps=True, steps="0-999999999999:7",
+                   schedule={"wait": 1, "active": 1, "repeat": 1})
     assert count_ranges(plan, inner_steps=3).total == 142_857_142_858
-    merged = Plan(role="a", rank=0, world=1, enabled=True, backend="nsight",
-                  merge_steps=True, steps=StepSet.parse("0-999999999999"),
-                  schedule=Schedule(wait=1, active=1))
+    merged = plan_of(backend="nsight", merge_steps=True, steps="0-999999999999",
+                     schedule={"wait": 1, "active": 1}, name="<role>_<step>_<cycle>")
     assert count_ranges(merged, inner_steps=10**6).total == 500_000_000_000_000_000
 
 

@@ -45,7 +45,7 @@ def test_mesh_coordinates_last_dimension_fastest(rank: int, coords: dict[str, in
     assert dict(plan.coords) == coords and plan.enabled is enabled
     if enabled:
         tp, pp, dp = coords["tp"], coords["pp"], coords["dp"]
-        assert plan.example_name(step=2, cycle=0) == (
+        assert plan.capture_name(first=2, region=None, cycle=0) == (
             f"p_actor_step2_rank{rank}-of-8_tp{tp}pp{pp}dp{dp}_pid<pid>_<timestamp>")
 
 

@@ -10,9 +10,10 @@ import pytest
 
 from policy_engine import load_policy
 from policy_engine.cli.main import main
-from policy_engine.language.steps import StepSet
-from policy_engine.plan.plan import Plan
-from policy_engine.plan.predict import capture_runs, explain
+from policy_engine.plan.captures import opened
+from policy_engine.plan.compile import compile_plan
+from policy_engine.plan.predict import explain
+from policy_engine.plan.topology import Topology
 
 ROOT = Path(__file__).resolve().parent.parent
 POLICIES = ROOT / "policies"
@@ -54,6 +55,9 @@ def test_coordinate_selectors_on_a_3d_mesh(capsys: pytest.CaptureFixture[str]) -
         "name": "gpt-8b_trainer_step10-12_rank0-of-8_tp0pp0dp0" + PLACEHOLDERS,
         "captures": [{"steps": [10, 11, 12], "region": None,
                       "name": "gpt-8b_trainer_step10-12_rank0-of-8_tp0pp0dp0" + PLACEHOLDERS}],
+        # Every trace file, as the run names it: one recorded cycle of the merged capture.
+        "traces": [{"steps": [10, 11, 12], "region": None, "cycle": 0,
+                    "name": "gpt-8b_trainer_step10-12_rank0-of-8_tp0pp0dp0" + PLACEHOLDERS}],
     }
     # Rank 5 is pp1 dp0 tp1 (the last dimension varies fastest) and is not profiled.
     assert data["ranks"][5] == {"rank": 5, "profiled": False,
@@ -179,7 +183,9 @@ roles:
     name: "<role>/<host>/rank<rank>-pid<pid>-<timestamp>[-<env:SLURM_JOB_ID>]"
 """)
     data = explain_json(capsys, path, "--role", "actor", "--world", "1")
-    assert data["ranks"][0]["name"] == "actor/<host>/rank0-pid<pid>-<timestamp>"
+    # Only the running process knows its environment: explain shows the field.
+    assert data["ranks"][0]["name"] == \
+        "actor/<host>/rank0-pid<pid>-<timestamp>-<env:SLURM_JOB_ID>"
 
 
 def test_ascend_policy(capsys: pytest.CaptureFixture[str]) -> None:
@@ -281,10 +287,14 @@ def test_explain_function() -> None:
     ("18-25", True, [(18, 25)]),
     ([], True, []),
 ])
-def test_capture_runs(steps: object, merge: bool, runs: list[tuple[int, int | None]]) -> None:
-    plan = Plan(role="r", rank=0, world=1, enabled=True, steps=StepSet.parse(steps),
-                merge_steps=merge)
-    assert capture_runs(plan, 0, 20) == runs
+def test_opened_captures(steps: object, merge: bool, runs: list[tuple[int, int | None]]) -> None:
+    policy = load_policy({"version": 1, "roles": {"r": {
+        "enabled": True, "steps": steps, "merge_steps": merge}}})
+    plan = compile_plan(policy, "r", Topology())
+    found = opened(plan, 0, 20)
+    assert [(first, plan.capture_last(first)) for first, _ in found] == runs
+    assert [covered for _, covered in found] == [
+        tuple(range(a, 21 if b is None else min(b, 20) + 1)) for a, b in runs]
     labels = [plan.capture_label(a) for a, _ in runs]
     assert labels == [f"{a}+" if b is None else str(a) if a == b else f"{a}-{b}"
                       for a, b in runs]

@@ -31,6 +31,8 @@ def add_parser(sub: Any, name: str) -> None:
                         help="inner steps of the schedule to show")
     parser.add_argument("--local-world", type=positive_int, metavar="N",
                         help="processes per node (for <node>/<local_rank>)")
+    parser.add_argument("--region-calls", type=positive_int, default=1, metavar="N",
+                        help="discrete mode: calls of each region per step (default 1)")
     add_format_option(parser)
     parser.set_defaults(run=run)
 
@@ -50,7 +52,8 @@ def run(args: argparse.Namespace) -> int:
     policy, world = load_role_layout(args, "explain")
     lo, hi = _window(args.steps)
     ranks = iter_ranks(policy, args.role, world=world, mesh=policy.mesh, lo=lo, hi=hi,
-                       inner=args.inner_steps, local_world=args.local_world)
+                       inner=args.inner_steps, local_world=args.local_world,
+                       region_calls=args.region_calls)
     if args.format == "json":
         _print_json(args.role, world, ranks)
     else:
@@ -66,7 +69,7 @@ def _print_json(role: str, world: int, ranks: Iterable[dict[str, Any]]) -> None:
     batch: list[str] = []
     sep = ""
     for entry in ranks:
-        batch.append(encode(entry))
+        batch.append(encode(entry) if entry["profiled"] else _unprofiled(entry))
         if len(batch) == 4096:  # few large writes instead of one per rank
             out.write(sep + ",\n  ".join(batch))
             batch.clear()
@@ -74,6 +77,14 @@ def _print_json(role: str, world: int, ranks: Iterable[dict[str, Any]]) -> None:
     if batch:
         out.write(sep + ",\n  ".join(batch))
     out.write("\n]}\n")
+
+
+def _unprofiled(entry: dict[str, Any]) -> str:
+    """The JSON of a rank that does not profile, written directly: most ranks of a large
+    world are these, and the encoder is the larger part of their cost."""
+    coords = ", ".join(f'"{dim}": {index}' for dim, index in entry["coords"].items())
+    return (f'{{"rank": {entry["rank"]}, "profiled": false, "coords": {{{coords}}}, '
+            f'"local_rank": {entry["local_rank"]}, "node": {entry["node"]}}}')
 
 
 def _coords(entry: dict[str, Any]) -> str:

@@ -14,6 +14,7 @@ import shlex
 import sys
 import textwrap
 from collections.abc import Iterable, Iterator
+from types import MappingProxyType
 from typing import Any
 
 from policy_engine.backends.nsight.launch import (
@@ -34,7 +35,7 @@ from policy_engine.errors import PolicyError, Problem, json_path
 from policy_engine.language.frozen import thaw
 from policy_engine.language.model import Policy
 from policy_engine.plan.captures import count_ranges
-from policy_engine.plan.compile import compile_plan
+from policy_engine.plan.compile import compile_plan, selects
 from policy_engine.plan.topology import Topology
 
 #: Report paths listed per rank; the rest follow the same numbering.
@@ -88,14 +89,27 @@ def add_parser(sub: Any, name: str) -> None:
 
 
 def _profiled(policy: Policy, role: str, world: int, local_world: int | None) -> Iterator[Topology]:
-    """The ranks whose plan is on: selectors only, no plan is compiled here."""
+    """The ranks whose plan is on, placed as the runtime places them."""
     spec = policy.role(role)
     if not spec.enabled:
         return
+    mesh = MappingProxyType(dict(policy.mesh)) if policy.mesh else None
     for rank in range(world):
-        topo = Topology.for_rank(rank, world, dict(policy.mesh) or None, local_world)
-        if spec.ranks.matches(rank, world, topo.selector_coords(), topo.selector_sizes()):
+        topo = Topology.for_rank(rank, world, mesh, local_world)
+        if selects(spec, topo):
             yield topo
+
+
+def _complement(profiled: list[Topology], world: int) -> str:
+    """The ranks of ``range(world)`` not in ``profiled`` (sorted), as spans."""
+    out: list[str] = []
+    start = 0
+    for topo in [*profiled, None]:
+        end = world if topo is None else topo.rank
+        if end > start:
+            out.append(str(start) if end - start == 1 else f"{start}-{end - 1}")
+        start = end + 1
+    return ",".join(out) or "none"
 
 
 def spans(ranks: Iterable[int]) -> str:
@@ -130,7 +144,7 @@ def build(policy: Policy, role: str, world: int, args: argparse.Namespace) -> di
         "policy": policy.source,
         "capture": settings.get("capture", "auto"),
         "profiled_ranks": spans(t.rank for t in profiled),
-        "unprofiled_ranks": spans(set(range(world)) - {t.rank for t in profiled}),
+        "unprofiled_ranks": _complement(profiled, world),
         "ranks": {},
     }
     if not plans:

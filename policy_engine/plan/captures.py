@@ -1,18 +1,86 @@
-"""How many capture ranges a process opens, from its plan.
+"""What a plan writes: the captures a loop opens, the cycles each records, their names.
 
-nsys must be told at launch (``--capture-range-end=repeat-shutdown:N``). The interpreter
-calls a backend's ``start()`` at the first recorded step of every schedule cycle and
-``save()`` at its end, so each recorded cycle of each capture is one range. The counts
-here are checked against the interpreter itself in tests/test_nsys_args.py.
+The runtime opens a capture at a profiled ``training_step(n)`` (merged runs stay open),
+calls the backend's ``start()`` at the first recorded inner step of every schedule cycle
+and ``save()`` at its end: each recorded cycle is one trace file (one nsys capture range),
+named by :meth:`Plan.capture_name <policy_engine.plan.plan.Plan.capture_name>`. This
+module lists them for ``explain`` (:func:`traces`, over a window of steps) and counts them
+for ``nsys-args`` (:func:`count_ranges`, over every step, in closed form). Both are
+checked against the runtime itself: tests/test_predict_vs_run.py, tests/test_nsys_args.py.
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
 
 import attrs
 
 from policy_engine.language.schedule import Schedule
 from policy_engine.language.steps import StepSet
 from policy_engine.plan.plan import Plan
+
+
+@attrs.frozen
+class Trace:
+    """One trace file a rank writes: its name without the backend's extension, the outer
+    steps its capture covers, its schedule cycle (None: no schedule), its region
+    (discrete mode)."""
+
+    name: str
+    steps: tuple[int, ...]
+    cycle: int | None
+    region: str | None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, "steps": list(self.steps), "cycle": self.cycle,
+                "region": self.region}
+
+
+def opened(plan: Plan, lo: int, hi: int) -> list[tuple[int, tuple[int, ...]]]:
+    """The captures a loop over outer steps ``lo..hi`` opens: the step each opens at and
+    the steps of the window it covers (several when merged)."""
+    out: list[tuple[int, tuple[int, ...]]] = []
+    covered = lo - 1
+    for step in plan.steps.within(lo, hi):
+        if step <= covered:
+            continue
+        last = plan.capture_last(step)
+        end = hi if last is None else min(last, hi)
+        out.append((step, tuple(range(step, end + 1))))
+        covered = end
+    return out
+
+
+def cycles(schedule: Schedule | None, positions: int) -> Sequence[int | None]:
+    """The cycles a capture visiting inner steps ``0..positions-1`` records (and saves)."""
+    if positions <= 0:
+        return ()
+    if schedule is None:
+        return (None,)
+    return range(schedule.recorded_cycles(positions))
+
+
+def traces(plan: Plan, lo: int, hi: int, *, inner: int, region_calls: int = 1) -> list[Trace]:
+    """Every trace file a loop over outer steps ``lo..hi`` writes on ``plan``'s rank, when
+    each step (each region call, in discrete mode) makes ``inner`` ``prof.step()`` calls
+    and each enabled region is called ``region_calls`` times a step (discrete)."""
+    out: list[Trace] = []
+    for first, steps in opened(plan, lo, hi):
+        if not plan.discrete:
+            # The capture visits inner step 0 when it opens, then one per prof.step().
+            for cycle in cycles(plan.schedule, inner * len(steps) + 1):
+                name = plan.capture_name(first=first, region=None, cycle=cycle)
+                out.append(Trace(name, steps, cycle, None))
+            continue
+        for region in plan.regions:
+            if not region.enabled:
+                continue
+            for _ in range(region_calls):
+                for cycle in cycles(region.schedule, inner + 1):
+                    name = plan.capture_name(first=first, region=region.name, cycle=cycle)
+                    out.append(Trace(name, steps, cycle, region.name))
+    return out
 
 
 @attrs.frozen

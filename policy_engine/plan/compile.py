@@ -7,7 +7,7 @@ import socket
 from policy_engine.errors import PolicyError, Problem
 from policy_engine.language.frozen import FrozenDict
 from policy_engine.language.mesh import DIMS
-from policy_engine.language.model import Policy
+from policy_engine.language.model import Policy, RoleSpec
 from policy_engine.language.steps import StepSet
 from policy_engine.plan.plan import Plan, RegionPlan
 from policy_engine.plan.topology import Topology
@@ -25,6 +25,13 @@ def resolve_topology(policy: Policy, topology: Topology | None) -> Topology:
     return topology
 
 
+def selects(spec: RoleSpec, topo: Topology) -> bool:
+    """Whether ``spec`` profiles on the process ``topo`` describes: the one place that
+    decides it, for the runtime, explain and nsys-args alike."""
+    return spec.enabled and spec.ranks.matches(
+        topo.rank, topo.world, topo.selector_coords(), topo.selector_sizes())
+
+
 def compile_plan(policy: Policy, role: str, topology: Topology | None = None) -> Plan:
     """The plan for ``role`` on the process ``topology`` describes (discovered if None).
 
@@ -35,12 +42,10 @@ def compile_plan(policy: Policy, role: str, topology: Topology | None = None) ->
     if not spec.enabled:
         # A disabled role needs no coordinates: its group may not even match the mesh.
         topo = topology if topology is not None else Topology.discover()
-        return Plan(role=role, rank=topo.rank, world=topo.world, enabled=False,
-                    backend=spec.backend, local_rank=topo.local_rank, node=topo.node,
-                    policy_source=policy.source, policy_hash=policy.policy_hash)
+        return Plan.off(spec, topo.rank, topo.world, local_rank=topo.local_rank,
+                        node=topo.node, policy_source=policy.source,
+                        policy_hash=policy.policy_hash)
     topo = resolve_topology(policy, topology)
-    selected = spec.enabled and spec.ranks.matches(
-        topo.rank, topo.world, topo.selector_coords(), topo.selector_sizes())
     colocated = _colocated(policy, role, topo)
     bound = {
         "prefix": policy.prefix, "rank": topo.rank, "world": topo.world,
@@ -57,23 +62,16 @@ def compile_plan(policy: Policy, role: str, topology: Topology | None = None) ->
         for r in spec.regions
     )
     return Plan(
-        role=role,
-        rank=topo.rank,
-        world=topo.world,
-        enabled=selected,
-        backend=spec.backend,
+        spec,
+        topo.rank,
+        topo.world,
+        selects(spec, topo),
+        spec.template.bind(bound),
         local_rank=topo.local_rank,
         node=topo.node,
         coords=FrozenDict({k: topo.coords[k] for k in DIMS if k in topo.coords}),
-        settings=spec.settings,
-        steps=spec.steps,
-        merge_steps=spec.merge_steps,
-        schedule=spec.schedule,
         regions=regions,
-        discrete=spec.discrete,
-        template=spec.template.bind(bound),
         output_dir=policy.output_dir,
-        on_error=spec.on_error,
         policy_source=policy.source,
         policy_hash=policy.policy_hash,
         colocated=colocated,
@@ -87,12 +85,10 @@ def _colocated(policy: Policy, role: str, topo: Topology) -> tuple[tuple[str, St
     if not group:
         return ()
     backend = policy.role(role).backend
-    coords, sizes = topo.selector_coords(), topo.selector_sizes()
     out = []
     for peer in group:
         spec = policy.role(peer)
-        if peer == role or (spec.enabled and spec.backend == backend and spec.ranks.matches(
-                topo.rank, topo.world, coords, sizes)):
+        if peer == role or (spec.backend == backend and selects(spec, topo)):
             out.append((peer, spec.steps))
     return tuple(out)
 

@@ -1,4 +1,10 @@
-"""The Plan: everything one role on one rank will do, decided before training starts."""
+"""The Plan: everything one role on one rank will do, decided before training starts.
+
+A plan is the role's settings (its :class:`~policy_engine.language.model.RoleSpec`) placed
+on one process: whether this rank profiles, its coordinates, the name template with
+everything known at compile time bound, and the roles it shares captures with. Every
+trace name, at run time and in ``explain``, comes from :meth:`Plan.capture_name`.
+"""
 
 from __future__ import annotations
 
@@ -6,7 +12,7 @@ import functools
 import hashlib
 import json
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
 
@@ -14,6 +20,9 @@ from policy_engine.language.frozen import FrozenDict, thaw
 from policy_engine.language.naming import LATE_FIELDS, NameTemplate
 from policy_engine.language.schedule import Schedule
 from policy_engine.language.steps import StepSet
+
+if TYPE_CHECKING:  # a type only: a plan never builds a spec
+    from policy_engine.language.model import RoleSpec
 
 
 @attrs.frozen
@@ -31,32 +40,65 @@ class Plan:
 
     ``template`` is the name template with every field known at compile time already
     bound; ``step``, ``region``, ``cycle``, ``pid``, ``host`` and ``timestamp`` are filled
-    in at run time.
+    in at run time (and ``role`` when colocated roles take part in some steps only).
     """
 
-    role: str
+    spec: RoleSpec
     rank: int
     world: int
     enabled: bool
-    backend: str = "torch"
+    template: NameTemplate
     local_rank: int = 0
     node: int = 0
     coords: FrozenDict = attrs.field(factory=FrozenDict)
-    settings: FrozenDict = attrs.field(factory=FrozenDict)
-    steps: StepSet = attrs.field(factory=lambda: StepSet.parse("all"))
-    merge_steps: bool = False
-    schedule: Schedule | None = None
     regions: tuple[RegionPlan, ...] = ()
-    discrete: bool = False
-    template: NameTemplate = attrs.field(factory=lambda: NameTemplate.parse("<role>_rank<rank>"))
     output_dir: str = "profiles"
-    on_error: str = "warn"
     policy_source: str | None = None
     policy_hash: str = ""
     #: Declared colocation: the roles that share this rank's captures on this backend
     #: (``colocate:``), in policy order, each with its steps; this plan's role included.
     #: Empty when the policy declares no group for the role.
     colocated: tuple[tuple[str, StepSet], ...] = ()
+
+    @classmethod
+    def off(cls, spec: RoleSpec, rank: int, world: int, *, local_rank: int = 0,
+            node: int = 0, policy_source: str | None = None, policy_hash: str = "") -> Plan:
+        """The plan of a role that profiles nothing on this process."""
+        return cls(spec, rank, world, False, spec.template, local_rank=local_rank, node=node,
+                   policy_source=policy_source, policy_hash=policy_hash)
+
+    # The role's settings, as the runtime reads them.
+    @property
+    def role(self) -> str:
+        return self.spec.name
+
+    @property
+    def backend(self) -> str:
+        return self.spec.backend
+
+    @property
+    def steps(self) -> StepSet:
+        return self.spec.steps
+
+    @property
+    def merge_steps(self) -> bool:
+        return self.spec.merge_steps
+
+    @property
+    def schedule(self) -> Schedule | None:
+        return self.spec.schedule
+
+    @property
+    def discrete(self) -> bool:
+        return self.spec.discrete
+
+    @property
+    def settings(self) -> FrozenDict:
+        return self.spec.settings
+
+    @property
+    def on_error(self) -> str:
+        return self.spec.on_error
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -89,19 +131,6 @@ class Plan:
         """A short digest of :meth:`to_json`: equal plans, equal hashes."""
         text = json.dumps(self.to_json(), sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(text.encode()).hexdigest()[:16]
-
-    def name(self, *, step: str | int | None = None, region: str | None = None,
-             cycle: int | None = None, **late: object) -> str:
-        """The rendered trace name (without the backend's extension)."""
-        values: dict[str, object] = {"step": step, "region": region, "cycle": cycle}
-        values.update(late)
-        return self.template.render(values)
-
-    def example_name(self, *, step: str | int | None = None, region: str | None = None,
-                     cycle: int | None = None) -> str:
-        """The name with ``<pid>``, ``<host>`` and ``<timestamp>`` left as placeholders."""
-        return self.template.render({"step": step, "region": region, "cycle": cycle},
-                                    placeholders=LATE_FIELDS)
 
     def capture_last(self, first: int) -> int | None:
         """The last outer step of the capture that opens at ``first`` (None: no end)."""
@@ -146,8 +175,9 @@ class Plan:
             "step": None if first is None else self.capture_label(first),
             "region": region, "cycle": cycle,
         }
+        template = self.template
         if late:
             values.update(late)
-            return self.template.render(values)
-        unknown = LATE_FIELDS | {f for f in self.template.fields() if f.startswith("env:")}
-        return self.template.render(values, placeholders=frozenset(unknown))
+            return template.render(values)
+        unknown = LATE_FIELDS | {f for f in template.fields() if f.startswith("env:")}
+        return template.render(values, placeholders=frozenset(unknown))

@@ -3,28 +3,16 @@
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
+from types import MappingProxyType
 from typing import Any
 
-from policy_engine.language.mesh import DIMS, coords_from_mesh
+from policy_engine.language.mesh import DIMS
 from policy_engine.language.model import Policy
-from policy_engine.language.naming import LATE_FIELDS
 from policy_engine.language.schedule import Action, Schedule
-from policy_engine.plan.compile import compile_plan
+from policy_engine.plan.captures import opened, traces
+from policy_engine.plan.compile import compile_plan, selects
 from policy_engine.plan.plan import Plan
 from policy_engine.plan.topology import Topology
-
-
-def capture_runs(plan: Plan, lo: int, hi: int) -> list[tuple[int, int | None]]:
-    """The captures that open in outer steps ``lo..hi``: (first, last) step of each."""
-    runs: list[tuple[int, int | None]] = []
-    covered = lo - 1
-    for step in plan.steps.within(lo, hi):
-        if step <= covered:
-            continue
-        last = plan.capture_last(step)
-        runs.append((step, last))
-        covered = hi if last is None else last
-    return runs
 
 
 def actions(schedule: Schedule | None, n: int) -> list[str]:
@@ -42,27 +30,11 @@ def default_inner_steps(plan: Plan) -> int:
     return min(max([10, *known]), 200)
 
 
-def _capture_specs(plan: Plan, lo: int, hi: int) -> list[dict[str, Any]]:
-    """Each capture in the window: its steps, region, and the values its name needs."""
-    out = []
-    for first, last in capture_runs(plan, lo, hi):
-        label = plan.capture_label(first)
-        steps = list(range(first, (hi if last is None else min(last, hi)) + 1))
-        regions = [r for r in plan.regions if r.enabled] if plan.discrete else [None]
-        for region in regions:
-            schedule = region.schedule if region is not None else plan.schedule
-            out.append({"steps": steps, "region": region.name if region else None,
-                        "step": label, "cycle": 0 if schedule is not None else None})
-    return out
-
-
-def _named(specs: list[dict[str, Any]], name: Any) -> list[dict[str, Any]]:
-    return [{"steps": c["steps"], "region": c["region"],
-             "name": name(step=c["step"], region=c["region"], cycle=c["cycle"])}
-            for c in specs]
-
-
-def rank_entry(plan: Plan, lo: int, hi: int, inner: int) -> dict[str, Any]:
+def rank_entry(plan: Plan, lo: int, hi: int, inner: int,
+               region_calls: int = 1) -> dict[str, Any]:
+    """What ``explain`` says of one rank: the plan's place, and when it profiles, its
+    steps, schedule actions, captures and every trace file (names as the run writes them,
+    with ``<pid>``, ``<timestamp>``, ``<host>`` and ``<env:...>`` left as placeholders)."""
     entry: dict[str, Any] = {
         "rank": plan.rank,
         "profiled": plan.enabled,
@@ -72,13 +44,23 @@ def rank_entry(plan: Plan, lo: int, hi: int, inner: int) -> dict[str, Any]:
     }
     if not plan.enabled:
         return entry
-    captures = _named(_capture_specs(plan, lo, hi), plan.example_name)
+    regions = [r for r in plan.regions if r.enabled] if plan.discrete else [None]
+    captures = [
+        {"steps": list(steps), "region": region.name if region else None,
+         "name": plan.capture_name(
+             first=first, region=region.name if region else None,
+             cycle=None if (region.schedule if region else plan.schedule) is None else 0)}
+        for first, steps in opened(plan, lo, hi) for region in regions
+    ]
     entry.update({
         "backend": plan.backend,
         "steps": plan.steps.within(lo, hi),
         "actions": actions(plan.schedule, inner),
-        "name": captures[0]["name"] if captures else plan.example_name(),
+        "name": captures[0]["name"] if captures else plan.capture_name(
+            first=None, region=None, cycle=None),
         "captures": captures,
+        "traces": [t.to_json() for t in traces(plan, lo, hi, inner=inner,
+                                               region_calls=region_calls)],
     })
     if plan.discrete:
         entry["regions"] = {r.name: actions(r.schedule, inner) for r in plan.regions
@@ -88,50 +70,29 @@ def rank_entry(plan: Plan, lo: int, hi: int, inner: int) -> dict[str, Any]:
 
 def explain(policy: Policy, role: str, *, world: int, mesh: Mapping[str, int] | None = None,
             lo: int = 0, hi: int = 20, inner: int | None = None,
-            local_world: int | None = None) -> dict[str, Any]:
-    """Per rank: profiled or not, coordinates, backend, steps, actions, example name."""
+            local_world: int | None = None, region_calls: int = 1) -> dict[str, Any]:
+    """Per rank: profiled or not, coordinates, backend, steps, actions, traces."""
     return {"role": role, "world": world,
             "ranks": list(iter_ranks(policy, role, world=world, mesh=mesh, lo=lo, hi=hi,
-                                     inner=inner, local_world=local_world))}
+                                     inner=inner, local_world=local_world,
+                                     region_calls=region_calls))}
 
 
 def iter_ranks(policy: Policy, role: str, *, world: int, mesh: Mapping[str, int] | None,
-               lo: int, hi: int, inner: int | None,
-               local_world: int | None) -> Iterator[dict[str, Any]]:
-    mesh = dict(mesh or policy.mesh)
+               lo: int, hi: int, inner: int | None, local_world: int | None,
+               region_calls: int = 1) -> Iterator[dict[str, Any]]:
+    """:func:`rank_entry` for every rank: each rank placed and compiled by the code the
+    runtime runs (:func:`~policy_engine.plan.compile.selects`,
+    :func:`~policy_engine.plan.compile.compile_plan`)."""
+    mesh = MappingProxyType(dict(mesh or policy.mesh)) if (mesh or policy.mesh) else None
     spec = policy.role(role)
-    # Plain arithmetic per rank. One Plan is compiled, for the first rank that profiles;
-    # every other profiled rank differs from it only in its place, so its entry is that
-    # one with the names rendered again. This keeps 65536 ranks near a second.
-    sizes = Topology.for_rank(0, world, mesh or None, local_world).selector_sizes()
-    base: dict[str, Any] | None = None
-    specs: list[dict[str, Any]] = []
-    template = spec.template.bind({"prefix": policy.prefix, "role": role, "world": world,
-                                   "backend": spec.backend})
     for rank in range(world):
-        at = coords_from_mesh(rank, mesh) if mesh else {}
-        coords = {dim: at[dim] for dim in DIMS if dim in at}  # the order plans and names use
-        local_rank, node = (rank % local_world, rank // local_world) if local_world \
-            else (rank, 0)
-        selector = dict(coords, local_rank=local_rank, node=node)
-        if not spec.enabled or not spec.ranks.matches(rank, world, selector, sizes):
-            yield {"rank": rank, "profiled": False, "coords": coords,
-                   "local_rank": local_rank, "node": node}
+        topo = Topology.for_rank(rank, world, mesh, local_world)
+        if not selects(spec, topo):
+            yield {"rank": rank, "profiled": False,
+                   "coords": {dim: topo.coords[dim] for dim in DIMS if dim in topo.coords},
+                   "local_rank": topo.local_rank, "node": topo.node}
             continue
-        if base is None:
-            plan = compile_plan(policy, role, Topology.for_rank(rank, world, mesh or None,
-                                                                local_world))
-            base = rank_entry(plan, lo, hi,
-                              inner if inner is not None else default_inner_steps(plan))
-            specs = _capture_specs(plan, lo, hi)
-            yield base
-            continue
-        place = {"rank": rank, "local_rank": local_rank, "node": node, **coords}
-
-        def name(place: dict[str, Any] = place, **fields: Any) -> str:
-            return template.render({**place, **fields}, placeholders=LATE_FIELDS)
-
-        captures = _named(specs, name)
-        yield dict(base, rank=rank, coords=coords, local_rank=local_rank, node=node,
-                   captures=captures,
-                   name=captures[0]["name"] if captures else name(step=None))
+        plan = compile_plan(policy, role, topo)
+        yield rank_entry(plan, lo, hi, inner if inner is not None else default_inner_steps(plan),
+                         region_calls)

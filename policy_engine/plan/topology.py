@@ -15,6 +15,8 @@ from policy_engine.plan import discover as _discover
 log = logging.getLogger("policy_engine")
 
 def _frozen_map(value: Mapping[str, int] | None) -> Mapping[str, int]:
+    if isinstance(value, MappingProxyType):
+        return value  # already read-only (explain shares one mesh over every rank)
     return MappingProxyType(dict(value or {}))
 
 
@@ -59,11 +61,7 @@ class Topology:
         """
         if not mesh:
             return self
-        total = mesh_size(mesh)
-        if total != self.world:
-            raise ValueError(
-                f"mesh {format_mesh(mesh)} has {total} ranks but the world has {self.world}"
-            )
+        _check_mesh(mesh, self.world)
         for dim, size in mesh.items():
             if dim in self.sizes and self.sizes[dim] != size:
                 # A live source (DeviceMesh, Megatron) knows better than the file.
@@ -128,15 +126,14 @@ class Topology:
     ) -> Topology:
         """A simulated process: what ``explain`` uses to predict every rank."""
         local_rank, node = (rank % local_world, rank // local_world) if local_world else (rank, 0)
-        topo = cls(
-            rank=rank,
-            world=world,
-            local_rank=local_rank,
-            node=node,
-            local_world=local_world,
-            source="simulated",
-        )
-        return topo.with_mesh(mesh) if mesh else topo
+        if not mesh:
+            return cls(rank, world, local_rank, node, local_world=local_world,
+                       source="simulated")
+        _check_mesh(mesh, world)
+        # with_mesh's result, built once: explain places every rank of large worlds.
+        sizes = mesh if isinstance(mesh, MappingProxyType) else MappingProxyType(dict(mesh))
+        return cls(rank, world, local_rank, node, coords_from_mesh(rank, mesh), sizes,
+                   local_world, "simulated")
 
     def selector_coords(self) -> dict[str, int]:
         """Coordinates a rank selector may test, local_rank and node included."""
@@ -145,11 +142,14 @@ class Topology:
         out["node"] = self.node
         return out
 
-    def selector_sizes(self) -> dict[str, int]:
+    def selector_sizes(self) -> Mapping[str, int]:
+        """Sizes of the dimensions a rank selector may test, local_rank and node included
+        when the number of processes per node is known."""
+        if not self.local_world:
+            return self.sizes
         out = dict(self.sizes)
-        if self.local_world:
-            out["local_rank"] = self.local_world
-            out["node"] = self.world // self.local_world
+        out["local_rank"] = self.local_world
+        out["node"] = self.world // self.local_world
         return out
 
     def to_json(self) -> dict[str, Any]:
@@ -162,3 +162,9 @@ class Topology:
             "sizes": dict(self.sizes),
             "source": self.source,
         }
+
+
+def _check_mesh(mesh: Mapping[str, int], world: int) -> None:
+    total = mesh_size(mesh)
+    if total != world:
+        raise ValueError(f"mesh {format_mesh(mesh)} has {total} ranks but the world has {world}")

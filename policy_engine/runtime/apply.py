@@ -12,13 +12,15 @@ from typing import Any, Union
 from policy_engine.errors import PolicyError, Problem, did_you_mean
 from policy_engine.language.load import ENV_FILE, load_policy
 from policy_engine.language.mesh import DIMS
-from policy_engine.language.model import Policy
+from policy_engine.language.model import Policy, build_role
 from policy_engine.language.overrides import ENV_OVERRIDES
 from policy_engine.plan.compile import compile_plan
 from policy_engine.plan.plan import Plan
 from policy_engine.plan.topology import Topology
-from policy_engine.runtime.profiler import OffProfiler, RoleProfiler, wrap_region
+from policy_engine.runtime.off import OffProfiler
+from policy_engine.runtime.profiler import RoleProfiler
 from policy_engine.runtime.state import STATE, warn_once
+from policy_engine.runtime.wrapping import wrap_region
 
 log = logging.getLogger("policy_engine")
 PolicyArg = Union[str, "os.PathLike[str]", Mapping[str, Any], Policy, None]
@@ -107,7 +109,7 @@ def profile_session(policy: PolicyArg, role: str,
     loaded = _resolve(policy)
     if loaded is None:
         topo = topology or Topology.discover()
-        return OffProfiler(Plan(role=role, rank=topo.rank, world=topo.world, enabled=False))
+        return OffProfiler(Plan.off(build_role(role, {}), topo.rank, topo.world))
     _check_role(loaded, role)
     plan = compile_plan(loaded, role, topology)
     _warn_missing_coordinates(loaded, plan)

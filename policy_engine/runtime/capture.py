@@ -4,15 +4,10 @@ The schedule decides the action at every inner step; the backend is called only 
 action changes, through one table (:data:`TABLE`). Between changes ``step()`` is an
 increment and a comparison: ``quiet_until`` is the next inner step that needs any work.
 
-Thread model. torch.profiler and torch_npu must be started, stopped and exported on one
-thread (kineto crashes the process otherwise), and record only the ops of that thread and
-the autograd threads it drives. So a capture lives on the thread that opened it, its
-*home*: every backend call of a ``home``-only session runs there. ``step()`` from any other
-thread is counted (atomically) and, when it reaches a transition, leaves the transition
-*pending*; the home thread applies it at its next call into the profiler (``step()``, a
-region, entering or leaving a training step), and ends a capture another thread asked to
-end. A session that declares ``any_thread`` (Nsight: NVTX ranges and cudaProfilerStart are
-process-wide) is driven from whichever thread gets there, under the slot's lock.
+Threads (docs/runtime.md): a capture lives on the thread that opened it, its *home*, where
+every call of a session that is not ``any_thread`` runs (kineto crashes otherwise). A
+``step()`` elsewhere is counted and leaves its transition *pending* for the home thread's
+next call; an ``any_thread`` session (Nsight) is driven wherever the step lands.
 """
 
 from __future__ import annotations
@@ -29,6 +24,7 @@ from typing import Any
 from policy_engine.backends.base import Artifact, Session
 from policy_engine.language.schedule import Action, Schedule
 from policy_engine.runtime import manifest
+from policy_engine.runtime.ranges import Region, RegionRanges
 from policy_engine.runtime.state import STATE, Slot, warn_once
 
 log = logging.getLogger("policy_engine")
@@ -60,18 +56,7 @@ def _timestamp() -> str:
     return time.strftime("%Y%m%d%H%M%S", time.localtime(now)) + f"{int(now * 1000) % 1000:03d}"
 
 
-class _Region:
-    """A region call in progress while a capture runs; ``range`` is its open range."""
-
-    __slots__ = ("name", "range", "thread")
-
-    def __init__(self, name: str, thread: int) -> None:
-        self.name = name
-        self.thread = thread
-        self.range: Any = None
-
-
-class Capture:
+class Capture(RegionRanges):
     """A capture in progress. Opened and ended by its owner role, advanced by any step()."""
 
     def __init__(self, *, slot: Slot, session: Session, schedule: Schedule | None,
@@ -96,7 +81,7 @@ class Capture:
         self.joined: list[str] = []
         self.stack: list[str] = []  # regions open on the home thread, outermost first
         self.ranges: dict[int, Any] = {}  # depth in ``stack`` -> its open range
-        self.others: list[_Region] = []  # regions open on other threads (any_thread)
+        self.others: list[Region] = []  # regions open on other threads (any_thread)
         # the schedule, advanced under the slot's lock
         self._ticks = itertools.count(1)
         self.inner = 0  # the last inner step acted on
@@ -266,103 +251,6 @@ class Capture:
             self._trace(None, "failed", error="the backend wrote no output for this cycle")
         for artifact in artifacts:
             self._trace(artifact, status)
-
-    # -- regions ------------------------------------------------------------------
-    # The home thread's open regions are a stack (``stack``, outermost first; ``ranges``
-    # holds the open range of each depth), cheap enough for every wrapped call. Regions
-    # on other threads are tracked only when the session takes calls from any thread:
-    # torch records the home thread alone, so a range elsewhere would show nothing.
-    def region_enter(self, name: str) -> int | _Region | None:
-        """A region call starts on this thread; its range opens now if recording, else
-        when recording starts. Returns what :meth:`region_exit` takes (None: nothing)."""
-        tid = _get_ident()
-        if tid == self.home:
-            if self.pending:
-                self.catch_up()
-            self.stack.append(name)
-            depth = len(self.stack)
-            if self.recording:
-                with self.slot.lock:
-                    self._open_home(depth, depth)
-            return depth
-        if not self.any_thread:
-            return None
-        entry = _Region(name, tid)
-        self.others.append(entry)
-        if self.recording:
-            with self.slot.lock:
-                self._open_range(entry)
-        return entry
-
-    def region_exit(self, token: int | _Region) -> None:
-        if isinstance(token, int):
-            self.stack.pop()
-            self.home_exit(token)
-            return
-        with self.slot.lock:
-            if token in self.others:
-                self.others.remove(token)
-            self._close_range(token)
-
-    def home_exit(self, depth: int) -> None:
-        """After a home-thread region at ``depth`` left the stack: close its range, and
-        apply what other threads left pending."""
-        if self.ranges:
-            with self.slot.lock:
-                for key in sorted((k for k in self.ranges if k >= depth), reverse=True):
-                    self._end_range(self.ranges.pop(key), self.stack[key - 1]
-                                    if key <= len(self.stack) else "region")
-        if self.pending:
-            self.catch_up()
-
-    def _start_range(self, name: str) -> Any:
-        try:
-            rng = self.session.range(name)
-            rng.__enter__()
-        except Exception as err:
-            warn_once(("range", self.slot.name, name),
-                      "policy-engine: range %r could not open: %s", name, err)
-            return None
-        return rng
-
-    @staticmethod
-    def _end_range(rng: Any, name: str) -> None:
-        try:
-            rng.__exit__(None, None, None)
-        except Exception as err:
-            log.warning("policy-engine: range %r could not close: %s", name, err)
-
-    def _open_home(self, low: int, high: int) -> None:
-        for depth in range(low, high + 1):
-            if depth not in self.ranges:
-                rng = self._start_range(self.stack[depth - 1])
-                if rng is not None:
-                    self.ranges[depth] = rng
-
-    def _open_range(self, entry: _Region) -> None:
-        if entry.range is None:
-            entry.range = self._start_range(entry.name)
-
-    def _close_range(self, entry: _Region) -> None:
-        rng, entry.range = entry.range, None
-        if rng is not None:
-            self._end_range(rng, entry.name)
-
-    def _open_ranges(self) -> None:
-        """Recording starts: ranges for the regions already open, outermost first (on
-        the home thread; on every thread when the session takes calls from any)."""
-        if self.any_thread or _get_ident() == self.home:
-            self._open_home(1, len(self.stack))
-        for entry in list(self.others):
-            self._open_range(entry)
-
-    def _close_ranges(self) -> None:
-        for entry in reversed(list(self.others)):
-            self._close_range(entry)
-        if self.ranges and (self.any_thread or _get_ident() == self.home):
-            for depth in sorted(self.ranges, reverse=True):
-                name = self.stack[depth - 1] if depth <= len(self.stack) else "region"
-                self._end_range(self.ranges.pop(depth), name)
 
     # -- the manifest -------------------------------------------------------------
     def _trace(self, artifact: Artifact | None, status: str, error: str | None = None) -> None:

@@ -12,9 +12,7 @@ off for good: its methods are then replaced by ones that do nothing.
 
 from __future__ import annotations
 
-import functools
 import logging
-import operator
 import os
 import threading
 import time
@@ -28,7 +26,14 @@ from policy_engine.errors import ProfilingError
 from policy_engine.plan.plan import Plan
 from policy_engine.runtime import manifest, signals
 from policy_engine.runtime.capture import Capture
+from policy_engine.runtime.off import (
+    _off_region,
+    _off_step,
+    _off_training_step,
+    as_step,
+)
 from policy_engine.runtime.state import capture_id, slot, warn_once
+from policy_engine.runtime.wrapping import _DiscreteBlock, _RegionBlock, wrap_region
 
 log = logging.getLogger("policy_engine")
 F = TypeVar("F", bound=Callable[..., Any])
@@ -36,83 +41,6 @@ _get_ident = threading.get_ident
 
 # How the code drives the profiler; decided by its first call.
 _NEW, _SESSION, _STEPS = "new", "session", "steps"
-
-
-class _Null:
-    """A context manager that does nothing, shared by every disabled call."""
-
-    __slots__ = ()
-
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exc: object) -> None:
-        return None
-
-
-NULL = _Null()
-
-
-def as_step(n: object) -> int:
-    """``n`` as an outer step number: an int, or anything integer-like (numpy integers,
-    0-d integer tensors). Anything else is a TypeError: a float or a bool is a bug."""
-    if n.__class__ is int:
-        return n
-    if isinstance(n, bool):
-        raise TypeError("training_step(n) takes an integer step number, got a bool")
-    try:
-        return operator.index(n)  # type: ignore[arg-type]
-    except TypeError:
-        raise TypeError("training_step(n) takes an integer step number (int, numpy integer "
-                        f"or 0-d integer tensor), got {type(n).__name__} {n!r:.40}") from None
-
-
-class OffProfiler:
-    """The profiler of a rank that profiles nothing: every method is a no-op."""
-
-    def __init__(self, plan: Plan) -> None:
-        self.plan = plan
-
-    def training_step(self, n: int) -> _Null:
-        if n.__class__ is not int:
-            as_step(n)
-        return NULL
-
-    def step(self) -> None:
-        pass
-
-    def region(self, name: str) -> _Null:
-        return NULL
-
-    def annotate(self, name: str | None = None) -> Callable[[F], F]:
-        return _identity
-
-    def close(self) -> None:
-        pass
-
-    def __enter__(self) -> OffProfiler:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        pass
-
-
-def _identity(fn: F) -> F:
-    return fn
-
-
-def _off_step() -> None:
-    pass
-
-
-def _off_training_step(n: int) -> _Null:
-    if n.__class__ is not int:
-        as_step(n)
-    return NULL
-
-
-def _off_region(name: str) -> _Null:
-    return NULL
 
 
 class _StepBlock:
@@ -129,27 +57,6 @@ class _StepBlock:
 
     def __exit__(self, exc_type: object, *rest: object) -> None:
         self.prof._exit_step(self.n, failed=exc_type is not None)
-
-
-class _RegionBlock:
-    """``with prof.region(name):`` in continuous mode: a range in the running capture."""
-
-    __slots__ = ("capture", "entry", "name", "slot")
-
-    def __init__(self, prof: RoleProfiler, name: str) -> None:
-        self.slot = prof._slot
-        self.name = name
-        self.capture: Capture | None = None
-        self.entry: Any = None
-
-    def __enter__(self) -> None:
-        capture = self.slot.capture
-        if capture is not None:
-            self.capture, self.entry = capture, capture.region_enter(self.name)
-
-    def __exit__(self, *exc: object) -> None:
-        if self.entry is not None and self.capture is not None:
-            self.capture.region_exit(self.entry)
 
 
 class RoleProfiler:
@@ -419,67 +326,3 @@ class RoleProfiler:
         self.close()
 
 
-class _DiscreteBlock:
-    """``with prof.region(name):`` in discrete mode: each call is a capture of its own."""
-
-    __slots__ = ("capture", "inner", "name", "prof")
-
-    def __init__(self, prof: RoleProfiler, name: str) -> None:
-        self.prof = prof
-        self.name = name
-        self.capture: Capture | None = None
-        self.inner: _RegionBlock | None = None
-
-    def __enter__(self) -> None:
-        self.capture = self.prof._open_region(self.name)
-        if self.capture is None:
-            # Joined another role's capture (or off): a range in whatever is recording.
-            self.inner = _RegionBlock(self.prof, self.name)
-            self.inner.__enter__()
-
-    def __exit__(self, exc_type: object, *rest: object) -> None:
-        if self.inner is not None:
-            self.inner.__exit__()
-        elif self.capture is not None:
-            self.prof._close(self.capture, "partial" if exc_type is not None else "complete")
-
-
-def wrap_region(prof: RoleProfiler, name: str, fn: F) -> F:
-    """``fn`` as region ``name`` of ``prof``. Continuous mode costs one attribute read when
-    no capture runs; the function runs exactly once whatever the backend does."""
-    if prof.plan.discrete:
-        @functools.wraps(fn)
-        def discrete(*args: Any, **kwargs: Any) -> Any:
-            with prof.region(name):
-                return fn(*args, **kwargs)
-        discrete.__policy_engine__ = (prof.plan.role, prof)  # type: ignore[attr-defined]
-        return discrete  # type: ignore[return-value]
-
-    the_slot = prof._slot
-
-    @functools.wraps(fn)
-    def ranged(*args: Any, **kwargs: Any) -> Any:
-        capture = the_slot.capture
-        if capture is None:
-            return fn(*args, **kwargs)
-        if capture.home != _get_ident() or capture.pending or capture.recording:
-            token = capture.region_enter(name)
-            if token is None:
-                return fn(*args, **kwargs)
-            try:
-                return fn(*args, **kwargs)
-            finally:
-                capture.region_exit(token)
-        # The home thread outside recording: the region goes on the stack, so that a
-        # recording that starts inside it opens its range (Capture._open_ranges).
-        stack = capture.stack
-        stack.append(name)
-        depth = len(stack)
-        try:
-            return fn(*args, **kwargs)
-        finally:
-            stack.pop()
-            if capture.ranges or capture.pending:
-                capture.home_exit(depth)
-    ranged.__policy_engine__ = (prof.plan.role, prof)  # type: ignore[attr-defined]
-    return ranged  # type: ignore[return-value]

@@ -1,0 +1,93 @@
+"""What a rank that profiles nothing gets: methods that do nothing, decided once.
+
+:class:`OffProfiler` is the profiler of a rank whose plan is off; a RoleProfiler that
+fails or is closed swaps its own methods for the ``_off_*`` functions here. Step numbers
+are checked on every rank alike (:func:`as_step`), so a bad one fails where it is written.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from policy_engine.plan.plan import Plan
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+class _Null:
+    """A context manager that does nothing, shared by every disabled call."""
+
+    __slots__ = ()
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+
+NULL = _Null()
+
+
+def as_step(n: object) -> int:
+    """``n`` as an outer step number: an int, or anything integer-like (numpy integers,
+    0-d integer tensors). Anything else is a TypeError: a float or a bool is a bug."""
+    if n.__class__ is int:
+        return n
+    if isinstance(n, bool):
+        raise TypeError("training_step(n) takes an integer step number, got a bool")
+    try:
+        return operator.index(n)  # type: ignore[arg-type]
+    except TypeError:
+        raise TypeError("training_step(n) takes an integer step number (int, numpy integer "
+                        f"or 0-d integer tensor), got {type(n).__name__} {n!r:.40}") from None
+
+
+class OffProfiler:
+    """The profiler of a rank that profiles nothing: every method is a no-op."""
+
+    def __init__(self, plan: Plan) -> None:
+        self.plan = plan
+
+    def training_step(self, n: int) -> _Null:
+        if n.__class__ is not int:
+            as_step(n)
+        return NULL
+
+    def step(self) -> None:
+        pass
+
+    def region(self, name: str) -> _Null:
+        return NULL
+
+    def annotate(self, name: str | None = None) -> Callable[[F], F]:
+        return _identity
+
+    def close(self) -> None:
+        pass
+
+    def __enter__(self) -> OffProfiler:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        pass
+
+
+def _identity(fn: F) -> F:
+    return fn
+
+
+def _off_step() -> None:
+    pass
+
+
+def _off_training_step(n: int) -> _Null:
+    if n.__class__ is not int:
+        as_step(n)
+    return NULL
+
+
+def _off_region(name: str) -> _Null:
+    return NULL
