@@ -49,7 +49,8 @@ def test_compiles_on_every_rank(policy_path: Path) -> None:
                  for rank in range(WORLD)]
         if policy.role(role).enabled:
             assert any(plan.enabled for plan in plans), role
-            names = {plan.capture_name(first=1, region=None, cycle=None) for plan in plans if plan.enabled}
+            names = {plan.capture_name(first=1, region=None, cycle=None)
+                     for plan in plans if plan.enabled}
             assert len(names) == sum(plan.enabled for plan in plans), role  # unique per rank
         else:
             assert not any(plan.enabled for plan in plans), role
