@@ -38,7 +38,3 @@ def installed_fake(version: str = "2.13.0") -> Iterator[ModuleType]:
             del sys.modules[name]
         sys.path.remove(FAKE_ROOT)
         sys.modules.update(saved)
-        # the backend keeps one owner of the process-wide NPU profiler; tests start clean
-        mstx_backend = sys.modules.get("policy_engine.backends.mstx.session")
-        if mstx_backend is not None:
-            mstx_backend._OWNER = None

@@ -24,14 +24,13 @@ import os
 import re
 import socket
 import stat
-import threading
-import time
 from collections.abc import Callable, Iterator, Mapping
 from typing import IO, Any
 
 import attrs
 
 from policy_engine.backends.output import folder
+from policy_engine.runtime.state import STATE
 
 MANIFEST_DIR = "manifests"
 MANIFEST_SUFFIX = ".manifest.jsonl"
@@ -45,18 +44,6 @@ MAX_LINE_BYTES = 1 << 20
 # Read too: the last byte says whether a torn line needs ending first.
 _FILE_FLAGS = os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
 
-# A signal handler may append while the interrupted code is appending: re-entrant.
-_lock = threading.RLock()
-_files: dict[tuple[int, str], str] = {}
-_started = time.strftime("%Y%m%d%H%M%S")
-
-
-def _after_fork() -> None:
-    global _lock
-    _lock = threading.RLock()  # a thread of the parent may have held it
-
-
-os.register_at_fork(after_in_child=_after_fork)
 
 
 def host_name() -> str:
@@ -67,12 +54,12 @@ def host_name() -> str:
 def manifest_path(output_dir: str) -> str:
     """This process's manifest file for ``output_dir``."""
     key = (os.getpid(), output_dir)  # a forked child gets its own file
-    with _lock:
-        path = _files.get(key)
+    with STATE.lock:
+        path = STATE.manifests.get(key)
         if path is None:
-            name = f"{host_name()}_pid{os.getpid()}_{_started}{MANIFEST_SUFFIX}"
+            name = f"{host_name()}_pid{os.getpid()}_{STATE.started}{MANIFEST_SUFFIX}"
             path = os.path.join(output_dir, MANIFEST_DIR, name)
-            _files[key] = path
+            STATE.manifests[key] = path
         return path
 
 
@@ -109,7 +96,9 @@ def append(output_dir: str, record: Mapping[str, Any]) -> None:
     """
     line = encode(record)
     name = os.path.basename(manifest_path(output_dir))
-    with _lock, folder(output_dir, MANIFEST_DIR) as dir_fd:
+    # STATE.lock is re-entrant: a signal handler may append while the code it interrupted
+    # is appending.
+    with STATE.lock, folder(output_dir, MANIFEST_DIR) as dir_fd:
         fd = os.open(name, _FILE_FLAGS, 0o644, dir_fd=dir_fd)
         try:
             before = os.fstat(fd).st_size

@@ -47,7 +47,8 @@ class ProcessState:
         self.slots: dict[str, Slot] = {}
         self.capture_ids = itertools.count(1)
         self.warned: set[object] = set()
-        self.manifests: dict[str, str] = {}  # output_dir -> this process's manifest file
+        # (pid, output_dir) -> this process's manifest file (a forked child has its own)
+        self.manifests: dict[tuple[int, str], str] = {}
         self.started = time.strftime("%Y%m%d%H%M%S")
         self.hooks_installed = False  # atexit
         self.sigterm_installed = False

@@ -68,7 +68,6 @@ FLAGS = ("record_shapes", "profile_memory", "with_stack", "with_modules", "with_
 WORKER_MAX = 255 - len("_4194304_20250101000000000_ascend_pt")
 _UNSAFE = re.compile(r"[^0-9A-Za-z._~-]+")  # torch_npu warns about other path characters
 
-_OWNER: MstxSession | None = None  # torch_npu has one profiler per process
 
 
 def _keywords(fn: Callable[..., Any]) -> frozenset[str] | None:
@@ -119,6 +118,9 @@ class MstxBackend:
     name: ClassVar[str] = "mstx"
     extension: ClassVar[str] = ""  # torch_npu names its own "_ascend_pt" folder
 
+    def __init__(self) -> None:
+        self.owner: MstxSession | None = None  # torch_npu has one profiler per process
+
     def open(self, info: CaptureInfo) -> MstxSession:
         problems = check_settings(info.settings)
         if problems:
@@ -141,13 +143,15 @@ class MstxBackend:
         version = str(getattr(npu, "__version__", "?"))
         for message in version_warnings(info.settings, params, version):
             _warn(message)
-        return MstxSession(info, prof, mstx, params, version)
+        return MstxSession(self, info, prof, mstx, params, version)
 
 
 class MstxSession:
     """One capture; each recorded cycle gets a fresh torch_npu profiler and handler."""
 
-    def __init__(self, info: CaptureInfo, prof: Any, mstx: Any, params: Params, version: str):
+    def __init__(self, backend: MstxBackend, info: CaptureInfo, prof: Any, mstx: Any,
+                 params: Params, version: str):
+        self._backend = backend
         self._info, self._s, self._npu_prof, self._mstx = info, info.settings, prof, mstx
         self._params, self._version, self._actions = params, version, prof.ProfilerAction
         self._prof: Any = None
@@ -227,8 +231,8 @@ class MstxSession:
         return kwargs if known is None else {k: v for k, v in kwargs.items() if k in known}
 
     def _begin(self, action: object) -> None:
-        global _OWNER
-        if _OWNER is not None and _OWNER is not self:
+        owner = self._backend.owner
+        if owner is not None and owner is not self:
             raise RuntimeError(
                 "torch_npu has one profiler per process and another capture holds it"
             )
@@ -260,7 +264,7 @@ class MstxSession:
         meta = self._info.metadata()
         if len(meta["steps"]) > 64:  # torch_npu skips a metadata value over 4096 characters
             meta["steps"] = meta["steps"][:1] + meta["steps"][-1:]
-        _OWNER = self
+        self._backend.owner = self
         try:
             self._prof.add_metadata_json("policy_engine", json.dumps(meta))
             self._prof.start()
@@ -311,7 +315,6 @@ class MstxSession:
         return f"{i.role}{region}{step}_rank{i.rank}-of-{i.world}"
 
     def _stop(self) -> None:
-        global _OWNER
         prof, cell, state = self._prof, self._cell, self._state
         self._prof, self._cell, self._state = None, None, "idle"
         try:
@@ -325,8 +328,8 @@ class MstxSession:
                 if prof is not None:
                     prof.stop()  # after NONE a no-op; from WARMUP it finalizes and cleans up
             finally:
-                if _OWNER is self:
-                    _OWNER = None
+                if self._backend.owner is self:
+                    self._backend.owner = None
 
     def _new_folders(self) -> list[str]:
         own = re.compile(re.escape(self._worker) + rf"_{os.getpid()}_\d+_ascend_pt")
