@@ -1,14 +1,24 @@
-"""Problems found in a policy, and the exceptions that carry them."""
+"""Problems found in a policy, the exceptions that carry them, and the words every message
+uses: how a value's kind is named (:func:`describe`) and "did you mean" (:func:`did_you_mean`).
+"""
 
 from __future__ import annotations
 
 import difflib
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Literal
 
 import attrs
 
 Severity = Literal["error", "warning"]
+
+
+def printable(text: str) -> str:
+    """``text`` with every character that cannot be printed as it is (line breaks, control
+    characters, lone surrogates) written as its escape, so that a message stays one line."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode() for c in text)
 
 
 @attrs.frozen
@@ -31,12 +41,17 @@ class Location:
 
 @attrs.frozen
 class Problem:
-    """One thing wrong (or suspicious) in a policy, with where it is."""
+    """One thing wrong (or suspicious) in a policy, with where it is.
 
-    message: str
+    ``message`` is kept printable on one line (see :func:`printable`). ``code`` names a
+    kind of problem that code reacts to (None for most); it is not part of the output.
+    """
+
+    message: str = attrs.field(converter=printable)
     json_path: str = "$"
     location: Location | None = None
     severity: Severity = "error"
+    code: str | None = None
 
     def render(self) -> str:
         where = self.location.render() if self.location else "<policy>"
@@ -67,25 +82,58 @@ def json_path(parts: Iterable[str | int]) -> str:
     return out
 
 
+#: A JSON Schema type name in message words.
+KINDS: Mapping[str, str] = {
+    "null": "null",
+    "boolean": "a boolean",
+    "integer": "an integer",
+    "number": "a number",
+    "string": "a string",
+    "array": "a list",
+    "object": "a mapping",
+}
+
+
 def describe(value: object) -> str:
     """Name a plain value's kind for messages: 'a list', 'an integer', ..."""
     if value is None:
-        return "null"
+        return KINDS["null"]
     kinds = (
-        (bool, "a boolean"),
-        (int, "an integer"),
-        (float, "a number"),
-        (str, "a string"),
-        (dict, "a mapping"),
-        (list, "a list"),
+        (bool, "boolean"),
+        (int, "integer"),
+        (float, "number"),
+        (str, "string"),
+        (Mapping, "object"),
+        ((list, tuple), "array"),
     )
-    return next((name for kind, name in kinds if isinstance(value, kind)), type(value).__name__)
+    return next((KINDS[name] for kind, name in kinds if isinstance(value, kind)),
+                type(value).__name__)
 
 
-def did_you_mean(word: str, choices: Iterable[str]) -> str:
-    """`` (did you mean 'ranks'?)`` when a choice is close to ``word``, else ``""``."""
-    close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
-    return f" (did you mean {close[0]!r}?)" if close else ""
+# Words users reach for that are not close in spelling to the value they mean.
+_SYNONYMS = {"gpu": "cuda", "nvidia": "cuda", "ascend": "npu", "pytorch": "torch"}
+
+
+def closest(word: str, choices: Iterable[str]) -> str | None:
+    """The choice ``word`` most likely stands for: a synonym (``gpu`` -> ``cuda``), else the
+    closest spelling; two- and three-letter words get a looser match (``tq`` -> ``tp``)."""
+    options = list(choices)
+    synonym = _SYNONYMS.get(word.lower())
+    if synonym in options:
+        return synonym
+    cutoff = 0.6 if len(word) > 3 else 0.5
+    close = difflib.get_close_matches(word, options, n=1, cutoff=cutoff)
+    return close[0] if close else None
+
+
+def did_you_mean(word: str, choices: Iterable[str],
+                 show: Callable[[str], str] = repr) -> str:
+    """`` (did you mean 'ranks'?)`` when a choice is close to ``word``, else ``""``.
+
+    ``show`` writes the choice as the user would (``lambda f: f"<{f}>"`` for a name field).
+    """
+    found = closest(word, choices)
+    return f" (did you mean {show(found)}?)" if found is not None else ""
 
 
 class PolicyError(Exception):

@@ -17,10 +17,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import policy_engine.language.checks as checks
-import policy_engine.language.steps as steps_module
+import policy_engine.language.runs as runs_module
 from policy_engine.cli.main import main
-from policy_engine.language.checks import check_document
-from policy_engine.language.load import load_policy
+from policy_engine.language.load import analyze, load_policy
 from policy_engine.language.mesh import DIMS, coords_from_mesh, mesh_size
 from policy_engine.language.naming import NameTemplate
 from policy_engine.language.ranks import RankSelector
@@ -124,7 +123,7 @@ def test_count_run_end_and_run_lengths_agree_with_a_walk(
     runs = walked_runs(found)
     with pytest.MonkeyPatch.context() as patch:
         if counting == "patterns":  # no terms allowed: count from the runs' patterns
-            patch.setattr(steps_module, "_MAX_TERMS", 0)
+            patch.setattr(runs_module, "_MAX_TERMS", 0)
         assert steps.count() == len(found)
     assert steps.ordered_run_lengths(10**6) == [b - a + 1 for a, b in runs]
     assert steps.run_lengths() == dict(Counter(b - a + 1 for a, b in runs))
@@ -149,8 +148,8 @@ def test_run_end_jumps_over_runs_that_cover_every_residue() -> None:
 
 def test_unknown_answers_past_the_allowance(monkeypatch: pytest.MonkeyPatch) -> None:
     # Interleaved strided runs whose pattern is longer than the allowance.
-    monkeypatch.setattr(steps_module, "_CELLS", 1000)
-    monkeypatch.setattr(steps_module, "_MAX_TERMS", 0)
+    monkeypatch.setattr(runs_module, "_CELLS", 1000)
+    monkeypatch.setattr(runs_module, "_MAX_TERMS", 0)
     steps = StepSet.parse("0-100000:97,1-100000:89,2-100000:83")
     assert steps.count() is None
     assert steps.run_lengths() is None
@@ -341,7 +340,7 @@ def test_name_clashes_agree_with_the_rank_by_rank_walk(
             patch.setattr(checks, "_MAX_BOXES", 0)
         if proving == "too complex":
             patch.setattr(checks, "_MAX_LISTED", 0)
-        problems = check_document(document_from_mapping(data), world=world)
+        problems = analyze(document_from_mapping(data), world=world).problems
     messages = [p.message for p in problems]
     about_ranks = [m for m in messages if "tell apart ranks" in m or "ranks of" in m]
     fields = NameTemplate.parse(name).fields()

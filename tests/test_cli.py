@@ -58,6 +58,25 @@ print(sorted(m for m in sys.modules if m == "torch" or m.startswith("torch.")))
     assert torch_modules == "[]"
 
 
+def test_validation_imports_no_jsonschema() -> None:
+    """validate and load_policy check with the engine's own validator: jsonschema (and its
+    format plugins, slow to import where installed) is a test dependency only."""
+    script = """
+import contextlib, io, sys
+from policy_engine import load_policy
+from policy_engine.cli.main import main
+load_policy("policies/verl_ppo.yaml")
+with contextlib.redirect_stdout(io.StringIO()):
+    codes = [main(["validate", "--world", "8", "policies/megatron_3d.yaml"]),
+             main(["validate", "tests/data/invalid/several.yaml"])]
+print(codes, sorted(m for m in sys.modules if m.split(".")[0] == "jsonschema"))
+"""
+    done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[0, 1] []"
+
+
 def test_importtime_shows_no_torch() -> None:
     done = subprocess.run(
         [sys.executable, "-X", "importtime", "-m", "policy_engine", "validate",

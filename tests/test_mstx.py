@@ -21,18 +21,10 @@ from npu_fixtures import FAKE_ROOT, installed_fake
 from policy_engine.backends.base import BackendUnavailable, CaptureInfo
 from policy_engine.backends.mstx import checks
 from policy_engine.backends.mstx import session as backend
+from policy_engine.language import schema
 
-DEFAULTS: dict[str, Any] = {
-    "level": "level1",
-    "activities": ["cpu", "npu"],
-    "record_shapes": False,
-    "profile_memory": False,
-    "with_stack": False,
-    "with_modules": False,
-    "analysis": False,
-    "export_type": "text",
-    "ranges": True,
-}
+#: An mstx block as a plan carries it: every setting, merged over the schema's defaults.
+DEFAULTS: dict[str, Any] = dict(schema.defaults("role")["mstx"])
 STEM = "ppo_actor_step2_rank0-of-8_tp0_pid1_20250101000000000"
 
 
@@ -423,7 +415,9 @@ def test_worker_names_are_safe_short_and_deterministic(base: str) -> None:
 
 def test_importing_the_backend_imports_no_torch() -> None:
     code = (
-        "import sys, policy_engine.backends.mstx.session as m; m.check_settings({}); "
+        "import sys, policy_engine.backends.mstx.session as m\n"
+        "from policy_engine.language.schema import defaults\n"
+        "m.check_settings(defaults('role')['mstx'])\n"
         "assert not {'torch', 'torch_npu'} & set(sys.modules), sorted(sys.modules)"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
@@ -629,7 +623,7 @@ def test_a_value_torch_npu_replaces_silently_is_reported(
 def test_version_warnings(
     params: dict[str, frozenset[str] | None], settings: dict[str, Any], expected: list[str]
 ) -> None:
-    assert checks.version_warnings(settings, params, "9.9") == expected
+    assert checks.version_warnings({**DEFAULTS, **settings}, params, "9.9") == expected
 
 
 def test_signatures_are_read_from_the_installed_package(fake_npu_251: ModuleType) -> None:
@@ -701,7 +695,8 @@ def test_registry_finds_the_backend() -> None:
 
     assert backends.canonical("npu") == "mstx"
     assert backends.checks("npu") is checks
-    assert backends.check_settings("npu", {"activities": []}) == [(checks.EMPTY, ("activities",))]
+    assert backends.check_settings("npu", {**DEFAULTS, "activities": []}) == [
+        (checks.EMPTY, ("activities",))]
 
 
 def test_schema_values_match_torch_npu_tables() -> None:
@@ -710,7 +705,7 @@ def test_schema_values_match_torch_npu_tables() -> None:
     props = mstx["properties"]
     assert mstx["additionalProperties"] is False
     assert props["level"]["enum"] == list(backend.LEVELS)
-    assert sorted(props["aic_metrics"]["enum"]) == sorted(backend.AIC_METRICS)
+    assert sorted(props["aic_metrics"]["oneOf"][0]["enum"]) == sorted(backend.AIC_METRICS)
     assert props["activities"]["items"]["enum"] == list(backend.ACTIVITIES)
     assert props["export_type"]["oneOf"][0]["enum"] == list(backend.EXPORT_TYPES)
     used = {key for key, _, _ in checks._NEEDS} | set(backend.FLAGS) | set(DEFAULTS)

@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from policy_engine.language import schema
 from policy_engine.language.naming import (
-    DEFAULT_TEMPLATE,
     EMPTY_NAME,
     FIELDS,
     LATE_FIELDS,
@@ -19,6 +19,8 @@ from policy_engine.language.naming import (
     sanitize,
 )
 
+#: The name template a role gets when the policy gives none (the schema's default).
+DEFAULT_TEMPLATE: str = schema.defaults("role")["name"]
 FULL = {"prefix": "ppo-qwen7b", "role": "actor", "region": "update_actor", "step": 3, "rank": 5,
         "world": 8, "tp": 1, "pp": 1, "dp": 0, "pid": 4242, "timestamp": "20250101120000123"}
 

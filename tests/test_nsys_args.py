@@ -26,6 +26,7 @@ from policy_engine.backends.nsight.launch import (
     resolve_output,
 )
 from policy_engine.cli.main import main
+from policy_engine.language import schema
 from policy_engine.language.steps import StepSet
 from policy_engine.plan.captures import count_ranges, run_lengths
 from policy_engine.plan.plan import Plan
@@ -331,7 +332,8 @@ def test_options_render_like_ray() -> None:
     ],
 )
 def test_settings_checks(settings_: dict[str, Any], problems: list[Any]) -> None:
-    assert options_problems(settings_) == problems
+    merged = {**schema.defaults("role")["nsight"], **settings_}  # as a plan carries it
+    assert options_problems(merged) == problems
 
 
 # ---------------------------------------------------------------- -o and report names

@@ -39,6 +39,12 @@ def test_installed_wheel_validates_examples_from_another_folder(tmp_path: Path) 
                             timeout=60)
     assert schema.returncode == 0
     assert json.loads(schema.stdout)["$schema"].endswith("draft/2020-12/schema")
+    # The copy the wheel ships for editors is the schema the engine assembles.
+    shipped = subprocess.run([python, "-c", "import importlib.resources as r; print(r.files("
+                              "'policy_engine').joinpath('_schema/profile_policy.schema.json')"
+                              ".read_text(), end='')"], cwd=elsewhere, capture_output=True,
+                             text=True, timeout=60)
+    assert shipped.stdout == schema.stdout
     # The starter policy validates too, and torch was never needed.
     assert subprocess.run([cli, "init"], cwd=elsewhere, timeout=60).returncode == 0
     assert subprocess.run([cli, "validate", "profile_policy.yaml"], cwd=elsewhere,

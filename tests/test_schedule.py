@@ -142,20 +142,10 @@ def test_from_mapping_and_to_json_round_trip() -> None:
     [
         ({"active": 0}, "schedule field 'active' must be >= 1, got 0", ("active",)),
         ({"wait": -1}, "schedule field 'wait' must be >= 0, got -1", ("wait",)),
-        ({"repeat": True}, "schedule field 'repeat' must be an integer, got bool", ("repeat",)),
-        ({"warmup": 1.5}, "schedule field 'warmup' must be an integer, got float", ("warmup",)),
-        (
-            {"actve": 2},
-            "unknown schedule field 'actve', did you mean 'active'? (known: skip_first, "
-            "skip_first_wait, wait, warmup, active, repeat)",
-            ("actve",),
-        ),
-        (
-            {"zzz": 2},
-            "unknown schedule field 'zzz' (known: skip_first, skip_first_wait, wait, warmup, "
-            "active, repeat)",
-            ("zzz",),
-        ),
+        ({"repeat": True}, "schedule field 'repeat' must be an integer, got a boolean",
+         ("repeat",)),
+        ({"warmup": 1.5}, "schedule field 'warmup' must be an integer, got a number",
+         ("warmup",)),
     ],
 )
 def test_invalid_fields(mapping: dict[str, object], message: str, path: tuple[str, ...]) -> None:

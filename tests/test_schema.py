@@ -1,4 +1,5 @@
-"""The JSON Schema: valid Draft 2020-12, in step with the code, and its errors made readable."""
+"""The JSON Schema: assembled from the base and the backend registry, valid Draft 2020-12,
+the same as the copy in ``schemas/``, in step with the code, and its errors made readable."""
 
 from __future__ import annotations
 
@@ -13,32 +14,39 @@ from jsonschema import Draft202012Validator
 
 from policy_engine import backends
 from policy_engine.language import schema
+from policy_engine.language.frozen import thaw
 from policy_engine.language.mesh import DIMS
-from policy_engine.language.model import BUILTIN_DEFAULTS
 from policy_engine.language.ranks import DIMENSIONS
 from policy_engine.language.read import document_from_mapping, parse_document
-from policy_engine.language.schedule import Schedule
+from policy_engine.language.schedule import FIELDS
 
 ROOT = Path(__file__).resolve().parent.parent
-SCHEMA = json.loads((ROOT / "schemas" / schema.SCHEMA_NAME).read_text(encoding="utf-8"))
+SCHEMA_FILE = ROOT / "schemas" / schema.SCHEMA_NAME
+SCHEMA = schema.schema()
 
 
 def messages(data: dict[str, Any]) -> list[tuple[str, str]]:
     """(json path, message) of each schema problem in ``data``."""
-    return [(p.json_path, p.message) for p in schema.validate(document_from_mapping(data))]
+    return [(p.json_path, p.message)
+            for p in schema.validate(document_from_mapping(data)).problems]
 
 
 def role(**settings: Any) -> dict[str, Any]:
     return {"version": 1, "roles": {"actor": settings}}
 
 
-# ---------------------------------------------------------------- the file
+# ---------------------------------------------------------------- the schema
+
+
+def test_the_schema_file_is_the_assembled_schema() -> None:
+    assert SCHEMA_FILE.read_text(encoding="utf-8") == schema.schema_text(), (
+        "schemas/profile_policy.schema.json is out of date; regenerate it with "
+        "`policy-engine schema > schemas/profile_policy.schema.json`")
 
 
 def test_schema_is_valid_draft_2020_12() -> None:
     Draft202012Validator.check_schema(SCHEMA)
     assert SCHEMA["$schema"] == "https://json-schema.org/draft/2020-12/schema"
-    assert schema.schema() == SCHEMA
     assert json.loads(schema.schema_text()) == SCHEMA
 
 
@@ -47,11 +55,35 @@ def test_backend_enum_is_the_registry() -> None:
     assert set(backends.ALIASES.values()) <= set(backends.BACKENDS)
 
 
-def test_every_registered_backend_has_a_settings_block() -> None:
+def test_every_registered_backend_has_its_settings_block() -> None:
     role_props = SCHEMA["$defs"]["role"]["properties"]
     for name in backends.BACKENDS:
         assert role_props[name] == {"$ref": f"#/$defs/{name}"}
-        assert name in BUILTIN_DEFAULTS
+        assert SCHEMA["$defs"][name] == backends.settings_schema(name)
+
+
+@pytest.mark.parametrize("where", ["role", "region", *backends.BACKENDS])
+def test_every_setting_has_a_default_and_a_description(where: str) -> None:
+    for key, setting in SCHEMA["$defs"][where]["properties"].items():
+        if where == "role" and key in backends.BACKENDS:
+            continue  # the backend's own block, checked on its own
+        assert "default" in setting or (where == "region" and key == "schedule"), key
+        assert setting.get("description"), key
+
+
+def test_defaults_are_read_from_the_schema() -> None:
+    defaults = schema.defaults("role")
+    assert defaults["torch"]["activities"] == ("cpu", "cuda")
+    assert defaults["mstx"]["aic_metrics"] is None  # torch_npu's own for the level
+    assert defaults["name"] == SCHEMA["$defs"]["role"]["properties"]["name"]["default"]
+    assert set(defaults) == set(SCHEMA["$defs"]["role"]["properties"])
+    top = schema.defaults()
+    assert (top["prefix"], top["output_dir"], top["defaults"]) == ("trace", "profiles", defaults)
+
+
+def test_defaults_fit_the_schema() -> None:
+    data = {"version": 1, **{k: thaw(v) for k, v in schema.defaults().items()}}
+    assert messages(data) == []
 
 
 def test_dimensions_match_the_code() -> None:
@@ -61,21 +93,8 @@ def test_dimensions_match_the_code() -> None:
 
 
 def test_schedule_fields_match_the_code() -> None:
-    assert list(SCHEMA["$defs"]["schedule"]["properties"]) == list(Schedule().to_json())
+    assert tuple(SCHEMA["$defs"]["schedule"]["properties"]) == FIELDS
     assert SCHEMA["$defs"]["schedule"]["required"] == ["active"]
-
-
-def test_builtin_defaults_fit_the_schema() -> None:
-    assert schema.fits(dict(BUILTIN_DEFAULTS), "$defs", "role")
-
-
-def test_fits_a_part_of_the_schema() -> None:
-    assert schema.fits({"tp": 0, "dp": [0, -1]}, "$defs", "ranks")
-    assert not schema.fits({"tq": 0}, "$defs", "ranks")
-    assert schema.fits({"pp": 2, "tp": 4}, "properties", "mesh")
-    assert not schema.fits({"pp": 0}, "properties", "mesh")
-    assert schema.fits({"actor": {"enabled": True}}, "properties", "roles")
-    assert not schema.fits({"a b": {}}, "properties", "roles")
 
 
 # ---------------------------------------------------------------- messages
@@ -164,6 +183,24 @@ def test_fits_a_part_of_the_schema() -> None:
         ("$.roles.actor.colour", "unknown key 'colour'"),
         ("$.roles.actor.enabeld", "unknown key 'enabeld' (did you mean 'enabled'?)"),
     ]),
+    # every message is one printable line, whatever the file's keys hold
+    ({"version": 1, "mesh": {"a\nb": [False]}}, [
+        ("$.mesh['a\\nb']", "unknown mesh dimension 'a\\nb' (expected one of pp, dp, cp, ep, tp)"),
+        ("$.mesh['a\\nb']", "a\\nb must be an integer, got a list [false]"),
+    ]),
+    ({"version": 1, "roles": {"a\u200bb": {"x\x00": 1}}}, [
+        ("$.roles['a\\u200bb']",
+         "bad role name 'a\\u200bb': use a letter, then letters, digits, _ . + or -"),
+        ("$.roles['a\\u200bb']['x\\x00']", "unknown key 'x\\x00'"),
+    ]),
+    # a setting whose default depends on another is null until the backend resolves it
+    (role(mstx={"aic_metrics": None, "domain": None, "mstx_domain_include": None}), []),
+    (role(mstx={"domain": 3}), [
+        ("$.roles.actor.mstx.domain", "domain must be a string or null, got an integer 3"),
+    ]),
+    ({"version": 1, "colocate": [["actor"]]}, [
+        ("$.colocate[0]", "colocate[0] must have at least 2 items, got 1"),
+    ]),
 ])
 def test_messages(data: dict[str, Any], expected: list[tuple[str, str]]) -> None:
     assert messages(data) == expected
@@ -172,14 +209,14 @@ def test_messages(data: dict[str, Any], expected: list[tuple[str, str]]) -> None
 def test_unknown_keys_point_at_the_key() -> None:
     doc = parse_document("version: 1\nroles:\n  actor: {enabled: true, rnaks: 0}\n", "p.yaml",
                          "yaml")
-    [problem] = schema.validate(doc)
+    [problem] = schema.validate(doc).problems
     assert problem.render() == ("p.yaml:3:26: error: unknown key 'rnaks' (did you mean "
                                 "'ranks'?) (at $.roles.actor.rnaks)")
 
 
 def test_bad_names_point_at_the_key() -> None:
     text = "version: 1\nmesh:\n  tp: 2\n  zz: 2\nroles:\n  ok: {}\n  1st: {}\n"
-    problems = schema.validate(parse_document(text, "p.yaml", "yaml"))
+    problems = schema.validate(parse_document(text, "p.yaml", "yaml")).problems
     assert [p.render() for p in problems] == [
         "p.yaml:4:3: error: unknown mesh dimension 'zz' (expected one of pp, dp, cp, ep, tp) "
         "(at $.mesh.zz)",
@@ -196,7 +233,7 @@ def test_problems_are_ranked_structure_first_then_file_order() -> None:
             "    backend: bad\n"
             "extra: 1\n"
             "prefix: 3\n")
-    problems = schema.validate(parse_document(text, "p.yaml", "yaml"))
+    problems = schema.validate(parse_document(text, "p.yaml", "yaml")).problems
     assert [(p.location.line if p.location else None, p.json_path) for p in problems] == [
         (6, "$.extra"),
         (7, "$.prefix"),

@@ -172,7 +172,7 @@ def test_stepset_queries(
         (
             [2.5],
             "a step must be a number or a range string like '10-12' or '0-100:10', "
-            "got a fractional number",
+            "got a number",
             (0,),
         ),
     ],
@@ -327,13 +327,10 @@ _RANK_KINDS = "'all', a rank number, a range string, a mapping of dimensions or 
 @pytest.mark.parametrize(
     ("value", "message", "path"),
     [
-        ({"xp": 0}, f"unknown dimension 'xp' (known: {_DIMS})", ("xp",)),
-        (
-            [0, {"tpp": 0}],
-            f"unknown dimension 'tpp', did you mean 'tp'? (known: {_DIMS})",
-            (1, "tpp"),
-        ),
-        ({"rank": 0}, f"unknown dimension 'rank' (known: {_DIMS})", ("rank",)),
+        ({"zz": 0}, f"unknown dimension 'zz' (expected one of {_DIMS})", ("zz",)),
+        ({"xp": 0}, "unknown dimension 'xp' (did you mean 'tp'?)", ("xp",)),
+        ([0, {"tpp": 0}], "unknown dimension 'tpp' (did you mean 'tp'?)", (1, "tpp")),
+        ({"rank": 0}, f"unknown dimension 'rank' (expected one of {_DIMS})", ("rank",)),
         ("3-0", "range 3-0 is reversed", ()),
         ([0, {"dp": [0, "2-1"]}], "range 2-1 is reversed", (1, "dp", 1)),
         ("2--1", "malformed rank range '2--1' (expected N, -N or A-B with A, B >= 0)", ()),
@@ -358,7 +355,7 @@ _RANK_KINDS = "'all', a rank number, a range string, a mapping of dimensions or 
         ({}, "a ranks mapping needs at least one dimension", ()),
         ([0, {}], "a ranks mapping needs at least one dimension", (1,)),
         (True, f"ranks must be {_RANK_KINDS}, got a boolean", ()),
-        (1.0, f"ranks must be {_RANK_KINDS}, got a fractional number", ()),
+        (1.0, f"ranks must be {_RANK_KINDS}, got a number", ()),
         (None, f"ranks must be {_RANK_KINDS}, got null", ()),
         (
             [0, [1]],

@@ -35,6 +35,7 @@ from npu_fixtures import installed_fake
 
 from policy_engine.backends.mstx import checks
 from policy_engine.backends.mstx import session as backend
+from policy_engine.language import schema
 
 VERSION, OLD = "2.13.0", "2.5.1"
 FILES = (
@@ -363,7 +364,8 @@ def test_backend_source_reader_agrees_with_inspect(
         "range_start": backend._keywords(mstx_cls.range_start),
         "range_end": backend._keywords(mstx_cls.range_end),
     }
-    everything = {"ranges": True, "domain": "engine", "mstx_domain_include": ["engine"],
+    everything = {**schema.defaults("role")["mstx"],
+                  "ranges": True, "domain": "engine", "mstx_domain_include": ["engine"],
                   "l2_cache": True, "record_op_args": True, "with_flops": True,
                   "data_simplification": False}  # fmt: skip
     assert checks.version_warnings(everything, found, VERSION) == []

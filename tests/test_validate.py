@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 from policy_engine import PolicyError, load_policy
 from policy_engine.cli.main import main
+from policy_engine.language.checks import COORDINATES_WITHOUT_MESH
 from policy_engine.language.load import analyze
 from policy_engine.language.read import document_from_mapping
 
@@ -570,6 +571,27 @@ def test_load_policy_raises_every_problem(monkeypatch: pytest.MonkeyPatch) -> No
     assert [p.render() for p in info.value.problems] == INVALID_CASES["several.yaml"][1]
 
 
+def test_load_policy_reads_overrides_as_validate_does(monkeypatch: pytest.MonkeyPatch) -> None:
+    """One pipeline: ``overrides`` (the CLI's --set), then PROFILE_POLICY_SET, every bad one
+    reported, before the file is read."""
+    monkeypatch.chdir(VALID)
+    monkeypatch.setenv("PROFILE_POLICY_SET", "roles.ref.steps=[1")
+    with pytest.raises(PolicyError) as info:
+        load_policy("missing.yaml", overrides=["roles.actor.ranks=[0", "nonsense"])
+    assert [p.render() for p in info.value.problems] == [
+        "--set roles.actor.ranks=[0: error: did not find expected ',' or ']' (while parsing a "
+        "flow sequence started at line 1, column 1) (at $.roles.actor.ranks)",
+        "--set nonsense: error: override needs KEY=VALUE, got 'nonsense' (at $)",
+        "PROFILE_POLICY_SET[1]: roles.ref.steps=[1: error: did not find expected ',' or ']' "
+        "(while parsing a flow sequence started at line 1, column 1) (at $.roles.ref.steps)",
+    ]
+    monkeypatch.setenv("PROFILE_POLICY_SET", "roles.actor.steps=[1, 2]")
+    with pytest.raises(PolicyError) as info:
+        load_policy("warn_steps_none.yaml", overrides=["roles.actor.name=<role>_rank<rank>"])
+    assert info.value.problems[0].render().startswith(
+        "--set roles.actor.name=<role>_rank<rank>: error: the name cannot tell apart")
+
+
 def test_load_policy_keeps_warnings_and_strict_raises_them(
         monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(VALID)
@@ -648,3 +670,10 @@ def test_names_of_a_huge_mesh_are_checked_by_blocks(capsys: pytest.CaptureFixtur
     assert code == 1
     assert out[0] == (f"{path}:8:11: error: the name cannot tell apart ranks 3 and 11 of role "
                       "'actor'; add <rank> (at $.roles.actor.name)")
+
+
+def test_the_no_mesh_warning_has_a_code_the_runtime_filters_on() -> None:
+    data = {"version": 1, "roles": {"actor": {"enabled": True, "steps": [1], "ranks": {"tp": 0}}}}
+    [warning] = analyze(document_from_mapping(data)).warnings
+    assert warning.code == COORDINATES_WITHOUT_MESH
+    assert "code" not in warning.to_json()  # not part of the output

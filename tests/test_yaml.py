@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 
 from policy_engine.errors import PolicyError
 from policy_engine.language import yaml_reader as _yaml
+from policy_engine.language import yaml_shape
 from policy_engine.language.document import MAX_DEPTH, MAX_NODES
 from policy_engine.language.yaml_reader import parse_yaml, parse_yaml_value
 
@@ -530,7 +531,7 @@ def event_depth(text: str, loader_class: type[Any]) -> int:
 @given(st.text(alphabet="[]{}-?:,#'\"|>&*! \n\tab0", max_size=200))
 def test_indicator_characters_bound_the_nesting(text: str) -> None:
     """What lets short texts skip the event walk: each level needs a character of its own."""
-    bound = sum(map(text.count, _yaml._OPENERS))
+    bound = sum(map(text.count, yaml_shape.OPENERS))
     assert event_depth(text, yaml.SafeLoader) <= bound
     if yaml.__with_libyaml__:
         assert event_depth(text, yaml.CSafeLoader) <= bound
@@ -556,11 +557,11 @@ def test_real_policies_pass_the_walk_unchanged(path: str) -> None:
     else:
         before_error = None
     try:
-        _yaml._walk_events(_yaml._LOADER, text, path)  # refuses nothing real
+        yaml_shape.walk_events(_yaml._LOADER, text, path)  # refuses nothing real
     except yaml.YAMLError:  # a syntax error, which the composer finds the same way
         assert before_error is not None
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(_yaml, "_short_and_shallow", lambda text: False)  # always walk
+        patch.setattr(yaml_shape, "_short_and_shallow", lambda text: False)  # always walk
         try:
             after = parse_yaml(text, path)
         except PolicyError as exc:

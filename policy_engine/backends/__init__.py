@@ -1,18 +1,22 @@
 """The backend registry: the one list of profiling tools a policy can name.
 
-The schema's ``backend`` enum is checked against this registry by the test suite, so the
-file format and the code cannot drift apart. Modules are imported only when a backend is
-used, so naming one here costs nothing.
+The policy schema is assembled from this registry (:mod:`policy_engine.language.schema`):
+its ``backend`` enum is the names and aliases below, and each backend's settings block is
+the one its ``checks`` module declares, so the file format and the code cannot drift
+apart. Adding a backend is one entry here and its two modules. Modules are imported only
+when a backend is used (or the schema is assembled), so naming one here costs nothing.
 
 Each backend names two modules:
 
 * its ``checks`` module, pure Python (validate imports it, never the tool):
-  ``check_settings(settings) -> list[(message, sub-path)]``, what the schema cannot
-  express about the backend's settings block; ``check_runtime(settings) -> list[str]``,
-  what stops the backend from running here (package missing, no device), for
-  ``validate --check-runtime``;
+  ``SETTINGS``, the role's block for the backend as a JSON Schema fragment, with a
+  ``default`` and a ``description`` on every setting; ``check_settings(settings) ->
+  list[(message, sub-path)]``, what the schema cannot express about a block merged over
+  those defaults; ``check_runtime(settings) -> list[str]``, what stops the backend from
+  running here (package missing, no device), for ``validate --check-runtime``;
 * its ``session`` module, imported when a capture opens: ``BACKEND``, the Backend class
   (see :mod:`policy_engine.backends.base`), and optionally ``session_settings(plan)``.
+  Settings arrive merged over the defaults: sessions read them without fallbacks.
 """
 
 from __future__ import annotations
@@ -60,10 +64,17 @@ def create(name: str) -> Any:
     return importlib.import_module(BACKENDS[canonical(name)].session).BACKEND()
 
 
+def settings_schema(name: str) -> Mapping[str, Any]:
+    """Backend ``name``'s settings block, as a JSON Schema fragment with defaults."""
+    found: Mapping[str, Any] = checks(name).SETTINGS
+    return found
+
+
 def check_settings(
     name: str, settings: Mapping[str, Any]
 ) -> list[tuple[str, tuple[str | int, ...]]]:
-    """Problems in a backend's settings block that the schema cannot see."""
+    """Problems in a backend's settings block (merged over its defaults) that the schema
+    cannot see."""
     return list(checks(name).check_settings(settings))
 
 

@@ -32,8 +32,39 @@ _ACTIVITIES = {"cpu": "CPU", "cuda": "CUDA", "xpu": "XPU"}
 _FLAGS = ("record_shapes", "profile_memory", "with_stack", "with_flops", "with_modules")
 
 
+def _flag(meaning: str) -> dict[str, Any]:
+    return {"type": "boolean", "default": False, "description": meaning}
+
+
+#: The ``torch:`` block of a role, as a JSON Schema fragment: every setting with its default.
+SETTINGS: Mapping[str, Any] = {
+    "type": "object",
+    "additionalProperties": False,
+    "description": "torch.profiler settings.",
+    "properties": {
+        "activities": {
+            "type": "array",
+            "uniqueItems": True,
+            "items": {"enum": list(_ACTIVITIES)},
+            "default": ["cpu", "cuda"],
+            "description": "torch.profiler.ProfilerActivity values. One that cannot run in "
+                           "the process (no GPU) is dropped with one warning; an empty list "
+                           "is an error, never all.",
+        },
+        "record_shapes": _flag("torch.profiler.profile(record_shapes=)."),
+        "profile_memory": _flag("torch.profiler.profile(profile_memory=)."),
+        "with_stack": _flag("torch.profiler.profile(with_stack=)."),
+        "with_flops": _flag("torch.profiler.profile(with_flops=)."),
+        "with_modules": _flag("torch.profiler.profile(with_modules=)."),
+        "gzip": {"type": "boolean", "default": True,
+                 "description": "Write .pt.trace.json.gz; false writes .pt.trace.json."},
+    },
+}
+
+
 def check_settings(settings: Mapping[str, Any]) -> list[tuple[str, tuple[str | int, ...]]]:
-    if not settings.get("activities"):
+    """What the schema cannot say about a ``torch:`` block (merged over its defaults)."""
+    if not settings["activities"]:
         return [("activities is empty: list at least one of cpu, cuda "
                  "(an empty list never means all)", ("activities",))]
     return []

@@ -11,13 +11,12 @@ from typing import Any
 import attrs
 
 from policy_engine.cli.main import UsageError
-from policy_engine.errors import PolicyError, Problem, did_you_mean
+from policy_engine.errors import PolicyError, did_you_mean
 from policy_engine.language.document import PolicyFileError
 from policy_engine.language.frozen import FrozenDict
 from policy_engine.language.load import Analysis, analyze, read_source
 from policy_engine.language.mesh import mesh_size, parse_mesh
-from policy_engine.language.model import Policy, build_policy
-from policy_engine.language.overrides import Override, overrides_from_env, parse_override
+from policy_engine.language.model import Policy
 
 
 def mesh_arg(text: str) -> dict[str, int]:
@@ -46,29 +45,16 @@ def add_format_option(parser: argparse.ArgumentParser, *choices: str) -> None:
     parser.add_argument("--format", choices=choices or ("text", "json"), default="text")
 
 
-def overrides(sets: Sequence[str]) -> list[Override]:
-    """``--set`` values, then ``PROFILE_POLICY_SET``'s; every bad one is reported, not the first."""
-    parsed: list[Override] = []
-    problems: list[Problem] = []
-    for text in sets:
-        if not isinstance(text, str):  # argparse gives `--set=--` as a list
-            text = " ".join(map(str, text))
-        try:
-            parsed.append(parse_override(text))
-        except PolicyError as err:
-            problems.extend(err.problems)
-    try:
-        parsed += overrides_from_env()
-    except PolicyError as err:
-        problems.extend(err.problems)
-    if problems:
-        raise PolicyError(problems)
-    return parsed
+def _set_texts(sets: Sequence[str | Sequence[str]]) -> list[str]:
+    """The ``--set`` values as text (argparse gives ``--set=--`` as a list)."""
+    return [text if isinstance(text, str) else " ".join(map(str, text)) for text in sets]
 
 
 def analyze_file(path: str, args: argparse.Namespace) -> Analysis:
-    """Read and check one policy file. Unreadable files raise PolicyFileError."""
-    doc = read_source(path, overrides(args.sets), environ={})
+    """Read and check one policy file as ``load_policy`` does (``--set``, then
+    ``PROFILE_POLICY_SET``), against ``--world`` and ``--mesh``. Unreadable files raise
+    PolicyFileError."""
+    doc = read_source(path, _set_texts(args.sets))
     return analyze(doc, world=args.world, mesh=args.mesh)
 
 
@@ -93,9 +79,8 @@ def print_json(data: Mapping[str, Any] | list[Any]) -> None:
 def load_role_layout(args: argparse.Namespace, command: str) -> tuple[Policy, int]:
     """The checked policy (``--mesh`` replacing its mesh) and the world size, for commands
     that look at one role on every rank (explain, nsys-args)."""
-    result = load_checked(args.file, args)
-    doc = result.document
-    policy = build_policy(doc.data, source=doc.origin, sources=doc.sources)
+    policy = load_checked(args.file, args).policy
+    assert policy is not None  # load_checked raised on errors
     if args.mesh:
         policy = attrs.evolve(policy, mesh=FrozenDict(args.mesh))
     if args.role not in policy.roles:

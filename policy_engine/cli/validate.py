@@ -18,7 +18,7 @@ from policy_engine.cli._common import (
 from policy_engine.errors import PolicyError, Problem, json_path
 from policy_engine.language.checks import UNNAMED, origin
 from policy_engine.language.document import Document, PolicyFileError
-from policy_engine.language.model import build_policy, build_role
+from policy_engine.language.model import Policy
 
 
 def add_parser(sub: Any, name: str) -> None:
@@ -40,33 +40,29 @@ def _check_file(path: str, args: argparse.Namespace) -> tuple[int, list[Problem]
     except PolicyError as err:
         return 1, list(err.problems)
     problems = list(result.problems)
-    if args.check_runtime and not result.errors:
-        problems += _runtime_problems(result.document)
+    if args.check_runtime and result.policy is not None:
+        problems += _runtime_problems(result.document, result.policy)
     if args.strict:
         problems = [attrs.evolve(p, severity="error") for p in problems]
     return (1 if any(p.severity == "error" for p in problems) else 0), problems
 
 
-def _runtime_problems(doc: Document) -> list[Problem]:
+def _runtime_problems(doc: Document, policy: Policy) -> list[Problem]:
     """What stops the policy from running here: each enabled role's backend (package,
     device, toolkit) and the output folder. Found without importing torch."""
     data = doc.data
-    roles: dict[str, Any] = dict(data.get("roles") or {})
-    defaults = data.get("defaults") or {}
     problems: list[Problem] = []
     seen: set[tuple[str, str]] = set()
-    names: list[str | None] = [*roles, *([None] if defaults.get("enabled") else [])]
-    for role in names:
-        spec = build_role(role or "defaults", defaults, roles.get(role) if role else None)
+    for role in [*policy.roles, UNNAMED]:
+        spec = policy.role(role)
         if not spec.enabled:
             continue
-        at = origin(data, UNNAMED if role is None else role, "backend")
-        for message in backends.check_runtime(spec.backend, dict(spec.settings)):
+        at = origin(data, role, "backend")
+        for message in backends.check_runtime(spec.backend, spec.settings):
             if (spec.backend, message) not in seen:
                 seen.add((spec.backend, message))
                 problems.append(Problem(f"backend {spec.backend}: {message}",
                                         json_path(at), doc.locate(at)))
-    policy = build_policy(data, source=doc.origin)
     folder = policy.output_dir
     while not os.path.exists(folder) and os.path.dirname(folder) != folder:
         folder = os.path.dirname(folder)

@@ -1,35 +1,36 @@
-"""Checks the schema cannot express: selectors, schedules, names, cross-field rules.
+"""Cross-field rules on the built roles: what no single value can say.
 
-Section checks run on every ``defaults`` / ``roles.<role>`` block whatever else is wrong,
-so one run reports every problem; a value the schema rejects is left to the schema's
-message. Role checks run on each role's merged settings when the blocks it is built from
-are sound; a problem that several roles share (a value in ``defaults``) is reported once,
-naming every role it affects.
+Mesh against world size, each enabled role's selectors against the mesh, whether its
+names tell apart every rank and capture, mode conflicts, and colocation
+(:mod:`policy_engine.language.colocation`). They run on the roles
+:func:`policy_engine.language.model.build` could build, so a value the schema or a parse
+refused is reported once, by them. A problem that several roles share (a value in
+``defaults``) is reported once, naming every role it affects.
 """
 
 from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
-from policy_engine import backends
+import attrs
+
 from policy_engine.errors import Problem, Severity, json_path
 from policy_engine.language import colocation
 from policy_engine.language.document import Document
-from policy_engine.language.frozen import deep_merge
 from policy_engine.language.mesh import DIMS, format_mesh, mesh_size
-from policy_engine.language.model import BUILTIN_DEFAULTS, RoleSpec, build_role
-from policy_engine.language.naming import NameTemplate, TemplateError
+from policy_engine.language.model import Built, RoleSpec
 from policy_engine.language.ranks import Box, RankSelector, intersect
-from policy_engine.language.schema import fits
-from policy_engine.language.selector import SelectorError
 from policy_engine.language.steps import StepSet
 
 Path = tuple[str | int, ...]
 #: The role name that stands for roles the policy does not name (they get ``defaults``).
 UNNAMED = ""
+#: The code of the warning that ranks select by coordinates while the policy has no mesh:
+#: whether it matters depends on where a process runs (the runtime knows, validate not).
+COORDINATES_WITHOUT_MESH = "coordinates-without-mesh"
 
 
 class _Sink:
@@ -37,24 +38,24 @@ class _Sink:
 
     def __init__(self, doc: Document) -> None:
         self.doc = doc
-        self._found: dict[tuple[str, Path, Severity], list[str]] = {}
+        self._found: dict[tuple[str, Path, Severity, str | None], list[str]] = {}
 
     def add(self, message: str, path: Sequence[str | int], severity: Severity = "error",
-            *, role: str | None = None) -> None:
+            *, role: str | None = None, code: str | None = None) -> None:
         """Record a problem. With ``role``, ``message`` holds ``{who}``, filled in with every
         role the same problem was found for (:data:`UNNAMED` for the unnamed ones)."""
-        roles = self._found.setdefault((message, tuple(path), severity), [])
+        roles = self._found.setdefault((message, tuple(path), severity, code), [])
         if role is not None and role not in roles:
             roles.append(role)
 
-    def errors_under(self, *prefixes: Path) -> bool:
-        return any(sev == "error" and any(path[: len(p)] == p for p in prefixes)
-                   for (_, path, sev) in self._found)
+    @property
+    def errors(self) -> bool:
+        return any(severity == "error" for (_, _, severity, _) in self._found)
 
     def problems(self) -> list[Problem]:
         return [Problem(message.format(who=_who(roles)) if roles else message,
-                        json_path(path), self.doc.locate(path), severity)
-                for (message, path, severity), roles in self._found.items()]
+                        json_path(path), self.doc.locate(path), severity, code)
+                for (message, path, severity, code), roles in self._found.items()]
 
 
 def _literal(text: str) -> str:
@@ -71,39 +72,6 @@ def _who(roles: Sequence[str]) -> str:
     if not named:
         return text
     return f"role{'s' if len(named) > 1 else ''} {text}"
-
-
-def _sections(data: Mapping[str, Any]) -> Iterator[tuple[Path, Mapping[str, Any]]]:
-    if isinstance(data.get("defaults"), Mapping):
-        yield ("defaults",), data["defaults"]
-    roles = data.get("roles")
-    if isinstance(roles, Mapping):
-        for name, body in roles.items():
-            if isinstance(body, Mapping):
-                yield ("roles", name), body
-
-
-def _check_section(sink: _Sink, path: Path, body: Mapping[str, Any]) -> None:
-    """Checks of one block's own values, in the order the block lists them."""
-    for key, value in body.items():
-        if key in ("ranks", "steps") and fits(value, "$defs", key):
-            try:
-                (RankSelector if key == "ranks" else StepSet).parse(value)
-            except SelectorError as err:
-                sink.add(err.message, (*path, key, *err.path))
-        elif key == "name" and isinstance(value, str) and value:
-            try:
-                NameTemplate.parse(value)
-            except TemplateError as err:
-                sink.add(f"bad name template at character {err.offset + 1}: {err.message}",
-                         (*path, key))
-        elif key in backends.BACKENDS and isinstance(value, Mapping) and fits(
-                value, "$defs", key):
-            merged = deep_merge(BUILTIN_DEFAULTS[key], value)
-            for message, sub in backends.check_settings(key, merged):
-                # Point at the key the user wrote, or at the block when it came from defaults.
-                where = (*path, key, *sub) if sub and sub[0] in value else (*path, key)
-                sink.add(message, where)
 
 
 def origin(data: Mapping[str, Any], role: str, field: str) -> Path:
@@ -287,10 +255,8 @@ def _clash_listed(boxes: Sequence[Box], sizes: Sequence[int],
     return None
 
 
-def _check_role(sink: _Sink, data: Mapping[str, Any], role: str,
+def _check_role(sink: _Sink, data: Mapping[str, Any], role: str, spec: RoleSpec,
                 world: int | None, mesh: Mapping[str, int] | None) -> None:
-    body = (data.get("roles") or {}).get(role) if role != UNNAMED else None
-    spec = build_role(role or "defaults", data.get("defaults") or {}, body)
     if not spec.enabled:
         return
     if spec.discrete and spec.merge_steps:
@@ -312,7 +278,8 @@ def _check_role(sink: _Sink, data: Mapping[str, Any], role: str,
     if coord_dims and not mesh:
         sink.add(f"ranks select by {', '.join(coord_dims)} but the policy has no mesh: these "
                  "coordinates must come from a DeviceMesh or Megatron at run time, else no "
-                 "rank of {who} is profiled", ranks_at, "warning", role=role)
+                 "rank of {who} is profiled", ranks_at, "warning", role=role,
+                 code=COORDINATES_WITHOUT_MESH)
     if spec.ranks.selects_nothing:
         shown = "[]" if not spec.ranks.clauses else _literal(str(spec.ranks))
         sink.add(f"ranks: {shown} selects no rank: nothing is profiled for {{who}}", ranks_at,
@@ -330,12 +297,11 @@ def _check_role(sink: _Sink, data: Mapping[str, Any], role: str,
         _check_names(sink, data, spec, role, world, mesh)
 
 
-def _check_mesh(sink: _Sink, data: Mapping[str, Any], world: int | None,
+def _check_mesh(sink: _Sink, data: Mapping[str, Any], built: Built, world: int | None,
                 mesh: Mapping[str, int] | None) -> tuple[int | None, Mapping[str, int] | None]:
-    """The world size and mesh the role checks use (``mesh`` from ``--mesh`` wins)."""
-    policy_mesh = data.get("mesh")
-    if policy_mesh is not None and not fits(policy_mesh, "properties", "mesh"):
-        policy_mesh = None  # the schema reports it
+    """The world size and mesh the role checks use (``mesh`` from ``--mesh`` wins; a mesh
+    the schema refused is left out)."""
+    policy_mesh = data.get("mesh") if built.refused.sound(("mesh",)) else None
     if mesh is not None and policy_mesh and dict(policy_mesh) != dict(mesh):
         sink.add(f"--mesh {format_mesh(mesh)} replaces the policy's mesh "
                  f"{format_mesh(policy_mesh)}", ("mesh",), "warning")
@@ -348,37 +314,30 @@ def _check_mesh(sink: _Sink, data: Mapping[str, Any], world: int | None,
     return world, mesh
 
 
-def check_document(doc: Document, *, world: int | None = None,
-                   mesh: Mapping[str, int] | None = None,
-                   structure_ok: bool = True) -> list[Problem]:
-    """Problems beyond the schema. ``mesh`` (the CLI's ``--mesh``) overrides the policy's.
-
-    ``structure_ok`` false says the schema found errors: then each role is checked only
-    when its own block and ``defaults`` are sound.
-    """
+def check(doc: Document, built: Built, *, world: int | None = None,
+          mesh: Mapping[str, int] | None = None) -> list[Problem]:
+    """Problems across values, in the built roles. ``mesh`` (the CLI's ``--mesh``)
+    replaces the policy's; when the mesh and the world disagree, the roles are not
+    checked against either."""
     sink = _Sink(doc)
     data = doc.data
-    for path, body in _sections(data):
-        _check_section(sink, path, body)
-    world, mesh = _check_mesh(sink, data, world, mesh)
-    if sink.errors_under(("mesh",)):
-        return sink.problems()
-    defaults = data.get("defaults")
-    if defaults is not None and not (structure_ok or fits(defaults, "$defs", "role")):
-        return sink.problems()
-    if sink.errors_under(("defaults",)):
-        return sink.problems()
-    roles = data.get("roles") or {}
-    if not isinstance(roles, Mapping):
-        return sink.problems()
-    if isinstance(defaults, Mapping) and defaults.get("enabled"):
-        _check_role(sink, data, UNNAMED, world, mesh)
-    for role, body in roles.items():
-        if not structure_ok and not fits({role: body}, "properties", "roles"):
-            continue
-        if not sink.errors_under(("roles", role)):
-            _check_role(sink, data, role, world, mesh)
-    if not sink.errors_under(("roles",), ("colocate",)):
-        for message, path, severity in colocation.check(data, origin):
-            sink.add(message, path, "error" if severity == "error" else "warning")
+    world, mesh = _check_mesh(sink, data, built, world, mesh)
+    if not sink.errors:
+        if built.unnamed is not None:
+            _check_role(sink, data, UNNAMED, built.unnamed, world, mesh)
+        for role, spec in built.roles.items():
+            _check_role(sink, data, role, spec, world, mesh)
+    roles = data.get("roles")
+    named = roles if isinstance(roles, Mapping) else {}
+
+    def spec_of(name: str) -> RoleSpec | None:
+        if name in named:
+            return built.roles.get(name)
+        return None if built.unnamed is None else attrs.evolve(built.unnamed, name=name)
+
+    groups = data.get("colocate")
+    sound = [(index, group) for index, group in enumerate(groups or ())
+             if built.refused.sound(("colocate", index))] if isinstance(groups, list) else []
+    for message, path, severity in colocation.check(data, sound, origin, spec_of):
+        sink.add(message, path, "error" if severity == "error" else "warning")
     return sink.problems()

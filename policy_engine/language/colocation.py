@@ -7,18 +7,18 @@ error here, before launch, instead of a surprise in the traces.
 
 from __future__ import annotations
 
-import difflib
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
-from policy_engine.language.model import RoleSpec, build_role
-from policy_engine.language.schedule import ScheduleError
-from policy_engine.language.selector import SelectorError
+from policy_engine.errors import did_you_mean
+from policy_engine.language.model import RoleSpec
 
 Path = tuple[str | int, ...]
 Found = tuple[str, Path, str]  # message, where, severity
 #: Where a role's value for a field was written: ``checks.origin``.
 Origin = Callable[[Mapping[str, Any], str, str], Path]
+#: A role's built settings, None when its blocks hold a refused value.
+SpecOf = Callable[[str], "RoleSpec | None"]
 
 # What colocated roles on one backend must agree on, and why in a word.
 _SHARED = (
@@ -30,17 +30,14 @@ _SHARED = (
 )
 
 
-def check(data: Mapping[str, Any], origin: Origin) -> Iterator[Found]:
-    """Problems of the policy's ``colocate`` groups (the schema checked their shape)."""
-    groups = data.get("colocate")
-    if not isinstance(groups, list):
-        return
+def check(data: Mapping[str, Any], groups: Sequence[tuple[int, Sequence[str]]],
+          origin: Origin, spec_of: SpecOf) -> Iterator[Found]:
+    """Problems of the ``colocate`` groups whose shape the schema accepted, each with its
+    index. A group is checked for conflicts when every role in it could be built."""
     roles = data.get("roles") if isinstance(data.get("roles"), Mapping) else {}
     assert isinstance(roles, Mapping)
     placed: dict[str, int] = {}
-    for gi, group in enumerate(groups):
-        if not isinstance(group, list) or not all(isinstance(n, str) for n in group):
-            continue
+    for gi, group in groups:
         for mi, name in enumerate(group):
             at: Path = ("colocate", gi, mi)
             if name in placed and placed[name] != gi:
@@ -48,29 +45,13 @@ def check(data: Mapping[str, Any], origin: Origin) -> Iterator[Found]:
                        "a role runs in one process group", at, "error")
             placed.setdefault(name, gi)
             if name not in roles:
-                close = difflib.get_close_matches(name, list(roles), n=1, cutoff=0.6)
-                hint = f" (did you mean {close[0]!r}?)" if close else ""
+                hint = did_you_mean(name, roles)
                 yield (f"colocated role {name!r} is not under roles{hint}: it gets the "
                        "defaults", at, "warning")
-        specs = _specs(data, group)
-        if specs is not None:
-            yield from _conflicts(data, gi, specs, origin)
-
-
-def _specs(data: Mapping[str, Any], group: Sequence[str]) -> list[RoleSpec] | None:
-    """The enabled roles of ``group`` as built specs; None when one cannot be built (the
-    schema or the role checks report why)."""
-    defaults = data.get("defaults") or {}
-    roles = data.get("roles") or {}
-    out = []
-    for name in group:
-        try:
-            spec = build_role(name, defaults, roles.get(name) or {})
-        except (SelectorError, ScheduleError, ValueError, KeyError, TypeError):
-            return None
-        if spec.enabled:
-            out.append(spec)
-    return out
+        specs = [spec_of(name) for name in group]
+        if all(spec is not None for spec in specs):
+            enabled = [spec for spec in specs if spec is not None and spec.enabled]
+            yield from _conflicts(data, gi, enabled, origin)
 
 
 def _show(value: object) -> str:

@@ -1,4 +1,13 @@
-"""load_policy: a file, a mapping or a Policy -> a validated, frozen Policy."""
+"""load_policy: a file, a mapping or a Policy -> a validated, frozen Policy.
+
+One pipeline, for the library and the command line alike::
+
+    read (positions kept) -> overrides (--set, then PROFILE_POLICY_SET)
+        -> schema (shape) -> model (values parsed, roles built) -> checks (across values)
+
+Every problem of every stage is reported, each once: a stage skips what an earlier one
+refused.
+"""
 
 from __future__ import annotations
 
@@ -9,10 +18,10 @@ from typing import Any, Union
 import attrs
 
 from policy_engine.errors import PolicyError, Problem
-from policy_engine.language import checks, schema
+from policy_engine.language import checks, model, schema
 from policy_engine.language.document import Document
 from policy_engine.language.extends import load_policy_document
-from policy_engine.language.model import Policy, build_policy
+from policy_engine.language.model import Policy
 from policy_engine.language.overrides import (
     Override,
     apply_overrides,
@@ -27,10 +36,11 @@ ENV_FILE = "PROFILE_POLICY"
 
 @attrs.frozen
 class Analysis:
-    """A document with every problem found in it."""
+    """A document with every problem found in it, and its policy when it has no error."""
 
     document: Document
     problems: tuple[Problem, ...]
+    policy: Policy | None = None
 
     @property
     def errors(self) -> tuple[Problem, ...]:
@@ -41,27 +51,52 @@ class Analysis:
         return tuple(p for p in self.problems if p.severity == "warning")
 
 
+def _overrides(given: Sequence[str | Override], environ: Mapping[str, str]) -> list[Override]:
+    """``given`` (``--set`` texts or parsed overrides), then ``PROFILE_POLICY_SET``'s; every
+    bad one is reported, not the first."""
+    parsed: list[Override] = []
+    problems: list[Problem] = []
+    for item in given:
+        try:
+            parsed.append(item if isinstance(item, Override) else parse_override(item))
+        except PolicyError as err:
+            problems.extend(err.problems)
+    try:
+        parsed += overrides_from_env(environ)
+    except PolicyError as err:
+        problems.extend(err.problems)
+    if problems:
+        raise PolicyError(problems)
+    return parsed
+
+
 def read_source(source: str | os.PathLike[str] | Mapping[str, Any],
                 overrides: Sequence[str | Override] = (),
                 environ: Mapping[str, str] | None = None) -> Document:
-    """The document for ``source`` with ``--set``-style and environment overrides applied."""
+    """The document for ``source`` with ``--set``-style and environment overrides applied.
+
+    A file that cannot be read raises :class:`~policy_engine.language.document.PolicyFileError`.
+    """
+    parsed = _overrides(overrides, os.environ if environ is None else environ)
     if isinstance(source, Mapping):
         doc = document_from_mapping(source)
     else:
         doc = load_policy_document(os.fspath(source))
-    parsed = [o if isinstance(o, Override) else parse_override(o, f"--set {o}")
-              for o in overrides]
-    parsed += overrides_from_env(os.environ if environ is None else environ)
-    return apply_overrides(doc, parsed) if parsed else doc
+    return apply_overrides(doc, parsed)
 
 
 def analyze(doc: Document, *, world: int | None = None,
             mesh: Mapping[str, int] | None = None) -> Analysis:
-    """Schema problems first, then the semantic checks."""
-    problems = schema.validate(doc)
-    structure_ok = not any(p.severity == "error" for p in problems)
-    problems += checks.check_document(doc, world=world, mesh=mesh, structure_ok=structure_ok)
-    return Analysis(doc, tuple(problems))
+    """Every problem in ``doc``: the schema's, the values', then those across values.
+    ``world`` and ``mesh`` (the CLI's ``--world`` and ``--mesh``) are checked against."""
+    checked = schema.validate(doc)
+    built = model.build(doc, checked.refused)
+    problems = (*checked.problems, *built.problems,
+                *checks.check(doc, built, world=world, mesh=mesh))
+    if any(p.severity == "error" for p in problems):
+        return Analysis(doc, problems)
+    warnings = tuple(p for p in problems if p.severity == "warning")
+    return Analysis(doc, problems, model.build_policy(doc, built, warnings=warnings))
 
 
 def load_policy(source: PolicySource, *, overrides: Sequence[str | Override] = (),
@@ -75,9 +110,7 @@ def load_policy(source: PolicySource, *, overrides: Sequence[str | Override] = (
     """
     if isinstance(source, Policy):
         return source
-    doc = read_source(source, overrides, environ)
-    result = analyze(doc)
-    if result.errors or (strict and result.warnings):
+    result = analyze(read_source(source, overrides, environ))
+    if result.policy is None or (strict and result.warnings):
         raise PolicyError(result.problems)
-    return build_policy(doc.data, source=None if isinstance(source, Mapping) else doc.origin,
-                        sources=doc.sources, warnings=result.warnings)
+    return result.policy

@@ -1,8 +1,10 @@
-"""The validated policy as frozen objects.
+"""The validated policy as frozen objects, and the builder that makes them.
 
-A role's settings are the built-in defaults, then the policy's ``defaults``, then
-``roles.<role>``, deep-merged (maps merge, lists replace). Building assumes the document
-passed the schema and the checks in :mod:`policy_engine.checks`.
+A role's settings are the schema's defaults (:func:`policy_engine.language.schema.defaults`),
+then the policy's ``defaults``, then ``roles.<role>``, deep-merged (maps merge, lists
+replace). :func:`build` turns what the schema accepted into the model: it parses each
+block's values (ranks, steps, name templates; a backend block is checked by its backend),
+reports those that do not parse, and builds every role whose blocks hold nothing refused.
 """
 
 from __future__ import annotations
@@ -10,41 +12,24 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import attrs
 
 from policy_engine import backends
-from policy_engine.errors import Problem
+from policy_engine.errors import Problem, json_path
+from policy_engine.language import schema
+from policy_engine.language.document import Document
 from policy_engine.language.frozen import FrozenDict, deep_merge, freeze, thaw
-from policy_engine.language.naming import DEFAULT_TEMPLATE, NameTemplate
+from policy_engine.language.naming import NameTemplate, TemplateError
 from policy_engine.language.ranks import RankSelector
 from policy_engine.language.schedule import Schedule
+from policy_engine.language.schema import Refused
+from policy_engine.language.selector import SelectorError
 from policy_engine.language.steps import StepSet
 
-#: What a role gets for every setting the policy leaves out.
-BUILTIN_DEFAULTS: Mapping[str, Any] = {
-    "enabled": False,
-    "backend": "torch",
-    "ranks": [0],
-    "steps": "all",
-    "merge_steps": False,
-    "schedule": None,
-    "discrete": False,
-    "regions": [],
-    "name": DEFAULT_TEMPLATE,
-    "on_error": "warn",
-    "torch": {"activities": ["cpu", "cuda"], "record_shapes": False, "profile_memory": False,
-              "with_stack": False, "with_flops": False, "with_modules": False, "gzip": True},
-    "mstx": {"level": "level1", "activities": ["cpu", "npu"], "record_shapes": False,
-             "profile_memory": False, "with_stack": False, "with_modules": False,
-             "analysis": False, "export_type": "text", "ranges": True},
-    "nsight": {"ranges": True, "capture": "auto", "capture_range_end": "auto",
-               "options": {"trace": "cuda,nvtx"}},
-}
-DEFAULT_PREFIX = "trace"
-DEFAULT_OUTPUT_DIR = "profiles"
+Path = tuple[str | int, ...]
 
 
 @attrs.frozen
@@ -106,24 +91,29 @@ class Policy:
         return next((group for group in self.colocate if name in group), ())
 
 
+# ------------------------------------------------------------------ one role
+
+
 def _schedule(raw: Mapping[str, Any] | None) -> Schedule | None:
     return None if raw is None else Schedule.from_mapping(raw)
 
 
-def _regions(raw: Any) -> tuple[RegionSpec, ...]:
-    if isinstance(raw, list):
+def _regions(raw: Sequence[str] | Mapping[str, Any]) -> tuple[RegionSpec, ...]:
+    if not isinstance(raw, Mapping):
         return tuple(RegionSpec(name) for name in raw)
     out = []
-    for name, body in (raw or {}).items():
-        body = body or {}
-        out.append(RegionSpec(name, bool(body.get("enabled", True)), "schedule" in body,
-                              _schedule(body.get("schedule"))))
+    for name, body in raw.items():
+        merged = deep_merge(schema.defaults("region"), body or {})
+        out.append(RegionSpec(name, bool(merged["enabled"]), "schedule" in merged,
+                              _schedule(merged.get("schedule"))))
     return tuple(out)
 
 
 def build_role(name: str, merged_defaults: Mapping[str, Any],
                role: Mapping[str, Any] | None = None) -> RoleSpec:
-    raw = deep_merge(deep_merge(BUILTIN_DEFAULTS, merged_defaults), role or {})
+    """Role ``name`` from the policy's ``defaults`` and its own block, over the schema's
+    defaults. The blocks must hold only values the schema and :func:`build` accepted."""
+    raw = deep_merge(deep_merge(schema.defaults("role"), merged_defaults), role or {})
     backend = backends.canonical(raw["backend"])
     return RoleSpec(
         name=name,
@@ -141,6 +131,82 @@ def build_role(name: str, merged_defaults: Mapping[str, Any],
     )
 
 
+# ------------------------------------------------------------------ a document
+
+
+@attrs.frozen
+class Built:
+    """What :func:`build` made of a document."""
+
+    #: Values that do not parse (and backend blocks their backend refuses), located.
+    problems: tuple[Problem, ...]
+    #: Everything refused: by the schema, and the values above.
+    refused: Refused
+    #: Each role whose blocks (its own and ``defaults``) hold nothing refused.
+    roles: Mapping[str, RoleSpec]
+    #: What a role the policy does not name gets; None when ``defaults`` is unsound.
+    unnamed: RoleSpec | None
+
+
+def _blocks(data: Mapping[str, Any]) -> Iterator[tuple[Path, Mapping[str, Any]]]:
+    if isinstance(data.get("defaults"), Mapping):
+        yield ("defaults",), data["defaults"]
+    roles = data.get("roles")
+    if isinstance(roles, Mapping):
+        for name, body in roles.items():
+            if isinstance(body, Mapping):
+                yield ("roles", name), body
+
+
+def _value_problems(key: str, value: Any) -> Iterator[tuple[str, Path]]:
+    """What is wrong with one value of a role block that the schema accepted: (message,
+    path inside the block)."""
+    if key in ("ranks", "steps"):
+        try:
+            (RankSelector if key == "ranks" else StepSet).parse(value)
+        except SelectorError as err:
+            yield err.message, (key, *err.path)
+    elif key == "name":
+        try:
+            NameTemplate.parse(value)
+        except TemplateError as err:
+            yield f"bad name template at character {err.offset + 1}: {err.message}", (key,)
+    elif key in backends.BACKENDS:
+        for message, sub in backends.check_settings(key, deep_merge(
+                schema.defaults("role")[key], value)):
+            # Point at the key the user wrote, or at the block when it came from defaults.
+            yield message, (key, *sub) if sub and sub[0] in value else (key,)
+
+
+def build(doc: Document, refused: Refused) -> Built:
+    """Parse the values of every block that the schema did not refuse, in the order the
+    file writes them, and build the roles that hold nothing refused."""
+    problems: list[Problem] = []
+    unparsed: set[Path] = set()
+    for path, body in _blocks(doc.data):
+        for key, value in body.items():
+            if not refused.sound((*path, key)):
+                continue  # the schema reported it
+            for message, sub in _value_problems(key, value):
+                where = (*path, *sub)
+                unparsed.add(where)
+                problems.append(Problem(message, json_path(where), doc.locate(where)))
+    sound = refused.adding(unparsed)
+    defaults = doc.data.get("defaults") or {}
+    named = doc.data.get("roles")
+    roles: dict[str, RoleSpec] = {}
+    unnamed = None
+    if sound.sound(("defaults",)):
+        unnamed = build_role("", defaults)
+        for name, body in (named.items() if isinstance(named, Mapping) else ()):
+            if sound.sound(("roles", name)):
+                roles[name] = build_role(name, defaults, body or {})
+    return Built(tuple(problems), sound, roles, unnamed)
+
+
+# ------------------------------------------------------------------ the policy
+
+
 def _policy_order(groups: Any, roles: Mapping[str, Any]) -> tuple[tuple[str, ...], ...]:
     """Each group's roles in the order ``roles:`` lists them, unlisted ones after."""
     order = {name: i for i, name in enumerate(roles)}
@@ -153,25 +219,24 @@ def policy_hash(data: Mapping[str, Any]) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-def build_policy(data: Mapping[str, Any], *, source: str | None = None,
-                 sources: tuple[str, ...] = (),
+def build_policy(doc: Document, built: Built, *,
                  warnings: tuple[Problem, ...] = ()) -> Policy:
-    """The frozen Policy for a checked document."""
-    defaults = data.get("defaults") or {}
-    roles = {name: build_role(name, defaults, body or {})
-             for name, body in (data.get("roles") or {}).items()}
+    """The frozen Policy of a document that :func:`build` found sound throughout."""
+    data = doc.data
+    top = schema.defaults()
+    source = doc.origin if doc.sources else None  # a mapping has no folder of its own
     base = os.path.dirname(os.path.abspath(source)) if source else os.getcwd()
     output_dir = os.path.join(base, os.path.expanduser(data.get("output_dir",
-                                                                DEFAULT_OUTPUT_DIR)))
+                                                                top["output_dir"])))
     return Policy(
         version=int(data["version"]),
-        prefix=str(data.get("prefix", DEFAULT_PREFIX)),
+        prefix=str(data.get("prefix", top["prefix"])),
         output_dir=os.path.normpath(output_dir),
         mesh=FrozenDict(data.get("mesh") or {}),
-        roles=FrozenDict(roles),
-        defaults=defaults,
+        roles=FrozenDict(built.roles),
+        defaults=data.get("defaults") or {},
         source=source,
-        sources=sources,
+        sources=doc.sources,
         policy_hash=policy_hash(data),
         warnings=warnings,
         colocate=_policy_order(data.get("colocate"), data.get("roles") or {}),

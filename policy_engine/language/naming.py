@@ -7,19 +7,15 @@ when every field inside it is empty. Literal text may hold ``[0-9A-Za-z._=+-]`` 
 
 from __future__ import annotations
 
-import difflib
 import hashlib
 import re
 from collections.abc import Mapping
 
 import attrs
 
+from policy_engine.errors import did_you_mean
 from policy_engine.language.mesh import DIMS
 
-DEFAULT_TEMPLATE = (
-    "<prefix>_<role>[_<region>][_step<step>]_rank<rank>-of-<world>"
-    "[_<tp><pp><dp><cp><ep>]_pid<pid>_<timestamp>"
-)
 FIELDS: tuple[str, ...] = (
     "prefix", "role", "region", "step", "cycle", "rank", "world", "local_rank", "node",
     "host", "pid", "timestamp", "backend", *DIMS,
@@ -71,9 +67,9 @@ def _field(text: str, offset: int) -> Field:
                 f"bad field <{text}>: expected <env:NAME> with NAME a variable name", offset)
         return Field(text)
     if text not in FIELDS:
-        close = difflib.get_close_matches(text, FIELDS, n=1, cutoff=0.6)
-        hint = f"did you mean <{close[0]}>?" if close else f"fields: {', '.join(FIELDS)}, env:NAME"
-        raise TemplateError(f"unknown field <{text}> ({hint})", offset)
+        hint = did_you_mean(text, FIELDS, show=lambda field: f"<{field}>") \
+            or f" (fields: {', '.join(FIELDS)}, env:NAME)"
+        raise TemplateError(f"unknown field <{text}>{hint}", offset)
     return Field(text)
 
 

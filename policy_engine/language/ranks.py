@@ -6,7 +6,6 @@ callers prepend the value's own JSON path and file position.
 
 from __future__ import annotations
 
-import difflib
 import json
 import math
 import re
@@ -14,12 +13,12 @@ from collections.abc import Iterator, Mapping, Sequence
 
 import attrs
 
+from policy_engine.errors import describe, did_you_mean
 from policy_engine.language.selector import (
     Path,
     SelectorError,
     _bounded_int,
     _is_int,
-    _kind,
     _number,
 )
 
@@ -94,7 +93,8 @@ def _spans(value: object, dim: str, path: Path) -> list[_Span]:
         return [_Span(value, value, path)]
     if not isinstance(value, str):
         raise SelectorError(
-            f"{dim} must be 'all', an index, a range string or a list of them, got {_kind(value)}",
+            f"{dim} must be 'all', an index, a range string or a list of them, "
+            f"got {describe(value)}",
             path,
         )
     spans = []
@@ -139,10 +139,11 @@ def _clause(value: object, path: Path) -> tuple[_Axis, ...]:
     axes = []
     for key, item in value.items():
         if key not in DIMENSIONS:
-            close = difflib.get_close_matches(str(key), DIMENSIONS, n=1)
-            hint = f", did you mean '{close[0]}'?" if close else ""
+            hint = (
+                did_you_mean(str(key), DIMENSIONS) or f" (expected one of {', '.join(DIMENSIONS)})"
+            )
             raise SelectorError(
-                f"unknown dimension {str(key)!r}{hint} (known: {', '.join(DIMENSIONS)})",
+                f"unknown dimension {str(key)!r}{hint}",
                 (*path, key if isinstance(key, (str, int)) else str(key)),
             )
         axes.append(_axis(item, key, (*path, key)))
@@ -176,7 +177,7 @@ class RankSelector:
             return cls((_clause(value, ()),))
         raise SelectorError(
             "ranks must be 'all', a rank number, a range string, a mapping of dimensions "
-            f"or a list of them, got {_kind(value)}"
+            f"or a list of them, got {describe(value)}"
         )
 
     @property

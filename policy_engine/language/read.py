@@ -24,7 +24,6 @@ from policy_engine.language.document import (
     too_deep,
 )
 from policy_engine.language.json_reader import parse_json
-from policy_engine.language.toml_reader import parse_toml
 from policy_engine.language.yaml_reader import parse_yaml
 
 Format = Literal["yaml", "toml", "json"]
@@ -136,6 +135,8 @@ def document_from_mapping(data: Mapping[str, Any], origin: str = "<mapping>") ->
 
 
 def _parse_toml(text: str, origin: str) -> Document:
+    from policy_engine.language.toml_reader import parse_toml  # tomllib: TOML policies only
+
     data, values, keys = parse_toml(text, origin)
     doc = Document({}, origin, values, keys)
     return attrs.evolve(doc, data=check_root(to_plain(data, (), 0, doc.locate), Location(origin)))

@@ -9,14 +9,15 @@ must not import torch.
 
 from __future__ import annotations
 
-import difflib
 import enum
 from collections.abc import Mapping
 from typing import Any
 
 import attrs
 
-__all__ = ["Action", "Schedule", "ScheduleError"]
+from policy_engine.errors import describe
+
+__all__ = ["FIELDS", "Action", "Schedule", "ScheduleError"]
 
 
 class Action(enum.Enum):
@@ -37,24 +38,24 @@ class ScheduleError(ValueError):
         self.path = path
 
 
-_FIELDS = ("skip_first", "skip_first_wait", "wait", "warmup", "active", "repeat")
+def _check_count(_inst: object, attribute: attrs.Attribute[int], value: object) -> None:
+    # bool is an int subclass; `active: true` is surely a mistake, not 1.
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise ScheduleError(
+            f"schedule field '{attribute.name}' must be an integer, got {describe(value)}",
+            (attribute.name,),
+        )
+    minimum = attribute.metadata["minimum"]
+    if value < minimum:
+        raise ScheduleError(
+            f"schedule field '{attribute.name}' must be >= {minimum}, got {value}",
+            (attribute.name,),
+        )
 
 
-def _check_count(minimum: int) -> Any:
-    def check(_inst: object, attribute: attrs.Attribute[int], value: object) -> None:
-        # bool is an int subclass; `active: true` is surely a mistake, not 1.
-        if not isinstance(value, int) or isinstance(value, bool):
-            raise ScheduleError(
-                f"schedule field '{attribute.name}' must be an integer, got {type(value).__name__}",
-                (attribute.name,),
-            )
-        if value < minimum:
-            raise ScheduleError(
-                f"schedule field '{attribute.name}' must be >= {minimum}, got {value}",
-                (attribute.name,),
-            )
-
-    return check
+def _count(default: int, minimum: int) -> Any:
+    """A field of the schedule: an int of at least ``minimum`` (the schema reads both)."""
+    return attrs.field(default=default, validator=_check_count, metadata={"minimum": minimum})
 
 
 @attrs.frozen
@@ -67,12 +68,12 @@ class Schedule:
     phase of the first cycle only.
     """
 
-    skip_first: int = attrs.field(default=0, validator=_check_count(0))
-    skip_first_wait: int = attrs.field(default=0, validator=_check_count(0))
-    wait: int = attrs.field(default=0, validator=_check_count(0))
-    warmup: int = attrs.field(default=0, validator=_check_count(0))
-    active: int = attrs.field(default=1, validator=_check_count(1))
-    repeat: int = attrs.field(default=0, validator=_check_count(0))
+    skip_first: int = _count(0, minimum=0)
+    skip_first_wait: int = _count(0, minimum=0)
+    wait: int = _count(0, minimum=0)
+    warmup: int = _count(0, minimum=0)
+    active: int = _count(1, minimum=1)
+    repeat: int = _count(0, minimum=0)
 
     # Precomputed so that action() is a handful of integer comparisons on the hot path.
     _shift: int = attrs.field(init=False, repr=False, eq=False, hash=False)
@@ -93,29 +94,17 @@ class Schedule:
         object.__setattr__(self, "_limit", self.repeat * period)
 
     @classmethod
-    def from_mapping(cls, mapping: Mapping[str, object]) -> Schedule:
-        """Build a schedule from a policy's ``schedule:`` mapping; missing fields take defaults.
-
-        ``skip_first_wait`` may be a boolean (YAML ``true``); every other field must be an
-        integer. Unknown keys raise :class:`ScheduleError` with a "did you mean".
-        """
-        values: dict[str, Any] = {}
-        for key, value in mapping.items():
-            if key not in _FIELDS:
-                close = difflib.get_close_matches(str(key), _FIELDS, n=1)
-                hint = f", did you mean '{close[0]}'?" if close else ""
-                raise ScheduleError(
-                    f"unknown schedule field '{key}'{hint} (known: {', '.join(_FIELDS)})",
-                    (str(key),),
-                )
-            if key == "skip_first_wait" and isinstance(value, bool):
-                value = int(value)
-            values[key] = value
+    def from_mapping(cls, mapping: Mapping[str, Any]) -> Schedule:
+        """A schedule from a policy's ``schedule:`` mapping, whose keys the schema checked;
+        missing fields take their defaults. ``skip_first_wait`` may be a boolean."""
+        values = dict(mapping)
+        if isinstance(values.get("skip_first_wait"), bool):
+            values["skip_first_wait"] = int(values["skip_first_wait"])
         return cls(**values)
 
     def to_json(self) -> dict[str, int]:
         """Every field, in ``torch.profiler.schedule`` keyword form."""
-        return {name: getattr(self, name) for name in _FIELDS}
+        return {name: getattr(self, name) for name in FIELDS}
 
     @property
     def period(self) -> int:
@@ -208,3 +197,7 @@ class Schedule:
     def actions(self, n: int) -> tuple[Action, ...]:
         """The actions of the first ``n`` inner steps."""
         return tuple(self.action(step) for step in range(n))
+
+
+#: The schedule's fields, in ``torch.profiler.schedule``'s order.
+FIELDS: tuple[str, ...] = tuple(field.name for field in attrs.fields(Schedule) if field.init)

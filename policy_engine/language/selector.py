@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import TypeGuard
 
 Path = tuple[str | int, ...]
@@ -23,18 +22,6 @@ class SelectorError(ValueError):
 
     def __repr__(self) -> str:
         return f"SelectorError({self.message!r}, path={self.path!r})"
-
-
-def _kind(value: object) -> str:
-    """How an error message names the type of a bad value, in policy-file words."""
-    for kind, label in ((bool, "a boolean"), (float, "a fractional number"), (str, "a string")):
-        if isinstance(value, kind):
-            return label
-    if isinstance(value, Mapping):
-        return "a mapping"
-    if isinstance(value, (list, tuple)):
-        return "a list"
-    return "null" if value is None else type(value).__name__
 
 
 def _is_int(value: object) -> TypeGuard[int]:

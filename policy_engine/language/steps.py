@@ -1,48 +1,33 @@
 """The policy's ``steps`` value: a set of outer training steps, kept as arithmetic runs.
 
 :meth:`StepSet.parse` raises :class:`SelectorError` with a sub-path inside the value;
-callers prepend the value's own JSON path and file position.
-
-Nothing here walks a set member by member over a long stretch: sizes, run ends and run
-lengths come from the runs themselves (inclusion-exclusion, or the pattern the runs repeat
-between two run boundaries), and each query has a fixed allowance of work. An answer that
-would need more than that allowance is None ("unknown"), which callers treat as "many".
+callers prepend the value's own JSON path and file position. The arithmetic on the runs
+(:mod:`policy_engine.language.runs`) never expands the set: an answer past a fixed
+allowance of work is None ("unknown"), which callers treat as "many".
 """
 
 from __future__ import annotations
 
-import bisect
-import math
 import re
 from collections import Counter
-from collections.abc import Iterator, Sequence
 
 import attrs
 
+from policy_engine.errors import describe
+from policy_engine.language import runs as arithmetic
+from policy_engine.language.runs import ALL, Run
 from policy_engine.language.selector import (
     Path,
     SelectorError,
     _bounded_int,
     _is_int,
-    _kind,
     _number,
 )
 
 __all__ = ["StepSet"]
 
-Run = tuple[int, int | None, int]  # (start, last member or None = unbounded, stride)
-
 _STEP_TOKEN = re.compile(r"([0-9]+)(?:\s*-\s*([0-9]+)(?:\s*:\s*([0-9]+))?)?")
 _NEGATIVE = re.compile(r"-\s*[0-9]+")
-_ALL: Run = (0, None, 1)
-
-#: Inclusion-exclusion gives up past this many distinct terms or run-by-term intersections
-#: (30 overlapping strides over 10**9 steps need 2047 terms and about 61000 intersections).
-_MAX_TERMS = 4096
-_MAX_INTERSECTIONS = 100_000
-#: Cells (bytes) of membership patterns one query may mark, members written included:
-#: tens of milliseconds of C-speed work and at most 16 MiB of memory.
-_CELLS = 1 << 24
 
 
 def _step_run(token: str, path: Path) -> Run:
@@ -70,296 +55,15 @@ def _step_item(value: object, path: Path, runs: list[Run]) -> None:
         runs.append((value, value, 1))
     elif isinstance(value, str):
         if value.strip() == "all":
-            runs.append(_ALL)
+            runs.append(ALL)
         else:
             runs.extend(_step_run(token, path) for token in value.split(","))
     else:
         raise SelectorError(
             f"a step must be a number or a range string like '10-12' or '0-100:10', "
-            f"got {_kind(value)}",
+            f"got {describe(value)}",
             path,
         )
-
-
-def _normalize(runs: Sequence[Run]) -> tuple[Run, ...]:
-    """Canonical form: intervals merged, redundant runs dropped, sorted.
-
-    Two sets written differently usually compare equal after this (not always: unions
-    of strides can coincide in ways not worth detecting).
-    """
-    if _ALL in runs:
-        return (_ALL,)
-    intervals: list[list[int]] = []
-    strided: set[tuple[int, int, int]] = set()
-    for start, stop, stride in runs:
-        assert stop is not None
-        last = start + (stop - start) // stride * stride  # the last member actually hit
-        if stride == 1 or start == last:
-            intervals.append([start, last])
-        else:
-            strided.add((start, last, stride))
-    intervals.sort()
-    merged: list[list[int]] = []
-    for lo, hi in intervals:
-        if merged and lo <= merged[-1][1] + 1:
-            merged[-1][1] = max(merged[-1][1], hi)
-        else:
-            merged.append([lo, hi])
-    los = [lo for lo, _ in merged]
-
-    def covered(run: tuple[int, int, int]) -> bool:  # inside one merged interval
-        at = bisect.bisect_right(los, run[0]) - 1
-        return at >= 0 and merged[at][1] >= run[1]
-
-    kept = [run for run in strided if not covered(run)]
-    for lo, hi in merged:
-        if lo < hi or not any(a <= lo <= b and (lo - a) % s == 0 for a, b, s in kept):
-            kept.append((lo, hi, 1))
-    return tuple(sorted(kept))
-
-
-def _intersect(a: Run, b: Run) -> Run | None:
-    """The common members of two bounded runs, itself a run (Chinese remainder theorem).
-
-    A single member is always ``(m, m, 1)``, so that equal sets are equal tuples.
-    """
-    (a0, a1, sa), (b0, b1, sb) = a, b
-    assert a1 is not None and b1 is not None
-    g = math.gcd(sa, sb)
-    if (b0 - a0) % g:
-        return None
-    period = sa // g * sb
-    k = (b0 - a0) // g * pow(sa // g, -1, sb // g) % (sb // g)
-    first = a0 + sa * k  # a common member, maybe below both starts
-    lo, hi = max(a0, b0), min(a1, b1)
-    if first < lo:
-        first += -((first - lo) // period) * period
-    if first > hi:
-        return None
-    if first + period > hi:
-        return (first, first, 1)
-    # The last member, not hi, so that equal sets of steps are equal tuples.
-    return (first, first + (hi - first) // period * period, period)
-
-
-def _count_cluster(runs: Sequence[Run]) -> int | None:
-    """Size of a union of bounded runs by inclusion-exclusion; None past the term caps."""
-    # Signed terms keyed by run: intersections that coincide (0-99:2 & 0-99:3 and 0-99:6)
-    # merge, so the work follows the distinct intersections, not the 2**n subsets.
-    terms: dict[Run, int] = {}
-    work = 0
-    for run in runs:
-        work += len(terms)
-        if work > _MAX_INTERSECTIONS:
-            return None
-        update = {run: 1}
-        for term, coeff in terms.items():
-            both = _intersect(term, run)
-            if both is not None:
-                update[both] = update.get(both, 0) - coeff
-        for term, coeff in update.items():
-            terms[term] = terms.get(term, 0) + coeff
-            if not terms[term]:
-                del terms[term]
-        if len(terms) > _MAX_TERMS:
-            return None
-    return sum(coeff * _size(term) for term, coeff in terms.items())
-
-
-def _size(run: Run) -> int:
-    start, stop, stride = run
-    assert stop is not None
-    return (stop - start) // stride + 1
-
-
-def _clusters(runs: Sequence[Run]) -> Iterator[list[Run]]:
-    """Bounded runs sorted by start, grouped so that runs of different groups share no step."""
-    reach = -1
-    cluster: list[Run] = []
-    for run in runs:
-        assert run[1] is not None
-        if cluster and run[0] > reach:
-            yield cluster
-            cluster = []
-        cluster.append(run)
-        reach = max(reach, run[1])
-    if cluster:
-        yield cluster
-
-
-# ---- patterns between run boundaries
-#
-# Between two consecutive run boundaries (a start, or one past a last member) the same runs
-# are active, so membership repeats with the lcm of their strides: one period, marked in a
-# bytearray, describes the whole stretch however long it is. _Cells bounds that marking.
-
-
-class _Cells:
-    """The work allowance of one query, in cells of membership patterns."""
-
-    def __init__(self) -> None:
-        self.left = _CELLS
-
-    def spend(self, cells: int) -> bool:
-        self.left -= cells
-        return self.left >= 0
-
-    def affordable(self, active: Sequence[Run]) -> int:
-        """The longest window of ``active`` that :meth:`mark` can still afford."""
-        per_cell = 1.0 + sum(1.0 / stride for _, _, stride in active)
-        return max(0, int(self.left / per_cell))
-
-    def mark(self, active: Sequence[Run], at: int, size: int) -> bytearray:
-        """Members of ``active`` in ``[at, at + size)`` as 1 bytes (the runs cover it)."""
-        window = bytearray(size)
-        spent = size
-        for start, _, stride in active:
-            offset = (start - at) % stride
-            if offset < size:
-                count = (size - 1 - offset) // stride + 1
-                window[offset::stride] = b"\x01" * count
-                spent += count
-        self.left -= spent
-        return window
-
-
-def _segments(runs: Sequence[Run]) -> Iterator[tuple[int, int | None, tuple[Run, ...]]]:
-    """``(first, last, active)`` for each stretch between run boundaries, in order, gaps
-    included; ``last`` is None for the endless stretch of unbounded runs."""
-    by_start = sorted(runs)
-    by_end = sorted((stop + 1, run) for run in runs if (stop := run[1]) is not None)
-    cuts = sorted({run[0] for run in runs} | {end for end, _ in by_end})
-    active: set[Run] = set()
-    i = j = 0
-    for index, cut in enumerate(cuts):
-        while i < len(by_start) and by_start[i][0] == cut:
-            active.add(by_start[i])
-            i += 1
-        while j < len(by_end) and by_end[j][0] == cut:
-            active.discard(by_end[j][1])
-            j += 1
-        last = cuts[index + 1] - 1 if index + 1 < len(cuts) else None
-        if last is None and not active:
-            return
-        yield cut, last, tuple(active)
-
-
-def _period(active: Sequence[Run], cap: int) -> int:
-    """The lcm of the strides of ``active``, or ``cap`` when it is larger."""
-    period = 1
-    for _, _, stride in active:
-        period = period * stride // math.gcd(period, stride)
-        if period >= cap:
-            return cap
-    return period
-
-
-def _count_marked(runs: Sequence[Run], cells: _Cells) -> int | None:
-    """Size of a bounded union from the period of each stretch; None past the allowance."""
-    total = 0
-    for first, last, active in _segments(runs):
-        assert last is not None
-        length = last - first + 1
-        if not cells.spend(len(active) + 1):
-            return None
-        if not active:
-            continue
-        if any(stride == 1 for _, _, stride in active):
-            total += length
-            continue
-        size = _period(active, length)
-        if size > cells.affordable(active):
-            return None
-        window = cells.mark(active, first, size)
-        full, rest = divmod(length, size)
-        total += window.count(1) * full + window.count(1, 0, rest)
-    return total
-
-
-def _feed(carry: int, window: bytes | bytearray) -> tuple[int, list[int]]:
-    """Runs of 1s of ``window`` after a run of ``carry`` that reaches its first cell: the
-    runs it closes, in order, and the length of the run still open at its end."""
-    pieces = window.split(b"\x00")
-    if len(pieces) == 1:
-        return carry + len(window), []
-    closed = [carry + len(pieces[0]), *map(len, pieces[1:-1])]
-    return len(pieces[-1]), [n for n in closed if n]
-
-
-Lengths = list[tuple[tuple[int, ...], int]]  # (block of run lengths in order, repeats)
-
-
-def _run_lengths(runs: Sequence[Run], cells: _Cells) -> Lengths | None:
-    """Lengths of the maximal runs of consecutive members of a bounded union, in order,
-    as blocks with repeat counts; None past the allowance."""
-    out: Lengths = []
-    carry = 0
-
-    def close(*lengths: int) -> None:
-        block = tuple(n for n in lengths if n)
-        if block:
-            out.append((block, 1))
-
-    for first, last, active in _segments(runs):
-        assert last is not None
-        length = last - first + 1
-        if not cells.spend(len(active) + 1):
-            return None
-        if not active:
-            close(carry)
-            carry = 0
-        elif any(stride == 1 for _, _, stride in active):
-            carry += length
-        elif len(active) == 1:  # one strided run: isolated members, whatever the stride
-            start, _, stride = active[0]
-            offset = (start - first) % stride
-            members = 0 if offset >= length else (length - 1 - offset) // stride + 1
-            head = carry + 1 if offset == 0 else 1
-            if offset:
-                close(carry)
-            if members == 0:
-                carry = 0
-                continue
-            tail_open = offset + (members - 1) * stride == length - 1
-            if members == 1:
-                carry = head if tail_open else 0
-                close(0 if tail_open else head)
-                continue
-            close(head)
-            if members > 2:
-                out.append(((1,), members - 2))
-            carry = 1 if tail_open else 0
-            close(0 if tail_open else 1)
-        else:
-            size = _period(active, length)
-            if size > cells.affordable(active):
-                return None
-            window = cells.mark(active, first, size)
-            if window.find(0) < 0:  # no hole in a period: the whole stretch is members
-                carry += length
-                continue
-            if not cells.spend(8 * window.count(0)):  # the Python side of split()
-                return None
-            full, rest = divmod(length, size)
-            carry, block = _feed(carry, window)
-            close(*block)
-            if full > 1:  # every later period closes the same runs: the carry is the same
-                carry, block = _feed(carry, window)
-                out.append((tuple(block), full - 1))
-            if rest:
-                carry, block = _feed(carry, window[:rest])
-                close(*block)
-    close(carry)
-    return out
-
-
-def _run_text(run: Run) -> str:
-    start, stop, stride = run
-    if stop is None:
-        return "all"
-    if start == stop:
-        return str(start)
-    return f"{start}-{stop}" if stride == 1 else f"{start}-{stop}:{stride}"
 
 
 @attrs.frozen
@@ -370,7 +74,7 @@ class StepSet:
     ``(start, last, stride)``; ``last`` is None only for ``all``.
     """
 
-    runs: tuple[Run, ...] = attrs.field(converter=_normalize)
+    runs: tuple[Run, ...] = attrs.field(converter=arithmetic.normalize)
 
     @classmethod
     def parse(cls, value: object) -> StepSet:
@@ -384,14 +88,14 @@ class StepSet:
         else:
             raise SelectorError(
                 f"steps must be 'all', a step number, a range string or a list of them, "
-                f"got {_kind(value)}"
+                f"got {describe(value)}"
             )
         return cls(runs)
 
     @property
     def is_all(self) -> bool:
         """Every step."""
-        return self.runs == (_ALL,)
+        return self.runs == (ALL,)
 
     @property
     def is_empty(self) -> bool:
@@ -421,21 +125,7 @@ class StepSet:
         runs with large coprime strides over a long span: at least hundreds of thousands
         of steps): callers treat it as "many", as they treat an unbounded set.
         """
-        if not self.is_bounded:
-            return None
-        total = 0
-        cells = _Cells()
-        for cluster in _clusters(self.runs):
-            if len(cluster) == 1:
-                total += _size(cluster[0])
-                continue
-            count = _count_cluster(cluster)
-            if count is None:
-                count = _count_marked(cluster, cells)
-            if count is None:
-                return None
-            total += count
-        return total
+        return arithmetic.count(self.runs) if self.is_bounded else None
 
     def run_end(self, first: int) -> int | None:
         """The last step of the run of consecutive steps ``first``, ``first + 1``, ...
@@ -452,39 +142,7 @@ class StepSet:
             raise ValueError(f"{first} is not a step of {self}")
         if first + 1 not in self:
             return first
-        cells = _Cells()
-        end = first  # the last step known to be in the run
-        for _, hi, active in _segments(self.runs):
-            if hi is not None and hi <= end:
-                continue
-            step = end + 1  # the stretch holds it: its first step is at most end + 1
-            if not cells.spend(len(active) + 1):
-                return None
-            if not any((step - start) % stride == 0 for start, _, stride in active):
-                return end
-            if any(stride == 1 for _, _, stride in active):
-                if hi is None:
-                    return None
-                end = hi
-                continue
-            # The pattern repeats every `size` steps through the rest of the stretch. Gaps
-            # are usually near, so the window grows from a small one.
-            size = _period(active, _CELLS + 1 if hi is None else hi - step + 1)
-            want = 1024
-            while True:
-                window = cells.mark(active, step, min(size, want, cells.affordable(active)))
-                gap = window.find(0)
-                if gap >= 0:
-                    return step + gap - 1
-                if len(window) == size:  # a whole period, or the rest of the stretch
-                    break
-                if len(window) < min(size, want):
-                    return None  # no gap within the allowance
-                want *= 8
-            if hi is None:
-                return None  # the period has no gap: the run never ends
-            end = hi
-        return end
+        return arithmetic.run_end(self.runs, first)
 
     def run_lengths(self) -> dict[int, int] | None:
         """``{length: how many}`` over the maximal runs of consecutive steps (what
@@ -492,7 +150,7 @@ class StepSet:
         interleave in a pattern too long to follow with a fixed allowance of work."""
         if not self.is_bounded:
             return None
-        found = _run_lengths(self.runs, _Cells())
+        found = arithmetic.run_lengths(self.runs)
         if found is None:
             return None
         counts: Counter[int] = Counter()
@@ -506,7 +164,7 @@ class StepSet:
         at most ``limit`` of them (None otherwise, or as :meth:`run_lengths`)."""
         if not self.is_bounded:
             return None
-        found = _run_lengths(self.runs, _Cells())
+        found = arithmetic.run_lengths(self.runs)
         if found is None or sum(len(block) * times for block, times in found) > limit:
             return None
         return [length for block, times in found for _ in range(times) for length in block]
@@ -545,7 +203,7 @@ class StepSet:
 
     def to_json(self) -> list[int | str]:
         """A compact list that :meth:`parse` reads back: ``["all"]``, ``[2, 3, "10-20:5"]``."""
-        return [run[0] if run[0] == run[1] else _run_text(run) for run in self.runs]
+        return [run[0] if run[0] == run[1] else arithmetic.run_text(run) for run in self.runs]
 
     def __str__(self) -> str:
-        return ",".join(_run_text(run) for run in self.runs) if self.runs else "none"
+        return ",".join(arithmetic.run_text(run) for run in self.runs) if self.runs else "none"

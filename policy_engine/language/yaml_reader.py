@@ -3,12 +3,8 @@
 PyYAML only *composes* the text into a node graph here; no Python object is ever
 constructed from a tag. This module checks that graph (tags, duplicate keys, key
 types, nesting, alias expansion, integer sizes) and builds dicts, lists and scalars
-itself.
-
-Composing recurses once per nesting level, and libyaml's composer (PyYAML's C loader)
-does so with no guard: tens of thousands of levels overflow the C stack and kill the
-process (PyYAML 6.0.3 and older). So the nesting and the number of values are bounded
-before anything is composed; see :func:`_check_shape`.
+itself. The nesting and the number of values are bounded before anything is composed
+(:mod:`policy_engine.language.yaml_shape`).
 """
 
 from __future__ import annotations
@@ -20,10 +16,9 @@ from typing import Any, NamedTuple
 
 import yaml
 from yaml.constructor import SafeConstructor
-from yaml.events import CollectionEndEvent, CollectionStartEvent, Event, NodeEvent
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
-from policy_engine.errors import Location, PolicyError, Problem, json_path
+from policy_engine.errors import KINDS, Location, PolicyError, Problem, json_path
 from policy_engine.language.document import (
     INT_LIMIT,
     LONE_SURROGATE,
@@ -39,27 +34,22 @@ from policy_engine.language.document import (
     shorten,
     too_deep,
 )
+from policy_engine.language.yaml_shape import check_shape
 
-# Every collection the parser opens starts at an indicator character of its own: `[`,
-# `{`, the `-` of its first entry, or the `?` or `:` of its first key. So the number of
-# these characters bounds the nesting from above, and a text holds at most about two
-# values per character. Texts within both bounds (every policy of a few lines) are
-# composed straight away; the others are walked first, event by event.
-_OPENERS = "[{-?:"
 _INT_TEXT = 100  # an integer written with more significant digits is refused unread
 
 _T = "tag:yaml.org,2002:"
 _STR, _INT, _FLOAT, _BOOL, _NULL = _T + "str", _T + "int", _T + "float", _T + "bool", _T + "null"
 _SEQ, _MAP, _MERGE = _T + "seq", _T + "map", _T + "merge"
 _SCALAR_KINDS = {
-    _STR: "a string",
-    _INT: "an integer",
-    _FLOAT: "a number",
-    _BOOL: "a boolean",
-    _NULL: "null",
-    _MERGE: "a string",
+    _STR: KINDS["string"],
+    _INT: KINDS["integer"],
+    _FLOAT: KINDS["number"],
+    _BOOL: KINDS["boolean"],
+    _NULL: KINDS["null"],
+    _MERGE: KINDS["string"],
 }
-_NODE_KINDS = {ScalarNode: "a scalar", SequenceNode: "a list", MappingNode: "a mapping"}
+_NODE_KINDS = {ScalarNode: "a scalar", SequenceNode: KINDS["array"], MappingNode: KINDS["object"]}
 _ALLOWED = {ScalarNode: set(_SCALAR_KINDS), SequenceNode: {_SEQ}, MappingNode: {_MAP}}
 _CORE = {_STR, _INT, _FLOAT, _BOOL, _NULL, _SEQ, _MAP}
 
@@ -119,7 +109,7 @@ def show_tag(tag: str) -> str:
 def _compose(text: str, origin: str) -> Node | None:
     try:
         _refuse_surrogates(text, origin)
-        _check_shape(text, origin)
+        check_shape(text, origin, _LOADER)
         loader = _LOADER(text)  # the pure-Python reader checks characters right here
         loader.yaml_implicit_resolvers = _RESOLVERS  # an instance attribute shadows the class's
         try:
@@ -151,92 +141,7 @@ def check_limits(text: str, origin: str) -> None:
     """Refuse YAML or JSON text nested past MAX_DEPTH or holding more than MAX_NODES
     values, with where; anything else is left to the reader that reads it."""
     with contextlib.suppress(yaml.YAMLError, ValueError):  # ValueError: lone surrogates
-        _check_shape(text, origin)
-
-
-def _check_shape(text: str, origin: str) -> None:
-    """Refuse nesting beyond MAX_DEPTH and more than MAX_NODES values before composing.
-
-    Parsers keep their state in lists, not on the call stack, so walking the events is
-    safe at any depth; the walk stops at the first node past a limit, which is where
-    the error points. Short, shallow texts need no walk (see ``_OPENERS``).
-    """
-    if _short_and_shallow(text):
-        return
-    try:
-        _walk_events(_LOADER, text, origin)
-    except yaml.MarkedYAMLError as exc:
-        if _LOADER is yaml.SafeLoader or "maximum nesting depth" not in (exc.problem or ""):
-            raise
-        # Newer libyaml stops at 1000 levels of its own while it reads ahead; the
-        # pure-Python parser reads lazily and finds where our limit is crossed.
-        _walk_events(yaml.SafeLoader, text, origin)
-        raise
-
-
-def _short_and_shallow(text: str) -> bool:
-    """Whether ``text`` is surely within both limits (see ``_OPENERS``)."""
-    return sum(map(text.count, _OPENERS)) <= MAX_DEPTH and 2 * len(text) < MAX_NODES
-
-
-class _Open:
-    """A collection being walked: its start event, its path, and where in it we are."""
-
-    def __init__(self, event: Event, path: PathKey, mapping: bool) -> None:
-        self.event, self.path, self.mapping = event, path, mapping
-        self.index = 0  # items seen (keys and values alike in a mapping)
-        self.key: str | None = None  # the scalar key whose value comes next
-
-    def child_path(self) -> PathKey:
-        if not self.mapping:
-            return (*self.path, self.index)
-        return self.path if self.key is None else (*self.path, self.key)
-
-    def done(self, event: Event) -> None:
-        """A child (scalar, alias or closed collection) is complete."""
-        if self.mapping and self.index % 2 == 0 and isinstance(event, yaml.ScalarEvent):
-            self.key = event.value
-        self.index += 1
-        if self.mapping and self.index % 2 == 0:
-            self.key = None
-
-
-def _walk_events(loader_class: type[Any], text: str, origin: str) -> None:
-    loader = loader_class(text)
-    try:
-        stack: list[_Open] = []
-        nodes = 0
-        while loader.check_event():
-            event = loader.get_event()
-            if isinstance(event, CollectionEndEvent):
-                closed = stack.pop()
-                if stack:
-                    stack[-1].done(closed.event)
-                continue
-            if not isinstance(event, NodeEvent):
-                continue
-            path = stack[-1].child_path() if stack else ()
-            nodes += 1
-            if nodes > MAX_NODES:
-                where = stack[-1] if stack else None
-                raise PolicyError.single(
-                    TOO_MANY,
-                    _mark(where.event if where else event, origin),
-                    json_path(where.path if where else path),
-                )
-            if isinstance(event, CollectionStartEvent):
-                if len(stack) >= MAX_DEPTH:
-                    raise too_deep(_mark(event, origin), path)
-                stack.append(_Open(event, path, not isinstance(event, yaml.SequenceStartEvent)))
-            elif stack:
-                stack[-1].done(event)
-    finally:
-        loader.dispose()
-
-
-def _mark(event: Event, origin: str) -> Location:
-    mark = event.start_mark
-    return Location(origin, mark.line + 1, mark.column + 1) if mark else Location(origin)
+        check_shape(text, origin, _LOADER)
 
 
 def _syntax_error(exc: yaml.MarkedYAMLError, text: str, origin: str) -> PolicyError:

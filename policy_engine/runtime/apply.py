@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from typing import Any, Union
 
 from policy_engine.errors import PolicyError, Problem, did_you_mean
+from policy_engine.language.checks import COORDINATES_WITHOUT_MESH
 from policy_engine.language.load import ENV_FILE, load_policy
 from policy_engine.language.mesh import DIMS
 from policy_engine.language.model import Policy, build_role
@@ -26,9 +27,9 @@ log = logging.getLogger("policy_engine")
 PolicyArg = Union[str, "os.PathLike[str]", Mapping[str, Any], Policy, None]
 Profiler = Union[RoleProfiler, OffProfiler]  # noqa: UP007
 
-#: Validate-time warnings that depend on where a process sits; compile_plan says at run
-#: time whether they hold for this process.
-_LAYOUT_WARNINGS = ("policy has no mesh",)
+#: Codes of validate-time warnings that depend on where a process sits; compile_plan says
+#: at run time whether they hold for this process.
+_LAYOUT_WARNINGS = frozenset({COORDINATES_WITHOUT_MESH})
 
 
 def _from_environment(policy: PolicyArg, problems: tuple[Problem, ...]) -> bool:
@@ -62,7 +63,7 @@ def _resolve(policy: PolicyArg) -> Policy | None:
                   ENV_OVERRIDES)
         return None
     for problem in loaded.warnings:  # once per policy per process, not per role
-        if not any(text in problem.message for text in _LAYOUT_WARNINGS):
+        if problem.code not in _LAYOUT_WARNINGS:
             warn_once(("policy-warning", loaded.policy_hash, problem),
                       "policy-engine: %s", problem.render())
     return loaded

@@ -1,19 +1,18 @@
-"""Validate-time checks of the mstx backend's settings, without importing torch_npu.
+"""The mstx backend's settings and their validate-time checks, without importing torch_npu.
 
-:func:`check_settings` finds contradictions in an ``mstx:`` block as torch_npu defines
-them; :func:`check_runtime` finds what stops the backend on this machine, reading the
-installed torch_npu's sources (:func:`source_params`, :func:`version_warnings`) and asking
-CANN's msprof. :mod:`policy_engine.backends.mstx` re-exports both for the backend registry.
+:data:`SETTINGS` is the ``mstx:`` block of a role as a JSON Schema fragment, every setting
+with its default; :func:`aic_metrics` resolves the one default that depends on another
+setting. :func:`check_settings` finds contradictions in a block as torch_npu defines them;
+:func:`check_runtime` finds what stops the backend on this machine, reading the installed
+torch_npu's sources (:func:`source_params`, :func:`version_warnings`) and asking CANN's
+msprof.
 """
 
 from __future__ import annotations
 
-import ast
 import importlib.util
 import os
 import re
-import shutil
-import subprocess
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -22,13 +21,147 @@ __all__ = [
     "CANN",
     "EMPTY",
     "INSTALL",
+    "SETTINGS",
     "SOURCES",
     "Params",
+    "aic_metrics",
     "check_runtime",
     "check_settings",
     "source_params",
     "version_warnings",
 ]
+
+
+def _flag(default: bool, meaning: str) -> dict[str, Any]:
+    return {"type": "boolean", "default": default, "description": meaning}
+
+
+def _domains(meaning: str) -> dict[str, Any]:
+    return {
+        "type": ["array", "null"],
+        "uniqueItems": True,
+        "items": {"type": "string", "minLength": 1},
+        "default": None,
+        "description": f"{meaning} (needs ranges: true; torch_npu >= 2.6). null: no filter.",
+    }
+
+
+#: The ``mstx:`` block of a role, as a JSON Schema fragment: every setting with its default.
+SETTINGS: Mapping[str, Any] = {
+    "type": "object",
+    "additionalProperties": False,
+    "description": "Ascend NPU profiler (torch_npu.profiler) settings; see docs/ascend.md.",
+    "properties": {
+        "level": {
+            "enum": ["level_none", "level0", "level1", "level2"],
+            "default": "level1",
+            "description": (
+                "torch_npu ProfilerLevel: level_none (mstx ranges only), level0 "
+                "(framework + NPU task timeline), level1 (adds CANN AscendCL data, "
+                "AI Core metrics and HCCL ops), level2 (adds CANN runtime and AI "
+                "CPU data)."
+            ),
+        },
+        "activities": {
+            "type": "array",
+            "uniqueItems": True,
+            "items": {"enum": ["cpu", "npu"]},
+            "default": ["cpu", "npu"],
+            "description": (
+                "torch_npu ProfilerActivity values; an empty list is an error "
+                "(torch_npu would read it as all)."
+            ),
+        },
+        "record_shapes": _flag(False, "torch_npu.profiler.profile(record_shapes=)."),
+        "profile_memory": _flag(False, "torch_npu.profiler.profile(profile_memory=)."),
+        "with_stack": _flag(False, "torch_npu.profiler.profile(with_stack=)."),
+        "with_modules": _flag(False, "torch_npu.profiler.profile(with_modules=)."),
+        "with_flops": _flag(False, "torch_npu.profiler.profile(with_flops=)."),
+        "analysis": _flag(
+            False,
+            "true: torch_npu parses the data when the cycle is saved "
+            "(blocks training meanwhile); false: raw data only, run "
+            "torch_npu.profiler.profiler.analyse(path) offline.",
+        ),
+        "export_type": {
+            "oneOf": [
+                {"enum": ["text", "db"]},
+                {
+                    "type": "array",
+                    "minItems": 1,
+                    "uniqueItems": True,
+                    "items": {"enum": ["text", "db"]},
+                },
+            ],
+            "default": "text",
+            "description": (
+                "torch_npu ExportType of the parsed output: text (json/csv), db "
+                "(sqlite; needs a CANN whose msprof supports --type), or both."
+            ),
+        },
+        "ranges": _flag(
+            True,
+            "mstx ranges: the _ExperimentalConfig mstx switch (msprof_tx "
+            "before torch_npu 2.7) and the engine's regions as mstx ranges.",
+        ),
+        "domain": {
+            "type": ["string", "null"],
+            "minLength": 1,
+            "default": None,
+            "description": (
+                "mstx domain of the engine's region ranges; null: torch_npu's "
+                "default domain ('default'). Needs torch_npu >= 2.6."
+            ),
+        },
+        "aic_metrics": {
+            "oneOf": [
+                {
+                    "enum": [
+                        "none",
+                        "pipe_utilization",
+                        "arithmetic_utilization",
+                        "memory",
+                        "memory_l0",
+                        "memory_ub",
+                        "resource_conflict_ratio",
+                        "l2_cache",
+                        "memory_access",
+                    ]
+                },
+                {"type": "null"},
+            ],
+            "default": None,
+            "description": (
+                "torch_npu AiCMetrics; only with level1 or level2. null: torch_npu's "
+                "own for the level (pipe_utilization at level1 and level2, none "
+                "below)."
+            ),
+        },
+        "l2_cache": _flag(False, "_ExperimentalConfig(l2_cache=): collect L2 cache data."),
+        "data_simplification": _flag(
+            True, "_ExperimentalConfig(data_simplification=): drop intermediate data after parsing."
+        ),
+        "record_op_args": _flag(
+            False, "_ExperimentalConfig(record_op_args=): dump operator arguments (for AOE tuning)."
+        ),
+        "mstx_domain_include": _domains(
+            "Collect only these mstx domains; not with mstx_domain_exclude"
+        ),
+        "mstx_domain_exclude": _domains("Collect every mstx domain but these"),
+    },
+}
+_LEVELS_WITHOUT_AIC = ("level0", "level_none")
+
+
+def aic_metrics(settings: Mapping[str, Any]) -> str:
+    """The AI Core metrics a capture asks torch_npu for: ``aic_metrics``, or where it is
+    null torch_npu's own for the level (pipe_utilization at level1 and level2, none below,
+    where torch_npu would reset any other to none)."""
+    if settings["level"] in _LEVELS_WITHOUT_AIC:
+        return "none"
+    chosen: str | None = settings["aic_metrics"]
+    return chosen if chosen is not None else "pipe_utilization"
+
 
 EMPTY = "activities is empty: list at least one of cpu, npu (an empty list never means all)"
 CANN = "it needs the Ascend CANN toolkit installed and its set_env.sh sourced"
@@ -62,29 +195,30 @@ def _as_list(value: Any) -> list[str]:
 
 
 def _problems(s: Mapping[str, Any]) -> Iterator[tuple[str, str]]:
-    acts, level = list(s.get("activities", ["cpu", "npu"])), s.get("level", "level1")
-    ranges, aic, domain = bool(s.get("ranges", True)), s.get("aic_metrics"), s.get("domain")
-    include, exclude = (list(s.get(key) or ()) for key in _DOMAINS)
+    acts, level = list(s["activities"]), s["level"]
+    ranges, aic, domain = bool(s["ranges"]), s["aic_metrics"], s["domain"]
+    include, exclude = (list(s[key] or ()) for key in _DOMAINS)
     if not acts:
         yield "activities", EMPTY
-    if aic not in (None, "none") and level in ("level0", "level_none"):
+    if aic not in (None, "none") and level in _LEVELS_WITHOUT_AIC:
         yield "aic_metrics", f"aic_metrics {aic!r} needs level1 or level2 ({_RESETS} at {level})"
     if level == "level_none" and not ranges:
         yield "ranges", "level_none records only mstx ranges: set ranges: true"
     if include and exclude:
         yield _DOMAINS[1], f"{_DOMAINS[1]} cannot be set with {_DOMAINS[0]} ({_KEEPS})"
     for key in _DOMAINS if not ranges else ():
-        if s.get(key):
+        if s[key]:
             yield key, f"{key} needs ranges: true (torch_npu ignores it while mstx is off)"
     if domain and ranges and ((include and domain not in include) or domain in exclude):
         yield "domain", f"domain {domain!r} is filtered out by the mstx_domain_* lists"
     for key in ("aic_metrics", "l2_cache", "record_op_args") if acts and "npu" not in acts else ():
-        if s.get(key) not in (None, False, "none"):
+        if s[key] not in (None, False, "none"):
             yield key, f"{key} needs npu in activities (torch_npu ignores it without NPU)"
 
 
 def check_settings(settings: Mapping[str, Any]) -> list[tuple[str, tuple[str | int, ...]]]:
-    """Contradictions in an ``mstx:`` block the schema cannot see, as torch_npu defines them."""
+    """Contradictions in an ``mstx:`` block (merged over its defaults) the schema cannot
+    see, as torch_npu defines them."""
     return [(message, (key,)) for key, message in _problems(settings)]
 
 
@@ -93,14 +227,14 @@ def version_warnings(settings: Mapping[str, Any], params: Params, version: str) 
     out = []
     for key, target, keyword in _NEEDS:
         known = params.get(target)
-        value = settings.get(key, key in ("ranges", "data_simplification"))  # True by default
+        value = settings[key]
         # data_simplification defaults to True in torch_npu; only False asks for something.
         asks = value is False if key == "data_simplification" else bool(value)
         if known is None or keyword in known or not asks:
             continue
         if keyword == "mstx" and "msprof_tx" in known:
             continue  # torch_npu < 2.7 names the same switch msprof_tx: used, nothing lost
-        if keyword == "domain" and not settings.get("ranges", True):
+        if keyword == "domain" and not settings["ranges"]:
             continue
         out.append(
             f"torch_npu {version} has no '{keyword}' argument in {target}: mstx.{key} is "
@@ -111,6 +245,8 @@ def version_warnings(settings: Mapping[str, Any], params: Params, version: str) 
 
 def source_params(root: Path) -> dict[str, frozenset[str] | None]:
     """Keywords of each callable in :data:`SOURCES`, read from torch_npu's files with ``ast``."""
+    import ast  # validate --check-runtime only
+
     out: dict[str, frozenset[str] | None] = {}
     for name, (rel, cls, fn) in SOURCES.items():
         try:
@@ -132,6 +268,9 @@ def source_params(root: Path) -> dict[str, frozenset[str] | None]:
 
 def _db_problem() -> str | None:
     # torch_npu's analysis raises unless `msprof --help` lists --type (CANN that can export db).
+    import shutil
+    import subprocess
+
     msprof = shutil.which("msprof")
     if msprof is None:
         return "export_type db needs CANN's msprof on PATH (torch_npu asks it about db export)"
@@ -161,6 +300,6 @@ def check_runtime(settings: Mapping[str, Any]) -> list[str]:
         except OSError:
             found = None
         out += version_warnings(settings, source_params(root), found[1] if found else "?")
-    if "db" in _as_list(settings.get("export_type", "text")) and (problem := _db_problem()):
+    if "db" in _as_list(settings["export_type"]) and (problem := _db_problem()):
         out.append(problem)
     return out

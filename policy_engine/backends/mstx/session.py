@@ -33,6 +33,7 @@ from policy_engine.backends.mstx.checks import (
     INSTALL,
     Params,
     _as_list,
+    aic_metrics,
     check_runtime,
     check_settings,
     version_warnings,
@@ -206,13 +207,13 @@ class MstxSession:
             self._stop()  # flushes what was recorded; only save() reports it
 
     def range(self, name: str) -> AbstractContextManager[object]:
-        if self._state != "record" or not self._s.get("ranges", True):
+        if self._state != "record" or not self._s["ranges"]:
             return nullcontext()
         return self._range(name)
 
     @contextmanager
     def _range(self, name: str) -> Iterator[None]:
-        domain = self._s.get("domain")
+        domain = self._s["domain"]
         start_kw = {"domain": domain} if domain and self._has("range_start", "domain") else {}
         end_kw = {"domain": domain} if domain and self._has("range_end", "domain") else {}
         range_id = self._mstx.range_start(name, None, **start_kw)  # stream None: host side
@@ -243,7 +244,7 @@ class MstxSession:
         sent = self._experimental()
         config = prof._ExperimentalConfig(**sent)
         self._readback(config, sent)
-        self._analysed = bool(s.get("analysis", False))
+        self._analysed = bool(s["analysis"])
         if self._analysed and multiprocessing.current_process().daemon:
             self._analysed = False  # torch_npu refuses to parse in a daemon process
             _warn("analysis: true cannot run in a daemon process; run the offline analyse")
@@ -255,9 +256,9 @@ class MstxSession:
         self._cell = _Cell(action)
         activities = [
             getattr(prof.ProfilerActivity, ACTIVITIES[a])
-            for a in s.get("activities", ("cpu", "npu"))
+            for a in s["activities"]
         ]
-        kwargs: dict[str, Any] = {k: bool(s.get(k)) for k in FLAGS}
+        kwargs: dict[str, Any] = {k: bool(s[k]) for k in FLAGS}
         kwargs.update(activities=activities, schedule=self._cell, on_trace_ready=handler)
         kwargs["experimental_config"] = config
         self._prof = prof.profile(**self._only("profile", kwargs))
@@ -274,27 +275,22 @@ class MstxSession:
             raise
 
     def _experimental(self) -> dict[str, Any]:
-        prof, s, level = self._npu_prof, self._s, self._s.get("level", "level1")
-        aic = (
-            "none"
-            if level in ("level0", "level_none")
-            else s.get("aic_metrics", "pipe_utilization")
-        )
+        prof, s = self._npu_prof, self._s
         kw: dict[str, Any] = {
-            "profiler_level": getattr(prof.ProfilerLevel, LEVELS[level]),
+            "profiler_level": getattr(prof.ProfilerLevel, LEVELS[s["level"]]),
             # Always explicit: torch_npu 2.13's default (pipe utilization) is reset with a
             # warning below level1, and 2.5.1's default export_type (None) likewise.
-            "aic_metrics": getattr(prof.AiCMetrics, AIC_METRICS[aic]),
+            "aic_metrics": getattr(prof.AiCMetrics, AIC_METRICS[aic_metrics(s)]),
             "export_type": [
                 getattr(prof.ExportType, EXPORT_TYPES[t])
-                for t in _as_list(s.get("export_type", "text"))
+                for t in _as_list(s["export_type"])
             ],
-            "mstx": bool(s.get("ranges", True)),
-            "data_simplification": s.get("data_simplification", True) is not False,
-            "l2_cache": bool(s.get("l2_cache")),
-            "record_op_args": bool(s.get("record_op_args")),
+            "mstx": bool(s["ranges"]),
+            "data_simplification": bool(s["data_simplification"]),
+            "l2_cache": bool(s["l2_cache"]),
+            "record_op_args": bool(s["record_op_args"]),
         }
-        kw.update({k: list(s[k]) for k in _DOMAINS if s.get(k)})
+        kw.update({k: list(s[k]) for k in _DOMAINS if s[k]})
         known = self._params.get("_ExperimentalConfig")
         if known is not None and "mstx" not in known and "msprof_tx" in known:
             kw["msprof_tx"] = kw.pop("mstx")  # torch_npu < 2.7 names the same switch msprof_tx
@@ -356,7 +352,7 @@ class MstxSession:
         extra: dict[str, Any] = {
             "worker_name": os.path.basename(folder).rsplit("_", 4)[0],
             "torch_npu": self._version,
-            "export_type": _as_list(self._s.get("export_type", "text")),
+            "export_type": _as_list(self._s["export_type"]),
             "analysed": self._analysed,
         }
         if not self._analysed:

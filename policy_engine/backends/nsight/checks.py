@@ -1,4 +1,5 @@
-"""What the schema cannot say about an ``nsight:`` block, and what stops it here.
+"""The nsight backend's settings, what the schema cannot say about them, and what stops the
+backend here.
 
 Pure Python: validate imports this module, never nvtx or torch.
 """
@@ -10,12 +11,73 @@ import importlib.util
 from collections.abc import Mapping
 from typing import Any
 
-from policy_engine.backends.nsight.launch import options_problems
+from policy_engine.backends.nsight.launch import DEFAULT_DOMAIN, options_problems
 
 NO_CUDA = "capture cuda_profiler_api needs a CUDA device; use capture: nvtx (or auto) without one"
 
+#: The ``nsight:`` block of a role, as a JSON Schema fragment: every setting with its default.
+SETTINGS: Mapping[str, Any] = {
+    "type": "object",
+    "additionalProperties": False,
+    "description": (
+        "Nsight Systems settings. The process runs under `nsys profile` with the "
+        "arguments `policy-engine nsys-args` prints; see docs/nsight.md."
+    ),
+    "properties": {
+        "ranges": {
+            "type": "boolean",
+            "default": True,
+            "description": (
+                "Regions and inner steps are NVTX ranges (in `domain`) while a "
+                "capture records. Needs 'nvtx' in options.trace."
+            ),
+        },
+        "capture": {
+            "enum": ["auto", "cuda_profiler_api", "nvtx"],
+            "default": "auto",
+            "description": (
+                "How a capture starts and stops nsys: nvtx (an NVTX range "
+                "policy_engine.capture in domain policy_engine, for "
+                "--capture-range=nvtx; works without a GPU), cuda_profiler_api "
+                "(cudaProfilerStart/Stop, for --capture-range=cudaProfilerApi; "
+                "needs CUDA), auto (the NVTX range always, cudaProfilerStart too "
+                "when CUDA is available; launched as nvtx)."
+            ),
+        },
+        "capture_range_end": {
+            "enum": ["auto", "stop", "stop-shutdown", "repeat", "repeat-shutdown"],
+            "default": "auto",
+            "description": (
+                "nsys --capture-range-end. auto: repeat-shutdown:N with N the "
+                "capture ranges a profiled process opens, computed from the plan "
+                "(repeat when the plan cannot say); repeat and repeat-shutdown get "
+                "the same N. Shutdown modes add --kill none so training goes on."
+            ),
+        },
+        "domain": {
+            "type": "string",
+            "minLength": 1,
+            "default": DEFAULT_DOMAIN,
+            "description": "NVTX domain of region and inner-step ranges.",
+        },
+        "options": {
+            "type": "object",
+            "default": {"trace": "cuda,nvtx"},
+            "description": (
+                "Other nsys profile options, by their long (or one-letter) name "
+                "without dashes: {trace: 'cuda,nvtx,osrt', cuda-memory-usage: "
+                "true}. The engine sets capture-range, capture-range-end, "
+                "nvtx-capture and output itself."
+            ),
+            "propertyNames": {"pattern": "^[A-Za-z][A-Za-z0-9_-]*$"},
+            "additionalProperties": {"type": ["string", "integer", "boolean"]},
+        },
+    },
+}
+
 
 def check_settings(settings: Mapping[str, Any]) -> list[tuple[str, tuple[str | int, ...]]]:
+    """What the schema cannot say about an ``nsight:`` block (merged over its defaults)."""
     return options_problems(settings)
 
 
@@ -29,8 +91,8 @@ def _installed(name: str) -> bool:
 def check_runtime(settings: Mapping[str, Any]) -> list[str]:
     """What stops captures here; imports nothing (the CLI never imports torch)."""
     problems = []
-    capture = settings.get("capture", "auto")
-    if (capture != "cuda_profiler_api" or settings.get("ranges", True)) and not _installed("nvtx"):
+    capture = settings["capture"]
+    if (capture != "cuda_profiler_api" or settings["ranges"]) and not _installed("nvtx"):
         problems.append("nvtx is not installed: pip install nvtx")
     if capture == "cuda_profiler_api":
         if not _installed("torch"):

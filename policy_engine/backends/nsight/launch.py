@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Mapping
+from typing import Any
 
 import attrs
 
@@ -24,8 +25,9 @@ from policy_engine.language.naming import NameTemplate
 #: names (no dots), so they cannot collide with it.
 CAPTURE_RANGE = "policy_engine.capture"
 CAPTURE_DOMAIN = "policy_engine"
-#: Default NVTX domain of region ranges (``nsight.domain``).
-DEFAULT_DOMAIN = "policy_engine"
+#: The NVTX domain of region ranges when the policy names none: the default of
+#: ``nsight.domain`` in :data:`policy_engine.backends.nsight.checks.SETTINGS`.
+DEFAULT_DOMAIN = CAPTURE_DOMAIN
 EXTENSION = ".nsys-rep"
 
 _SHORT = {
@@ -43,7 +45,6 @@ _RESERVED = {
     "output": "the policy's name template sets it",
     "force-overwrite": "traces are never overwritten",
 }
-_KEY = re.compile(r"[A-Za-z][A-Za-z0-9_-]*")
 _SHUTDOWN = ("stop-shutdown", "repeat-shutdown")
 _TOKEN = re.compile(r"%(%|p|h|q\{([^}]*)\})")
 
@@ -64,18 +65,16 @@ def _text(value: object) -> str:
     return ("true" if value else "false") if isinstance(value, bool) else str(value)
 
 
-def options_problems(settings: Mapping[str, object]) -> list[tuple[str, tuple[str | int, ...]]]:
-    """What is wrong in an ``nsight`` block beyond the schema: (message, sub-path)."""
+def options_problems(settings: Mapping[str, Any]) -> list[tuple[str, tuple[str | int, ...]]]:
+    """What is wrong in an ``nsight`` block (merged over its defaults) beyond the schema,
+    which checked each option's name and value: (message, sub-path)."""
     problems: list[tuple[str, tuple[str | int, ...]]] = []
-    raw = settings.get("options") or {}
-    options = raw if isinstance(raw, Mapping) else {}
+    options: Mapping[str, Any] = settings["options"]
     seen: dict[str, str] = {}
     for key, value in options.items():
         where: tuple[str | int, ...] = ("options", key)
         name = _long(key)
-        if not _KEY.fullmatch(key):
-            problems.append((f"option {key!r} is not an nsys option name", where))
-        elif name in _RESERVED:
+        if name in _RESERVED:
             problems.append((f"option {key!r} is set by the engine: {_RESERVED[name]}", where))
         elif name in seen:
             # Options merge over the defaults' {trace: ...}, so `t:` meets `trace:` there.
@@ -92,11 +91,11 @@ def options_problems(settings: Mapping[str, object]) -> list[tuple[str, tuple[st
         seen[name] = key
     trace = next((_text(v) for k, v in options.items() if _long(k) == "trace"), "")
     traced = set(trace.split(","))
-    if settings.get("capture", "auto") != "cuda_profiler_api" and "nvtx" not in traced:
+    if settings["capture"] != "cuda_profiler_api" and "nvtx" not in traced:
         problems.append(
             (f"capture by NVTX range needs 'nvtx' in options.trace (got {trace!r})", ("options",))
         )
-    elif settings.get("ranges", True) and "nvtx" not in traced:
+    elif settings["ranges"] and "nvtx" not in traced:
         problems.append(
             (
                 f"ranges: true needs 'nvtx' in options.trace (got {trace!r}); or set ranges: false",

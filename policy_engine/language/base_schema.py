@@ -1,0 +1,269 @@
+"""The policy schema's own part: the top-level keys and a role's keys, each with its
+``default`` and description. :mod:`policy_engine.language.schema` adds each backend's
+settings block from the registry (and the ``backend`` enum) to make the full schema.
+
+The dimension names come from the rank selector and the mesh, and the schedule's fields
+from :class:`~policy_engine.language.schedule.Schedule`, so they cannot drift apart.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import attrs
+
+from policy_engine.language.mesh import DIMS
+from policy_engine.language.ranks import DIMENSIONS
+from policy_engine.language.schedule import Schedule
+
+ROLE_NAME = "^[A-Za-z][A-Za-z0-9_.+-]*$"
+REGION_NAME = "^[A-Za-z_][A-Za-z0-9_]*$"
+#: Mesh dimensions as a mesh is usually written, outermost first.
+MESH_ORDER = ("pp", "dp", "cp", "ep", "tp")
+assert set(MESH_ORDER) == set(DIMS)
+
+_SCHEDULE_FIELDS = {
+    "skip_first": "Inner steps ignored before the first cycle.",
+    "skip_first_wait": "Non-zero (or true): drop the wait phase of the first cycle.",
+    "wait": "Steps of each cycle with the profiler off.",
+    "warmup": "Steps with the profiler on but its results thrown away.",
+    "active": "Steps recorded in each cycle; the last one saves the trace.",
+    "repeat": "Number of cycles; 0 repeats until the capture ends.",
+}
+_AXIS = (
+    "An int (negative counts from the end), a range string like '0-3', 'all', or a list "
+    "of ints and range strings."
+)
+
+
+def _schedule() -> dict[str, Any]:
+    properties: dict[str, Any] = {}
+    for field in attrs.fields(Schedule):
+        if not field.init:
+            continue
+        kind: Any = ["integer", "boolean"] if field.name == "skip_first_wait" else "integer"
+        entry = {"type": kind, "minimum": field.metadata["minimum"]}
+        if field.name != "active":  # required: it has no default in a policy
+            entry["default"] = field.default
+        properties[field.name] = {**entry, "description": _SCHEDULE_FIELDS[field.name]}
+    return {
+        "type": "object",
+        "additionalProperties": False,
+        "required": ["active"],
+        "description": "torch.profiler.schedule over inner steps (prof.step() calls).",
+        "properties": properties,
+    }
+
+
+def _axes() -> dict[str, Any]:
+    return {
+        dim: {
+            "type": ["integer", "string", "array"],
+            "items": {"type": ["integer", "string"]},
+            "description": _AXIS,
+        }
+        for dim in DIMENSIONS
+    }
+
+
+def base_schema() -> dict[str, Any]:
+    """The schema without the backends (a new dict each call)."""
+    return {
+        "$schema": "https://json-schema.org/draft/2020-12/schema",
+        "$id": "https://policy-engine.dev/schemas/profile_policy.schema.json",
+        "title": "policy-engine profile policy",
+        "description": (
+            "Which roles, ranks and steps of a distributed PyTorch job are "
+            "profiled, with which backend, and how traces are named."
+        ),
+        "type": "object",
+        "required": ["version"],
+        "additionalProperties": False,
+        "properties": {
+            "$schema": {"type": "string", "description": "For editors; the engine ignores it."},
+            "version": {"const": 1, "description": "Policy language version."},
+            "extends": {
+                "description": "Policy file(s) this one builds on, relative to this file.",
+                "oneOf": [
+                    {"type": "string", "minLength": 1},
+                    {"type": "array", "items": {"type": "string", "minLength": 1}},
+                ],
+            },
+            "prefix": {
+                "type": "string",
+                "default": "trace",
+                "description": "Label used by the <prefix> name field.",
+            },
+            "output_dir": {
+                "type": "string",
+                "minLength": 1,
+                "default": "profiles",
+                "description": (
+                    "Folder for traces and manifests, relative to the policy "
+                    "file's folder unless absolute."
+                ),
+            },
+            "mesh": {
+                "type": "object",
+                "description": "Parallel dimensions, outermost first; the last varies fastest.",
+                "propertyNames": {"enum": list(MESH_ORDER)},
+                "additionalProperties": {"type": "integer", "minimum": 1},
+            },
+            "defaults": {
+                "$ref": "#/$defs/role",
+                "description": "Merged under every role (maps merge, lists replace).",
+            },
+            "roles": {
+                "type": "object",
+                "description": "Each role's block, merged over defaults.",
+                "propertyNames": {"pattern": ROLE_NAME},
+                "additionalProperties": {"$ref": "#/$defs/role"},
+            },
+            "colocate": {
+                "type": "array",
+                "description": (
+                    "Groups of roles that share a process (verl's colocated actor, "
+                    "ref and rollout). Roles of a group on one backend share one "
+                    "capture per step; validate checks that they can, explain names "
+                    "their shared traces with every participating role joined by "
+                    "'+'."
+                ),
+                "items": {
+                    "type": "array",
+                    "minItems": 2,
+                    "uniqueItems": True,
+                    "items": {"type": "string", "pattern": ROLE_NAME},
+                },
+            },
+        },
+        "$defs": {
+            "schedule": _schedule(),
+            "schedule_or_none": {"oneOf": [{"$ref": "#/$defs/schedule"}, {"type": "null"}]},
+            "steps": {
+                "description": (
+                    "Outer training steps: 'all', an int, or a list of ints and "
+                    "ranges like '10-12' or '100-2100:1000'."
+                ),
+                "type": ["integer", "string", "array"],
+                "items": {"type": ["integer", "string"]},
+            },
+            "rank_item": {
+                "type": ["integer", "string", "object"],
+                "properties": _axes(),
+                "additionalProperties": False,
+                "minProperties": 1,
+            },
+            "ranks": {
+                "description": (
+                    "Which ranks of the role profile: 'all', an int (negative "
+                    "counts from the end), a string of ranges like '0-3,8,-1', a "
+                    "mapping of coordinates (tp, pp, dp, cp, ep, local_rank, node) "
+                    "that must all match, or a list of these (union)."
+                ),
+                "type": ["integer", "string", "object", "array"],
+                "properties": _axes(),
+                "additionalProperties": False,
+                "minProperties": 1,
+                "items": {"$ref": "#/$defs/rank_item"},
+            },
+            "region": {
+                "type": "object",
+                "additionalProperties": False,
+                "properties": {
+                    "enabled": {
+                        "type": "boolean",
+                        "default": True,
+                        "description": "false: listed but not wrapped.",
+                    },
+                    "schedule": {
+                        "$ref": "#/$defs/schedule_or_none",
+                        "description": (
+                            "The region's own schedule (discrete mode only); absent: the role's."
+                        ),
+                    },
+                },
+            },
+            "role": {
+                "type": "object",
+                "additionalProperties": False,
+                "properties": {
+                    "enabled": {
+                        "type": "boolean",
+                        "default": False,
+                        "description": "Whether the role profiles at all.",
+                    },
+                    "backend": {
+                        "enum": [],
+                        "default": "torch",  # the registry fills the enum
+                        "description": "The profiling tool.",
+                    },
+                    "ranks": {
+                        "$ref": "#/$defs/ranks",
+                        "default": [0],
+                        "description": "Which processes of the role profile.",
+                    },
+                    "steps": {
+                        "$ref": "#/$defs/steps",
+                        "default": "all",
+                        "description": (
+                            "Which outer training steps (training_step(n)) are captured."
+                        ),
+                    },
+                    "merge_steps": {
+                        "type": "boolean",
+                        "default": False,
+                        "description": "Consecutive profiled steps form one capture.",
+                    },
+                    "schedule": {
+                        "$ref": "#/$defs/schedule_or_none",
+                        "default": None,
+                        "description": (
+                            "What happens at each inner step (prof.step()) "
+                            "within a capture; null records the whole "
+                            "capture."
+                        ),
+                    },
+                    "discrete": {
+                        "type": "boolean",
+                        "default": False,
+                        "description": "true: each region call is its own capture.",
+                    },
+                    "regions": {
+                        "description": (
+                            "Named stages of the worker: method names, or a "
+                            "mapping name -> {enabled, schedule}."
+                        ),
+                        "default": [],
+                        "oneOf": [
+                            {
+                                "type": "array",
+                                "uniqueItems": True,
+                                "items": {"type": "string", "pattern": REGION_NAME},
+                            },
+                            {
+                                "type": "object",
+                                "propertyNames": {"pattern": REGION_NAME},
+                                "additionalProperties": {
+                                    "oneOf": [{"$ref": "#/$defs/region"}, {"type": "null"}]
+                                },
+                            },
+                        ],
+                    },
+                    "name": {
+                        "type": "string",
+                        "minLength": 1,
+                        "default": (
+                            "<prefix>_<role>[_<region>][_step<step>]_rank<rank>-of-"
+                            "<world>[_<tp><pp><dp><cp><ep>]_pid<pid>_<timestamp>"
+                        ),
+                        "description": "Trace name template, relative to output_dir.",
+                    },
+                    "on_error": {
+                        "enum": ["warn", "raise"],
+                        "default": "warn",
+                        "description": "What a backend failure at run time does.",
+                    },
+                },
+            },
+        },
+    }
