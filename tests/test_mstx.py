@@ -39,6 +39,7 @@ def make_info(tmp_path: Path, region: str | None = None, **settings: Any) -> Cap
         output_dir=str(tmp_path),
         settings={**DEFAULTS, **settings},
         plan_hash="h1",
+        on_error="warn",
     )
 
 

@@ -75,7 +75,7 @@ def policy(out: Path, **role: Any) -> dict[str, Any]:
 
 
 def info(out: Path, settings: dict[str, Any]) -> CaptureInfo:
-    return CaptureInfo("actor", 0, 1, {}, None, (1,), str(out), settings, "h")
+    return CaptureInfo("actor", 0, 1, {}, None, (1,), str(out), settings, "h", "warn")
 
 
 def session_settings(out: Path, **role: Any) -> dict[str, Any]:
@@ -206,15 +206,16 @@ def test_launch_waiting_for_another_range(
 def test_missing_nvtx(tmp_path: Path, nvtx: FakeNvtx, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "nvtx", None)
     with pytest.raises(BackendUnavailable, match="pip install nvtx"):
-        nsight.NsightBackend().open(info(tmp_path, {"capture": "auto"}))
+        nsight.NsightBackend().open(info(tmp_path, session_settings(tmp_path)))
 
 
 def test_cuda_profiler_api_needs_cuda(tmp_path: Path, nvtx: FakeNvtx) -> None:
     torch = pytest.importorskip("torch")
     if torch.cuda.is_available():
         pytest.skip("this machine has CUDA")
+    settings = {**session_settings(tmp_path), "capture": "cuda_profiler_api"}
     with pytest.raises(BackendUnavailable, match="needs a CUDA device"):
-        nsight.NsightBackend().open(info(tmp_path, {"capture": "cuda_profiler_api"}))
+        nsight.NsightBackend().open(info(tmp_path, settings))
 
 
 def test_check_runtime(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -250,8 +251,9 @@ def test_failed_start_closes_what_it_opened(tmp_path: Path, nvtx: FakeNvtx) -> N
             pass
 
     backend = nsight.NsightBackend()
-    backend.open(info(tmp_path, {"capture": "auto"}))
-    session = nsight.NsightSession(backend, info(tmp_path, {}), nvtx, BrokenCuda())
+    settings = session_settings(tmp_path)
+    backend.open(info(tmp_path, settings))
+    session = nsight.NsightSession(backend, info(tmp_path, settings), nvtx, BrokenCuda())
     with pytest.raises(RuntimeError, match="cudaProfilerStart failed"):
         session.start()
     assert nvtx.events == [("start", *CAPTURE), ("end", 1)]

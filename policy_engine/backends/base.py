@@ -47,7 +47,7 @@ class CaptureInfo:
     output_dir: str
     settings: Mapping[str, Any]
     plan_hash: str
-    on_error: str = "warn"
+    on_error: str
 
     def metadata(self) -> dict[str, Any]:
         """Labels a backend writes into its own trace metadata where it can."""

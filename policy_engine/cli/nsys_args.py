@@ -142,7 +142,7 @@ def build(policy: Policy, role: str, world: int, args: argparse.Namespace) -> di
         "role": role,
         "world": world,
         "policy": policy.source,
-        "capture": settings.get("capture", "auto"),
+        "capture": settings["capture"],
         "profiled_ranks": spans(t.rank for t in profiled),
         "unprofiled_ranks": _complement(profiled, world),
         "ranks": {},
@@ -162,8 +162,8 @@ def build(policy: Policy, role: str, world: int, args: argparse.Namespace) -> di
             launch = nsys_profile_args(
                 capture=out["capture"],
                 ranges=count.total,
-                options=settings.get("options", {}),
-                capture_range_end_setting=settings.get("capture_range_end", "auto"),
+                options=settings["options"],
+                capture_range_end_setting=settings["capture_range_end"],
                 output=nsys_output(plan.template, plan.output_dir),
             )
             output = launch.ray["o"]

@@ -52,7 +52,7 @@ class Plan:
     node: int = 0
     coords: FrozenDict = attrs.field(factory=FrozenDict)
     regions: tuple[RegionPlan, ...] = ()
-    output_dir: str = "profiles"
+    output_dir: str = ""  # from the policy; a plan that is off writes nothing
     policy_source: str | None = None
     policy_hash: str = ""
     #: Declared colocation: the roles that share this rank's captures on this backend

@@ -11,7 +11,7 @@ import importlib.util
 from collections.abc import Mapping
 from typing import Any
 
-from policy_engine.backends.nsight.launch import DEFAULT_DOMAIN, options_problems
+from policy_engine.backends.nsight.launch import CAPTURE_DOMAIN, options_problems
 
 NO_CUDA = "capture cuda_profiler_api needs a CUDA device; use capture: nvtx (or auto) without one"
 
@@ -57,7 +57,7 @@ SETTINGS: Mapping[str, Any] = {
         "domain": {
             "type": "string",
             "minLength": 1,
-            "default": DEFAULT_DOMAIN,
+            "default": CAPTURE_DOMAIN,  # the capture range's own domain
             "description": "NVTX domain of region and inner-step ranges.",
         },
         "options": {

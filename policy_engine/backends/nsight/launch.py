@@ -26,8 +26,6 @@ from policy_engine.language.naming import NameTemplate
 CAPTURE_RANGE = "policy_engine.capture"
 CAPTURE_DOMAIN = "policy_engine"
 #: The NVTX domain of region ranges when the policy names none: the default of
-#: ``nsight.domain`` in :data:`policy_engine.backends.nsight.checks.SETTINGS`.
-DEFAULT_DOMAIN = CAPTURE_DOMAIN
 EXTENSION = ".nsys-rep"
 
 _SHORT = {

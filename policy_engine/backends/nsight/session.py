@@ -30,7 +30,6 @@ from policy_engine.backends.nsight.checks import NO_CUDA
 from policy_engine.backends.nsight.launch import (
     CAPTURE_DOMAIN,
     CAPTURE_RANGE,
-    DEFAULT_DOMAIN,
     nsys_output,
     report_path,
     resolve_output,
@@ -95,9 +94,9 @@ class NsightSession:
         self._info = info
         self._nvtx = nvtx  # None: cuda_profiler_api with ranges off
         self._cuda = cuda  # None: no cudaProfilerStart (nvtx capture, or auto on CPU)
-        self._nvtx_capture = settings.get("capture", "auto") != "cuda_profiler_api"
-        self._ranges = bool(settings.get("ranges", True)) and nvtx is not None
-        self._domain = str(settings.get("domain") or DEFAULT_DOMAIN)
+        self._nvtx_capture = settings["capture"] != "cuda_profiler_api"
+        self._ranges = bool(settings["ranges"]) and nvtx is not None
+        self._domain = str(settings["domain"])
         self._open_range: Any = None
         self._index: int | None = None
         self._step_range: Any = None
@@ -208,9 +207,9 @@ class NsightBackend:
 
     def open(self, info: CaptureInfo) -> NsightSession:
         settings = info.settings
-        capture = settings.get("capture", "auto")
+        capture = settings["capture"]
         _check_launch(capture)
-        needs_nvtx = capture != "cuda_profiler_api" or bool(settings.get("ranges", True))
+        needs_nvtx = capture != "cuda_profiler_api" or bool(settings["ranges"])
         nvtx = _import_nvtx() if needs_nvtx else None
         cuda = (
             _cuda_profiler(required=capture == "cuda_profiler_api") if capture != "nvtx" else None
@@ -226,7 +225,7 @@ class NsightBackend:
                 )
             )
             self._planned = settings.get("planned_ranges")
-            end = str(settings.get("capture_range_end", "auto"))
+            end = str(settings["capture_range_end"])
             self._numbered = not (end.startswith("stop") or self._planned == 1)
         return NsightSession(self, info, nvtx, cuda)
 
