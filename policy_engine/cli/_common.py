@@ -10,7 +10,7 @@ from typing import Any
 
 import attrs
 
-from policy_engine.cli.main import UsageError
+from policy_engine.cli.usage import UsageError
 from policy_engine.errors import PolicyError, did_you_mean
 from policy_engine.language.document import PolicyFileError
 from policy_engine.language.frozen import FrozenDict

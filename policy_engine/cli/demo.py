@@ -15,8 +15,8 @@ from policy_engine.language.read import parse_document
 DEFAULT_POLICY = "verl_ppo.yaml"
 
 
-def add_parser(sub: Any, name: str) -> None:
-    parser = sub.add_parser(name, help="profile a small CPU training run", description=__doc__)
+def add_parser(sub: Any, name: str, help: str) -> None:
+    parser = sub.add_parser(name, help=help, description=__doc__)
     parser.add_argument("--policy", metavar="FILE",
                         help=f"policy to run (default: the built-in {DEFAULT_POLICY})")
     parser.add_argument("--out", default="policy-engine-demo", metavar="DIR",

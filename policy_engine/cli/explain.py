@@ -15,12 +15,12 @@ from policy_engine.cli._common import (
     load_role_layout,
     positive_int,
 )
-from policy_engine.cli.main import UsageError
+from policy_engine.cli.usage import UsageError
 from policy_engine.plan.predict import iter_ranks
 
 
-def add_parser(sub: Any, name: str) -> None:
-    parser = sub.add_parser(name, help="show what a role does on every rank",
+def add_parser(sub: Any, name: str, help: str) -> None:
+    parser = sub.add_parser(name, help=help,
                             description=__doc__)
     parser.add_argument("file", metavar="FILE")
     parser.add_argument("--role", required=True)

@@ -6,7 +6,7 @@ import argparse
 import os
 from typing import Any
 
-from policy_engine.cli.main import UsageError
+from policy_engine.cli.usage import UsageError
 
 STARTER = """\
 # yaml-language-server: $schema=https://policy-engine.dev/schemas/profile_policy.schema.json
@@ -40,8 +40,8 @@ roles:
 """
 
 
-def add_parser(sub: Any, name: str) -> None:
-    parser = sub.add_parser(name, help="write a starter policy", description=__doc__)
+def add_parser(sub: Any, name: str, help: str) -> None:
+    parser = sub.add_parser(name, help=help, description=__doc__)
     parser.add_argument("path", nargs="?", default="profile_policy.yaml", metavar="PATH")
     parser.add_argument("--force", action="store_true", help="overwrite an existing file")
     parser.set_defaults(run=run)

@@ -8,39 +8,36 @@ import importlib
 import sys
 from collections.abc import Sequence
 
+from policy_engine.cli.usage import UsageError
 from policy_engine.errors import PolicyError
 
-#: subcommand -> module under policy_engine.cli
-COMMANDS: dict[str, str] = {
-    "validate": "validate",
-    "explain": "explain",
-    "schema": "schema_cmd",
-    "init": "init",
-    "traces": "traces",
-    "demo": "demo",
-    "nsys-args": "nsys_args",
+#: subcommand -> (module under policy_engine.cli, one line of help)
+COMMANDS: dict[str, tuple[str, str]] = {
+    "validate": ("validate", "check policy files"),
+    "explain": ("explain", "show what a role does on every rank"),
+    "schema": ("schema_cmd", "print the JSON Schema"),
+    "init": ("init", "write a starter policy"),
+    "traces": ("traces", "list the traces under a folder"),
+    "demo": ("demo", "profile a small CPU training run"),
+    "nsys-args": ("nsys_args", "print the nsys profile arguments for a role"),
 }
 
 EXIT_OK, EXIT_INVALID, EXIT_USAGE, EXIT_INTERNAL, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
 
 
-class UsageError(Exception):
-    """Bad command-line arguments or an unreadable file: exit 2."""
-
-
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(argv: Sequence[str]) -> argparse.ArgumentParser:
+    """The parser, with the options of the command ``argv`` names: only that command's
+    module is imported, so each command pays for what it runs."""
     parser = argparse.ArgumentParser(
         prog="policy-engine",
         description="Validate, explain and run declarative profiling policies.")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for name, module in COMMANDS.items():
-        try:
-            mod = importlib.import_module(f"{__package__}.{module}")
-        except ModuleNotFoundError as err:
-            if err.name != f"{__package__}.{module}":
-                raise
-            continue
-        mod.add_parser(sub, name)
+    chosen = next((arg for arg in argv if not arg.startswith("-")), None)
+    for name, (module, help) in COMMANDS.items():
+        if name == chosen:
+            importlib.import_module(f"policy_engine.cli.{module}").add_parser(sub, name, help)
+        else:
+            sub.add_parser(name, help=help)
     return parser
 
 
@@ -57,7 +54,8 @@ def _tolerant_output() -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     _tolerant_output()
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
+    parser = build_parser(argv)
     try:
         args = parser.parse_args(argv)
     except SystemExit as exit_:  # argparse exits 2 on usage errors, 0 on --help

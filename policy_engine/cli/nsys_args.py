@@ -30,7 +30,7 @@ from policy_engine.cli._common import (
     positive_int,
     print_json,
 )
-from policy_engine.cli.main import UsageError
+from policy_engine.cli.usage import UsageError
 from policy_engine.errors import PolicyError, Problem, json_path
 from policy_engine.language.frozen import thaw
 from policy_engine.language.model import Policy
@@ -48,9 +48,9 @@ def _count(text: str) -> int:
     return int(text)
 
 
-def add_parser(sub: Any, name: str) -> None:
+def add_parser(sub: Any, name: str, help: str) -> None:
     parser = sub.add_parser(
-        name, help="print the nsys profile arguments for a role", description=__doc__
+        name, help=help, description=__doc__
     )
     parser.add_argument("file", metavar="FILE")
     parser.add_argument("--role", required=True)

@@ -9,8 +9,8 @@ from typing import Any
 from policy_engine.language.schema import schema_text
 
 
-def add_parser(sub: Any, name: str) -> None:
-    parser = sub.add_parser(name, help="print the JSON Schema", description=__doc__)
+def add_parser(sub: Any, name: str, help: str) -> None:
+    parser = sub.add_parser(name, help=help, description=__doc__)
     parser.set_defaults(run=run)
 
 

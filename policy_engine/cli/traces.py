@@ -17,7 +17,7 @@ from typing import Any
 
 from policy_engine.backends.output import find_leftovers, is_temp_name, temp_pid
 from policy_engine.cli._common import add_format_option, print_json
-from policy_engine.cli.main import UsageError
+from policy_engine.cli.usage import UsageError
 from policy_engine.runtime.manifest import (
     MANIFEST_DIR,
     MANIFEST_SUFFIX,
@@ -34,8 +34,8 @@ _NEVER_CLOSED = "the process ended before the capture closed"
 _STILL_OPEN = "the capture is still open"
 
 
-def add_parser(sub: Any, name: str) -> None:
-    parser = sub.add_parser(name, help="list the traces under a folder", description=__doc__)
+def add_parser(sub: Any, name: str, help: str) -> None:
+    parser = sub.add_parser(name, help=help, description=__doc__)
     parser.add_argument("dir", metavar="DIR")
     add_format_option(parser)
     parser.set_defaults(run=run)

@@ -21,8 +21,8 @@ from policy_engine.language.document import Document, PolicyFileError
 from policy_engine.language.model import Policy
 
 
-def add_parser(sub: Any, name: str) -> None:
-    parser = sub.add_parser(name, help="check policy files", description=__doc__)
+def add_parser(sub: Any, name: str, help: str) -> None:
+    parser = sub.add_parser(name, help=help, description=__doc__)
     parser.add_argument("files", nargs="+", metavar="FILE")
     add_layout_options(parser)
     parser.add_argument("--strict", action="store_true", help="treat warnings as errors")
