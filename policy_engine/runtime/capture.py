@@ -83,7 +83,7 @@ class Capture(RegionRanges):
         self.ranges: dict[int, Any] = {}  # depth in ``stack`` -> its open range
         self.others: list[Region] = []  # regions open on other threads (any_thread)
         # the schedule, advanced under the slot's lock
-        self._ticks = itertools.count(1)
+        self.ticks = itertools.count(1)
         self.inner = 0  # the last inner step acted on
         self.quiet_until = 0
         self.action: Action | None = None
@@ -121,16 +121,12 @@ class Capture(RegionRanges):
         with self.slot.lock:
             return self._move(0)
 
-    def step(self) -> bool:
-        """One inner step, from any thread. True when the backend failed in this call."""
-        # next() on a count is atomic, so steps from several threads are never lost; the
-        # quiet path touches nothing else.
-        n = next(self._ticks)
-        if n < self.quiet_until:
-            return False
-        return self._advance(n)
+    # One inner step, from any thread, is ``n = next(capture.ticks)`` and, when
+    # ``n >= capture.quiet_until``, ``capture.advance(n)``: RoleProfiler.step inlines the
+    # quiet path. next() on a count is atomic, so steps from several threads are never lost.
 
-    def _advance(self, n: int) -> bool:
+    def advance(self, n: int) -> bool:
+        """Inner step ``n`` needs work. True when the backend failed in this call."""
         if not self.any_thread and _get_ident() != self.home:
             self._defer(n)
             return False
@@ -163,7 +159,7 @@ class Capture(RegionRanges):
         """On the home thread: apply what other threads left pending. True on failure."""
         if not self.pending or _get_ident() != self.home:
             return False
-        return self._advance(self.wanted)
+        return self.advance(self.wanted)
 
     def _move(self, n: int) -> bool:
         """Go to inner step ``n``'s action, calling the backend as :data:`TABLE` says.

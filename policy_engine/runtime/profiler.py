@@ -266,7 +266,8 @@ class RoleProfiler:
         """Advance the schedule of the capture running on this backend by one inner step."""
         capture = self._slot.capture
         if capture is not None:
-            if capture.step():
+            n = next(capture.ticks)  # the quiet path of a step: a count and a comparison
+            if n >= capture.quiet_until and capture.advance(n):
                 self._raise_failure(capture)
         elif self._mode is _NEW and not self.plan.discrete:
             # A plain loop that never calls training_step(): one capture for the session.
