@@ -238,9 +238,19 @@ def _row(r: dict[str, Any]) -> tuple[str, ...]:
         path = r.get("path") or f"({r.get('error') or 'no file'})"
     cycle = r.get("cycle")
     return tuple(_cell(c) for c in (
-        "+".join([str(r.get("role")), *map(str, r.get("joined") or [])]),
+        _roles(r),
         r.get("region") or "-", r.get("rank"), _steps(r), "-" if cycle is None else cycle,
         r.get("status"), _size(r.get("bytes")), path))
+
+
+def _roles(record: dict[str, Any]) -> str:
+    """Who a capture belongs to: the roles it was declared for (``colocate``, as its name
+    says them) with any that joined it undeclared, else its owner and those that joined."""
+    declared = [str(r) for r in record.get("roles") or []]
+    joined = [str(r) for r in record.get("joined") or []]
+    if declared:
+        return "+".join(declared + [r for r in joined if r not in declared])
+    return "+".join([str(record.get("role")), *joined])
 
 
 def _plural(n: int, word: str) -> str:
