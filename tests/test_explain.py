@@ -209,11 +209,12 @@ def test_text_output(capsys: pytest.CaptureFixture[str]) -> None:
         "role actor, world 4, outer steps 0-20",
         "  rank 0: profiled with torch, steps 2,3",
         "    actions per inner step: RECORD RECORD RECORD",
-        "    rank 0 (-): ppo-qwen7b_actor_step2_rank0-of-4" + PLACEHOLDERS,
+        # colocate: rollout profiles rank 0 only, so it takes part there alone
+        "    rank 0 (-): ppo-qwen7b_actor+ref+rollout_step2_rank0-of-4" + PLACEHOLDERS,
         "  ranks 1-2: not profiled",
         "  rank 3: profiled with torch, steps 2,3",
         "    actions per inner step: RECORD RECORD RECORD",
-        "    rank 3 (-): ppo-qwen7b_actor_step2_rank3-of-4" + PLACEHOLDERS,
+        "    rank 3 (-): ppo-qwen7b_actor+ref_step2_rank3-of-4" + PLACEHOLDERS,
     ]
 
 
