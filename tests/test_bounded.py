@@ -125,7 +125,10 @@ def test_count_run_end_and_run_lengths_agree_with_a_walk(
         if counting == "patterns":  # no terms allowed: count from the runs' patterns
             patch.setattr(runs_module, "_MAX_TERMS", 0)
         assert steps.count() == len(found)
-    assert steps.ordered_run_lengths(10**6) == [b - a + 1 for a, b in runs]
+    blocks = runs_module.run_lengths(steps.runs) if steps.runs else []
+    assert blocks is not None
+    assert [n for block, times in blocks for _ in range(times) for n in block] == [
+        b - a + 1 for a, b in runs]  # the runs, in order
     assert steps.run_lengths() == dict(Counter(b - a + 1 for a, b in runs))
     for a, b in runs:
         assert steps.run_end(a) == b

@@ -28,7 +28,7 @@ from policy_engine.backends.nsight.launch import (
 from policy_engine.cli.main import main
 from policy_engine.language import schema
 from policy_engine.language.steps import StepSet
-from policy_engine.plan.captures import count_ranges, run_lengths
+from policy_engine.plan.captures import count_ranges
 from policy_engine.plan.plan import Plan
 from policy_engine.testing import recording_backend
 
@@ -118,10 +118,9 @@ def test_unknown_counts_say_what_is_missing(tmp_path: Path) -> None:
 
 def test_run_lengths() -> None:
     steps = StepSet.parse([1, 2, 3, "4-6", 8, "10-14:2"])
-    assert run_lengths(steps, merge=True) == [6, 1, 1, 1, 1]
-    assert run_lengths(steps, merge=False) == [1] * 10
-    assert run_lengths(StepSet.parse([]), merge=True) == []
-    assert run_lengths(StepSet.parse("all"), merge=True) is None
+    assert steps.run_lengths() == {6: 1, 1: 4}
+    assert StepSet.parse([]).run_lengths() == {}
+    assert StepSet.parse("all").run_lengths() is None
 
 
 CASES = [

@@ -92,12 +92,6 @@ def _defaults(node: Mapping[str, Any], root: Mapping[str, Any]) -> dict[str, Any
     return out
 
 
-def backend_names() -> list[str]:
-    """The ``backend`` enum: the registry's names, then its aliases."""
-    names: list[str] = schema()["$defs"]["role"]["properties"]["backend"]["enum"]
-    return names
-
-
 # ------------------------------------------------------------------ checking
 
 

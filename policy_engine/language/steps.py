@@ -159,16 +159,6 @@ class StepSet:
                 counts[length] += times
         return dict(counts)
 
-    def ordered_run_lengths(self, limit: int) -> list[int] | None:
-        """The lengths of the maximal runs of consecutive steps in order, when there are
-        at most ``limit`` of them (None otherwise, or as :meth:`run_lengths`)."""
-        if not self.is_bounded:
-            return None
-        found = arithmetic.run_lengths(self.runs)
-        if found is None or sum(len(block) * times for block, times in found) > limit:
-            return None
-        return [length for block, times in found for _ in range(times) for length in block]
-
     def first(self) -> int | None:
         """The smallest step, None when empty."""
         return self.runs[0][0] if self.runs else None

@@ -115,9 +115,6 @@ class Validator:
         self._root.validate(value, (), out)
         return out
 
-    def is_valid(self, value: Any) -> bool:
-        return not self.errors(value)
-
     # ---------------------------------------------------------------- building
 
     def _resolve(self, ref: str, where: str) -> Mapping[str, Any]:

@@ -107,20 +107,6 @@ def cycle_ranges(schedule: Schedule | None, positions: int | None) -> int | None
     return schedule.recorded_cycles(positions)
 
 
-#: run_lengths lists at most this many captures; past it the list is "unknown".
-_MAX_LISTED = 1_000_000
-
-
-def run_lengths(steps: StepSet, merge: bool) -> list[int] | None:
-    """Steps per capture, in order: 1 each, or the lengths of runs of consecutive steps when
-    merged. None when the steps are unbounded, too intricate to follow (see
-    :meth:`StepSet.run_lengths`), or make more than a million captures."""
-    if not merge:
-        count = steps.count()
-        return None if count is None or count > _MAX_LISTED else [1] * count
-    return steps.ordered_run_lengths(_MAX_LISTED)
-
-
 def _length_counts(steps: StepSet, merge: bool) -> dict[int, int] | None:
     """``{steps per capture: captures}``, computed from the runs without listing captures."""
     if not merge:
