@@ -139,7 +139,7 @@ BAD_LINES: list[tuple[bytes, str]] = [
     (b'{"event": "open"}', "capture: missing (every open record has one)"),
     (b'{"event": "close", "capture": "1"}', "status: missing (every close record has one)"),
     (b'{"rank": 0}', "status: missing (every trace record has one)"),
-    (b'{"status": "done"}', 'status: expected one of complete, partial, failed, got "done"'),
+    (b'{"status": "done"}', 'status: expected one of complete, partial, failed, oom, got "done"'),
     (b'{"event": "close", "capture": "1", "status": "gone"}',
      "status: expected one of complete, partial, failed, interrupted"),
     (b'{"status": "complete", "rank": "0"}', 'rank: expected an integer or null, got "0"'),

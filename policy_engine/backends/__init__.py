@@ -42,8 +42,25 @@ BACKENDS: Mapping[str, Entry] = {
     "mstx": Entry("policy_engine.backends.mstx.checks", "policy_engine.backends.mstx.session"),
     "nsight": Entry("policy_engine.backends.nsight.checks",
                     "policy_engine.backends.nsight.session"),
+    "memory": Entry("policy_engine.backends.memory.checks",
+                    "policy_engine.backends.memory.session"),
 }
-ALIASES: Mapping[str, str] = {"npu": "mstx", "nsys": "nsight"}
+ALIASES: Mapping[str, str] = {"npu": "mstx", "nsys": "nsight", "torch_memory": "memory"}
+
+#: Backends that record beside another one over the same captures (``[torch, memory]``).
+#: The others trace a timeline, and a role has at most one of them.
+BESIDE = frozenset({"memory"})
+
+# Why two timeline tools cannot record one capture.
+_APART = {
+    frozenset({"torch", "mstx"}): "torch.profiler and torch_npu's profiler drive the same "
+                                  "framework profiler, one at a time",
+    frozenset({"torch", "nsight"}): "torch.profiler and Nsight Systems both take CUPTI in "
+                                    "one process: the torch trace would lose its GPU kernels "
+                                    "(nsight already records the CPU and GPU timeline)",
+    frozenset({"mstx", "nsight"}): "mstx records Ascend NPUs and nsight CUDA GPUs: no "
+                                   "process has both",
+}
 
 
 def canonical(name: str) -> str:
@@ -52,6 +69,27 @@ def canonical(name: str) -> str:
     if name not in BACKENDS:
         raise KeyError(name)
     return name
+
+
+def combination(names: list[str]) -> tuple[tuple[str, ...], list[tuple[str, int]]]:
+    """The registry names of a role's ``backend`` list, its timeline tool first, and what
+    is wrong with the list: (message, index of the entry at fault)."""
+    found: list[str] = []
+    problems: list[tuple[str, int]] = []
+    for index, name in enumerate(names):
+        real = canonical(name)
+        if real in found:
+            problems.append((f"{name} names backend {real} a second time", index))
+            continue
+        timeline = [n for n in found if n not in BESIDE]
+        if real not in BESIDE and timeline:
+            problems.append((f"{timeline[0]} and {real} cannot record the same capture: "
+                             f"{_APART[frozenset({timeline[0], real})]}; profile them in "
+                             "different roles", index))
+            continue
+        found.append(real)
+    ordered = tuple(sorted(found, key=lambda n: n in BESIDE))
+    return ordered, problems
 
 
 def checks(name: str) -> ModuleType:

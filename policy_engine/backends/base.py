@@ -69,6 +69,10 @@ class Artifact:
     path: str
     bytes: int | None = None
     extra: Mapping[str, Any] = attrs.field(factory=dict)
+    #: the part that wrote it, when several backends record one capture
+    backend: str | None = None
+    #: why the part wrote nothing (path empty): the capture's other files still count
+    failed: str | None = None
 
 
 class Session(Protocol):

@@ -14,6 +14,7 @@ so it is not used; the runtime keeps every call of a session on its home thread.
 from __future__ import annotations
 
 import gzip
+import importlib.util
 import json
 import logging
 import os
@@ -30,6 +31,7 @@ log = logging.getLogger("policy_engine")
 
 _ACTIVITIES = {"cpu": "CPU", "cuda": "CUDA", "xpu": "XPU"}
 _FLAGS = ("record_shapes", "profile_memory", "with_stack", "with_flops", "with_modules")
+_TIMELINE_NEEDS = ("profile_memory", "record_shapes", "with_stack")
 
 
 def _flag(meaning: str) -> dict[str, Any]:
@@ -56,6 +58,10 @@ SETTINGS: Mapping[str, Any] = {
         "with_stack": _flag("torch.profiler.profile(with_stack=)."),
         "with_flops": _flag("torch.profiler.profile(with_flops=)."),
         "with_modules": _flag("torch.profiler.profile(with_modules=)."),
+        "memory_timeline": _flag(
+            "Also write prof.export_memory_timeline() beside each trace: <name>.memory.html "
+            "(torch draws it with matplotlib, on CUDA), else the plot's points as "
+            "<name>.memory.json.gz. Needs profile_memory, record_shapes and with_stack."),
         "gzip": {"type": "boolean", "default": True,
                  "description": "Write .pt.trace.json.gz; false writes .pt.trace.json."},
     },
@@ -67,14 +73,21 @@ def check_settings(settings: Mapping[str, Any]) -> list[tuple[str, tuple[str | i
     if not settings["activities"]:
         return [("activities is empty: list at least one of cpu, cuda "
                  "(an empty list never means all)", ("activities",))]
+    missing = [flag for flag in _TIMELINE_NEEDS if not settings[flag]]
+    if settings["memory_timeline"] and missing:
+        return [(f"memory_timeline needs {', '.join(missing)}: true as well (torch builds the "
+                 "timeline from the memory events, shapes and stacks they record)",
+                 ("memory_timeline",))]
     return []
 
 
 def check_runtime(settings: Mapping[str, Any]) -> list[str]:
-    import importlib.util
-
     if importlib.util.find_spec("torch") is None:
         return ["torch is not installed: pip install torch"]
+    if settings["memory_timeline"] and importlib.util.find_spec("matplotlib") is None:
+        return ["memory_timeline draws its HTML page with matplotlib, which is not installed "
+                "(pip install matplotlib); without it the timeline's points are written as "
+                "<name>.memory.json.gz"]
     return []
 
 
@@ -93,6 +106,11 @@ def check_trace(path: str) -> None:
     if not head.startswith(b"{") or not tail.endswith(b"}"):
         raise EmptyTrace(f"torch wrote {size} bytes that are not a whole trace (is the disk "
                          "full, or a file-size limit set?)")
+
+
+def _not_empty(path: str) -> None:
+    if os.path.getsize(path) == 0:
+        raise EmptyTrace("torch wrote nothing (is matplotlib installed?)")
 
 
 class TorchSession:
@@ -117,6 +135,8 @@ class TorchSession:
         # record_function: a user_annotation on the CPU row and, on CUDA, the
         # gpu_user_annotation band that Perfetto, TensorBoard and HTA show.
         self._record = torch.autograd.profiler.record_function
+        self._timeline = bool(settings["memory_timeline"])
+        self._cuda = "cuda" in settings["activities"] and torch.cuda.is_available()
         self._prepared = False
         self._started = False
         self._step_marker: Any = None
@@ -156,7 +176,39 @@ class TorchSession:
         ext = ".pt.trace.json.gz" if self._gzip else ".pt.trace.json"
         writer = self._write_gzip if self._gzip else self._write_json
         path, size = write_atomic(self._info.output_dir, stem, ext, writer)
-        return [Artifact(path, size)]
+        extra = self._memory_timeline(stem) if self._timeline else {}
+        return [Artifact(path, size, extra)]
+
+    def _memory_timeline(self, stem: str) -> dict[str, Any]:
+        """prof.export_memory_timeline() beside the trace: the HTML page when torch can draw
+        it (matplotlib, a CUDA device), else its points. Never fails the trace. (torch
+        deprecates it in favour of allocator history, the memory backend; the policy asked
+        for it, so its FutureWarning is not repeated.)"""
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=".*export_memory_timeline",
+                                    category=FutureWarning)
+            return self._export_timeline(stem)
+
+    def _export_timeline(self, stem: str) -> dict[str, Any]:
+        cuda = self._cuda
+        if cuda and importlib.util.find_spec("matplotlib") is not None:
+            try:
+                path = write_atomic(self._info.output_dir, stem, ".memory.html",
+                                    self._prof.export_memory_timeline,
+                                    check=_not_empty)[0]
+                return {"memory_timeline": os.path.relpath(path, self._info.output_dir)}
+            except Exception as err:
+                log.debug("memory timeline as HTML failed: %r", err)
+        try:
+            path = write_atomic(
+                self._info.output_dir, stem, ".memory.json.gz",
+                lambda p: self._prof.export_memory_timeline(p, "cuda:0" if cuda else "cpu"),
+                check=_not_empty)[0]
+            return {"memory_timeline": os.path.relpath(path, self._info.output_dir)}
+        except Exception as err:
+            log.warning("policy-engine: no memory timeline for %s: %s: %s", stem,
+                        type(err).__name__, err)
+            return {"memory_timeline_error": f"{type(err).__name__}: {err}"}
 
     def _write_json(self, path: str) -> None:
         self._prof.export_chrome_trace(path)

@@ -112,7 +112,7 @@ def _print_text(role: str, world: int, lo: int, hi: int,
             print(f"  {span}: not profiled")
             continue
         steps = ",".join(map(str, first["steps"])) or "none in range"
-        print(f"  {span}: profiled with {first['backend']}, steps {steps}")
+        print(f"  {span}: profiled with {' + '.join(first['backends'])}, steps {steps}")
         if "regions" in first:  # discrete: each region call is a capture with its schedule
             for region, acts in first["regions"].items():
                 print(f"    {region} (each call a capture), actions per inner step: "

@@ -19,6 +19,7 @@ from policy_engine.backends.output import find_leftovers, is_temp_name, temp_pid
 from policy_engine.cli._common import add_format_option, print_json
 from policy_engine.cli.usage import UsageError
 from policy_engine.runtime.manifest import (
+    COMPANIONS,
     MANIFEST_DIR,
     MANIFEST_SUFFIX,
     Scan,
@@ -29,7 +30,7 @@ from policy_engine.runtime.manifest import (
 # Folders written whole by a tool (torch_npu) are one trace, not many files.
 _TRACE_DIR_SUFFIXES = ("_ascend_pt",)
 _MANIFEST_NAME = re.compile(r"(.+)_pid(\d+)_(\d{14})" + re.escape(MANIFEST_SUFFIX) + "$")
-_STATUS_ORDER = ("complete", "partial", "failed")
+_STATUS_ORDER = ("complete", "partial", "failed", "oom")
 _NEVER_CLOSED = "the process ended before the capture closed"
 _STILL_OPEN = "the capture is still open"
 
@@ -173,6 +174,12 @@ def collect(root: str) -> dict[str, Any]:
             record["path"] = _text(rel)
             record["exists"] = os.path.exists(full)
             named.add(rel)
+        extra = record.get("extra")
+        companions = [extra.get(key) for key in COMPANIONS] if isinstance(extra, dict) else []
+        for rel_path in companions:
+            if isinstance(rel_path, str):
+                named.add(os.path.relpath(os.path.normpath(os.path.join(base, rel_path)),
+                                          root))
         rows.append(record)
     rows.sort(key=_rank)
     alive = {m: _alive(m) for m in {r["_manifest"] for r in scan.records}}

@@ -58,11 +58,12 @@ def _runtime_problems(doc: Document, policy: Policy) -> list[Problem]:
         if not spec.enabled:
             continue
         at = origin(data, role, "backend")
-        for message in backends.check_runtime(spec.backend, spec.settings):
-            if (spec.backend, message) not in seen:
-                seen.add((spec.backend, message))
-                problems.append(Problem(f"backend {spec.backend}: {message}",
-                                        json_path(at), doc.locate(at)))
+        for name in spec.backends:
+            for message in backends.check_runtime(name, spec.blocks[name]):
+                if (name, message) not in seen:
+                    seen.add((name, message))
+                    problems.append(Problem(f"backend {name}: {message}",
+                                            json_path(at), doc.locate(at)))
     folder = policy.output_dir
     while not os.path.exists(folder) and os.path.dirname(folder) != folder:
         folder = os.path.dirname(folder)

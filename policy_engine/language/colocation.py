@@ -22,6 +22,7 @@ SpecOf = Callable[[str], "RoleSpec | None"]
 
 # What colocated roles on one backend must agree on, and why in a word.
 _SHARED = (
+    ("backends", "list of backends"),
     ("discrete", "mode"),
     ("merge_steps", "merge_steps"),
     ("schedule", "schedule"),
@@ -63,6 +64,8 @@ def _show(value: object) -> str:
 def _value(spec: RoleSpec, key: str) -> object:
     if key == "name":
         return spec.template.text
+    if key == "backends":
+        return spec.backend_label
     if key == "schedule":
         if spec.schedule is None:
             return "none"
@@ -77,6 +80,13 @@ def _conflicts(data: Mapping[str, Any], gi: int, specs: list[RoleSpec],
     by_backend: dict[str, list[RoleSpec]] = {}
     for spec in specs:
         by_backend.setdefault(spec.backend, []).append(spec)
+    history = [s for s in specs if "memory" in s.backends]
+    for other in history[1:]:
+        if other.backend != history[0].backend:
+            yield (f"colocated roles {history[0].name!r} ({history[0].backend_label}) and "
+                   f"{other.name!r} ({other.backend_label}) would both record allocator "
+                   "history, which a process has once: give them the same backends",
+                   origin(data, other.name, "backend"), "error")
     if "torch" in by_backend and "mstx" in by_backend:
         torch, npu = by_backend["torch"][0].name, by_backend["mstx"][0].name
         yield (f"colocated roles {torch!r} (torch) and {npu!r} (mstx) cannot share a process: "
@@ -97,11 +107,15 @@ def _conflicts(data: Mapping[str, Any], gi: int, specs: list[RoleSpec],
                     yield (f"colocated roles {first.name!r} and {other.name!r} share {backend} "
                            f"captures but differ in {what} ({_show(mine)} and "
                            f"{_show(theirs)}): one capture has one {what}",
-                           origin(data, other.name, key), "error")
-            if dict(first.settings) != dict(other.settings):
-                yield (f"colocated roles {first.name!r} and {other.name!r} share {backend} "
-                       f"captures but differ in their {backend} settings: one capture has "
-                       "one profiler configuration", origin(data, other.name, backend), "error")
+                           origin(data, other.name, "backend" if key == "backends" else key),
+                           "error")
+            for block in first.backends or (backend,):
+                if block in other.blocks and \
+                        dict(first.blocks[block]) != dict(other.blocks[block]):
+                    yield (f"colocated roles {first.name!r} and {other.name!r} share {backend} "
+                           f"captures but differ in their {block} settings: one capture has "
+                           "one profiler configuration", origin(data, other.name, block),
+                           "error")
             if first.merge_steps and first.steps != other.steps:
                 yield (f"colocated roles {first.name!r} and {other.name!r} merge steps into "
                        f"shared {backend} captures but profile different steps ({first.steps} "

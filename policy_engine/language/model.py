@@ -48,6 +48,7 @@ class RoleSpec:
 
     name: str
     enabled: bool
+    #: the timeline tool (torch, mstx, nsight), or memory when it records alone
     backend: str
     ranks: RankSelector
     steps: StepSet
@@ -57,7 +58,17 @@ class RoleSpec:
     regions: tuple[RegionSpec, ...]
     template: NameTemplate
     on_error: str
+    #: ``backend``'s settings block
     settings: FrozenDict
+    #: every backend recording the role's captures, ``backend`` first
+    backends: tuple[str, ...] = ()
+    #: each of ``backends``'s settings block, by name
+    blocks: FrozenDict = attrs.field(factory=FrozenDict)
+
+    @property
+    def backend_label(self) -> str:
+        """``torch`` or ``torch+memory``: the backends, as messages and manifests show them."""
+        return "+".join(self.backends or (self.backend,))
 
 
 @attrs.frozen
@@ -114,7 +125,9 @@ def build_role(name: str, merged_defaults: Mapping[str, Any],
     """Role ``name`` from the policy's ``defaults`` and its own block, over the schema's
     defaults. The blocks must hold only values the schema and :func:`build` accepted."""
     raw = deep_merge(deep_merge(schema.defaults("role"), merged_defaults), role or {})
-    backend = backends.canonical(raw["backend"])
+    names = raw["backend"] if isinstance(raw["backend"], list) else [raw["backend"]]
+    found = backends.combination(names)[0]
+    backend = found[0]
     return RoleSpec(
         name=name,
         enabled=bool(raw["enabled"]),
@@ -128,6 +141,8 @@ def build_role(name: str, merged_defaults: Mapping[str, Any],
         template=NameTemplate.parse(raw["name"]),
         on_error=raw["on_error"],
         settings=FrozenDict(raw[backend]),
+        backends=found,
+        blocks=FrozenDict({name: FrozenDict(raw[name]) for name in found}),
     )
 
 
@@ -171,6 +186,9 @@ def _value_problems(key: str, value: Any) -> Iterator[tuple[str, Path]]:
             NameTemplate.parse(value)
         except TemplateError as err:
             yield f"bad name template at character {err.offset + 1}: {err.message}", (key,)
+    elif key == "backend" and isinstance(value, list):
+        for message, index in backends.combination(value)[1]:
+            yield message, (key, index)
     elif key in backends.BACKENDS:
         for message, sub in backends.check_settings(key, deep_merge(
                 schema.defaults("role")[key], value)):

@@ -36,8 +36,11 @@ MANIFEST_DIR = "manifests"
 MANIFEST_SUFFIX = ".manifest.jsonl"
 
 EVENTS = ("open", "trace", "close")
-TRACE_STATUSES = ("complete", "partial", "failed")
-CLOSE_STATUSES = (*TRACE_STATUSES, "interrupted")
+#: Keys of a trace line's ``extra`` that name a file written beside the trace (relative
+#: to the output folder, as ``path`` is).
+COMPANIONS = ("plot", "memory_timeline")
+TRACE_STATUSES = ("complete", "partial", "failed", "oom")
+CLOSE_STATUSES = ("complete", "partial", "failed", "interrupted")
 #: The longest line read; a longer one is reported, not loaded.
 MAX_LINE_BYTES = 1 << 20
 

@@ -1,0 +1,156 @@
+"""Several backends recording the same captures (``backend: [torch, memory]``).
+
+A :class:`Combined` session drives each part's session through the same transitions, so
+one capture yields one file per part and cycle, told apart by their extensions, and one
+manifest line each (every :class:`Artifact` names the part that wrote it). Parts start in
+the policy's order, timeline tool first, and stop in reverse, so the allocator history
+covers what the trace covers and not its export.
+
+A part that cannot run in this process (no CUDA for memory) is left out at open, with a
+warning naming role, rank and reason, when the role says ``on_error: warn``; the other
+parts go on. Under ``on_error: raise``, or when no part is left, the open fails.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+from contextlib import AbstractContextManager, ExitStack
+from typing import Any
+
+import attrs
+
+from policy_engine.backends.base import Artifact, BackendUnavailable, CaptureInfo, Session
+
+log = logging.getLogger("policy_engine")
+
+
+class CombinedSession:
+    """The sessions of one capture's parts, called in turn."""
+
+    def __init__(self, parts: list[tuple[str, Session]]) -> None:
+        self.parts = parts
+        self.names = tuple(name for name, _ in parts)
+        self.any_thread = all(getattr(s, "any_thread", False) for _, s in parts)
+
+    def _each(self, method: str, *args: Any, reverse: bool = False) -> None:
+        """Call ``method`` on every part that has it; the first error is raised after
+        every part was called (a part left running would hold its tool)."""
+        first: BaseException | None = None
+        for _, session in (reversed(self.parts) if reverse else self.parts):
+            call = getattr(session, method, None)
+            if call is None:
+                continue
+            try:
+                call(*args)
+            except Exception as err:
+                first = first or err
+        if first is not None:
+            raise first
+
+    def set_stem(self, stem: str) -> None:
+        self._each("set_stem", stem)
+
+    def note(self, facts: dict[str, Any]) -> None:
+        self._each("note", facts)
+
+    def set_reporter(self, report: Callable[[Artifact, str], None],
+                     name: Callable[[], str]) -> None:
+        self._each("set_reporter", report, name)
+
+    def prepare(self) -> None:
+        self._each("prepare")
+
+    def start(self) -> None:
+        started: list[Session] = []
+        try:
+            for _, session in self.parts:
+                session.start()
+                started.append(session)
+        except Exception:
+            for session in reversed(started):  # leave no part recording
+                try:
+                    session.discard()
+                except Exception as err:
+                    log.debug("discard after a failed start: %r", err)
+            raise
+
+    def step(self, inner_step: int) -> None:
+        self._each("step", inner_step)
+
+    def save(self, stem: str, cycle: int) -> list[Artifact]:
+        """Every part's files, timeline tool first. A part that fails gives a failed
+        artifact (path empty, the error in ``failed``): the others' files still count."""
+        out: list[Artifact] = []
+        for name, session in reversed(self.parts):
+            try:
+                found = session.save(stem, cycle)
+            except Exception as err:
+                found = [Artifact("", None, failed=f"{type(err).__name__}: {err}")]
+            out[:0] = [attrs.evolve(a, backend=a.backend or name) for a in found]
+        return out
+
+    def discard(self) -> None:
+        self._each("discard", reverse=True)
+
+    def range(self, name: str) -> AbstractContextManager[object]:
+        return _Ranges([session.range(name) for _, session in self.parts])
+
+    def close(self) -> None:
+        self._each("close", reverse=True)
+
+
+class _Ranges:
+    """Each part's range of one region, opened and closed together."""
+
+    def __init__(self, ranges: list[AbstractContextManager[object]]) -> None:
+        self._ranges = ranges
+        self._stack = ExitStack()
+
+    def __enter__(self) -> _Ranges:
+        with ExitStack() as stack:
+            for rng in self._ranges:
+                stack.enter_context(rng)
+            self._stack = stack.pop_all()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stack.close()
+
+
+class Combined:
+    """A Backend made of the per-process backend objects of each part; one per role and
+    process (a part left out is reported once)."""
+
+    name = "combined"
+    extension = ""
+
+    def __init__(self, parts: list[tuple[str, Any]], settings: Mapping[str, Mapping[str, Any]]
+                 ) -> None:
+        self.parts = parts
+        self.settings = settings
+        self._left_out: set[str] = set()  # parts already reported
+
+    def open(self, info: CaptureInfo) -> CombinedSession:
+        opened: list[tuple[str, Session]] = []
+        try:
+            for name, backend in self.parts:
+                part_info = attrs.evolve(info, settings=self.settings[name])
+                try:
+                    opened.append((name, backend.open(part_info)))
+                except BackendUnavailable as err:
+                    if info.on_error == "raise" or name == self.parts[0][0]:
+                        raise
+                    if name in self._left_out:
+                        continue
+                    self._left_out.add(name)
+                    log.warning("policy-engine: %s is left out of the captures of role %r on "
+                                "rank %d: %s", name, info.role, info.rank, err)
+        except Exception:
+            for _, session in opened:
+                try:
+                    session.close()
+                except Exception as err:
+                    log.debug("close after a failed open: %r", err)
+            raise
+        return CombinedSession(opened)

@@ -1,0 +1,1 @@
+"""The memory backend: CUDA (or Ascend NPU) allocator history, dumped as snapshots."""

@@ -1,0 +1,188 @@
+"""The memory backend's captures: allocator history on while a cycle records, one
+snapshot per saved cycle, and a snapshot when the process runs out of memory.
+
+The history is one per process, so one capture records it at a time (colocated roles
+share that capture; validate refuses roles that would record it apart). torch offers no
+way to detach an out-of-memory observer, so the backend attaches one per process, the
+first time a capture asks for it, and routes it to the capture open at the time.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import threading
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from typing import Any, ClassVar
+
+from policy_engine.backends.base import Artifact, BackendUnavailable, CaptureInfo
+from policy_engine.backends.memory.device import MemoryApi, detect
+from policy_engine.backends.output import write_atomic
+
+log = logging.getLogger("policy_engine")
+
+#: What a capture passes for reporting an artifact it did not save itself: (artifact, status).
+Report = Callable[[Artifact, str], None]
+
+
+class MemorySession:
+    """Allocator history for one capture."""
+
+    any_thread = True  # the history is process-wide: any thread may turn it on and off
+
+    def __init__(self, backend: MemoryBackend, info: CaptureInfo, api: MemoryApi) -> None:
+        self._backend = backend
+        self._info = info
+        self._api = api
+        self._settings = info.settings
+        self._on = False
+        self._stem = ""
+        self._report: Report | None = None
+        self._name: Callable[[], str] | None = None
+        self.oom_dumps = 0
+
+    # Hooks the interpreter calls (runtime/capture.py).
+    def set_stem(self, stem: str) -> None:
+        self._stem = stem
+
+    def set_reporter(self, report: Report, name: Callable[[], str]) -> None:
+        self._report = report
+        self._name = name
+
+    def prepare(self) -> None:
+        pass
+
+    def start(self) -> None:
+        owner = self._backend.recording
+        if owner is not None and owner is not self:
+            raise RuntimeError(
+                f"allocator history is already recorded by the capture of role "
+                f"{owner._info.role!r}: a process has one history")
+        settings = self._settings
+        self._api.start(max_entries=int(settings["max_entries"]), stacks=settings["stacks"],
+                        context=settings["context"])
+        self._on = True
+        self._backend.recording = self
+
+    def step(self, inner_step: int) -> None:
+        pass
+
+    def save(self, stem: str, cycle: int) -> list[Artifact]:
+        if not self._on:
+            return []
+        try:
+            path, size = write_atomic(self._info.output_dir, stem, ".pickle", self._api.dump)
+        finally:
+            self._stop()
+        return [Artifact(path, size, self._extra(path))]
+
+    def _extra(self, path: str) -> dict[str, Any]:
+        extra: dict[str, Any] = {"device": self._api.device}
+        if self._settings["plot"]:
+            try:
+                extra["plot"] = self._plot(path)
+            except Exception as err:  # the snapshot is what matters; say why no plot
+                extra["plot_error"] = f"{type(err).__name__}: {err}"
+                log.warning("policy-engine: no plot for %s: %s", path, err)
+        return extra
+
+    def _plot(self, snapshot: str) -> str:
+        from policy_engine.backends.memory import plot
+
+        summary = plot.summarize(plot.load_snapshot(snapshot))
+        page = plot.render_html(summary, title=snapshot.rsplit("/", 1)[-1])
+        stem = snapshot[len(self._info.output_dir):].lstrip("/")[: -len(".pickle")]
+
+        def write(temp: str) -> None:
+            with open(temp, "w", encoding="utf-8") as f:
+                f.write(page)
+        path = write_atomic(self._info.output_dir, stem, ".html", write)[0]
+        return os.path.relpath(path, self._info.output_dir)
+
+    def discard(self) -> None:
+        self._stop()
+
+    def range(self, name: str) -> AbstractContextManager[object]:
+        return contextlib.nullcontext()
+
+    def close(self) -> None:
+        try:
+            self._stop()
+        finally:
+            if self._backend.current is self:
+                self._backend.current = None
+
+    def _stop(self) -> None:
+        if self._on:
+            self._on = False
+            if self._backend.recording is self:
+                self._backend.recording = None
+            self._api.stop()
+
+    # -- out of memory -------------------------------------------------------------
+    def out_of_memory(self, device: int, asked: int, allocated: int, free: int) -> None:
+        """The allocator ran out of memory while this capture was open: dump the history
+        (whatever this process recorded) as ``<name>_oom.pickle``."""
+        stem = self._stem or (self._name() if self._name is not None else "memory")
+        path, size = write_atomic(self._info.output_dir, stem + "_oom", ".pickle",
+                                  self._api.dump)
+        self.oom_dumps += 1
+        extra = {"device": self._api.device, "device_index": device, "bytes_asked": asked,
+                 "device_allocated": allocated, "device_free": free,
+                 "history": self._on}
+        log.warning("policy-engine: out of memory on %s:%d (asked %d bytes, %d allocated, "
+                    "%d free): allocator history written to %s", self._api.device, device,
+                    asked, allocated, free, path)
+        if self._report is not None:
+            self._report(Artifact(path, size, extra), "oom")
+
+
+class MemoryBackend:
+    """Once per process: the device's allocator calls, and who holds the history."""
+
+    name: ClassVar[str] = "memory"
+    extension: ClassVar[str] = ".pickle"
+
+    def __init__(self, api: MemoryApi | None = None) -> None:
+        self._api = api  # tests pass a stand-in; by default the device's, when first used
+        self.recording: MemorySession | None = None  # history is on for this capture
+        self.current: MemorySession | None = None  # the capture open now (OOM dumps)
+        self.observer_attached = False
+        self._lock = threading.Lock()
+
+    def open(self, info: CaptureInfo) -> MemorySession:
+        api = self._api if self._api is not None else detect(info.settings["device"])
+        why = api.unavailable()
+        if why is not None:
+            raise BackendUnavailable(f"allocator history cannot be recorded: {why}")
+        self._api = api
+        session = MemorySession(self, info, api)
+        self.current = session
+        if info.settings["on_oom"]:
+            self._attach(api)
+        return session
+
+    def _attach(self, api: MemoryApi) -> None:
+        with self._lock:
+            if self.observer_attached:
+                return
+            self.observer_attached = True
+        if not api.attach_oom(self._out_of_memory):
+            log.warning("policy-engine: this torch cannot call back on out-of-memory "
+                        "errors (%s): no _oom.pickle dumps", api.device)
+
+    def _out_of_memory(self, device: int, asked: int, allocated: int, free: int) -> None:
+        """Called by the allocator (any thread) when it fails; never raises into it."""
+        session = self.current
+        if session is None or not session._settings["on_oom"]:
+            return
+        try:
+            session.out_of_memory(device, asked, allocated, free)
+        except Exception as err:
+            log.warning("policy-engine: could not write the out-of-memory snapshot: %s: %s",
+                        type(err).__name__, err)
+
+
+BACKEND = MemoryBackend
