@@ -49,7 +49,8 @@ def test_coordinate_selectors_on_a_3d_mesh(capsys: pytest.CaptureFixture[str]) -
     first = data["ranks"][0]
     assert first == {
         "rank": 0, "profiled": True, "coords": {"tp": 0, "pp": 0, "dp": 0},
-        "local_rank": 0, "node": 0, "backend": "torch", "steps": [10, 11, 12],
+        "local_rank": 0, "node": 0, "backend": "torch", "backends": ["torch"],
+        "steps": [10, 11, 12],
         "actions": ["NONE", "WARMUP", "RECORD", "RECORD", "RECORD_AND_SAVE",
                     "NONE", "NONE", "NONE", "NONE", "NONE"],
         "name": "gpt-8b_trainer_step10-12_rank0-of-8_tp0pp0dp0" + PLACEHOLDERS,
@@ -138,6 +139,43 @@ def test_without_merge_each_step_is_a_capture(capsys: pytest.CaptureFixture[str]
     names = [c["name"] for c in data["ranks"][2]["captures"]]
     assert names == [f"gpt-8b_trainer_step{n}_rank2-of-8_tp0pp0dp1" + PLACEHOLDERS
                      for n in (11, 12)]
+
+
+def test_periodic_steps_in_a_window(capsys: pytest.CaptureFixture[str],
+                                    tmp_path: Path) -> None:
+    path = write(tmp_path, "version: 1\nroles:\n  r:\n    enabled: true\n"
+                           "    steps: {every: 100, from: 100}\n    name: r_step<step>\n")
+    data = explain_json(capsys, path, "--role", "r", "--world", "1", "--steps", "150-450")
+    entry = data["ranks"][0]
+    assert entry["steps"] == [200, 300, 400]
+    assert [t["name"] for t in entry["traces"]] == ["r_step200", "r_step300", "r_step400"]
+    # a window far out costs what a near one costs: nothing expands the set
+    far = explain_json(capsys, path, "--role", "r", "--world", "1",
+                       "--steps", "100000000000000-100000000000100")
+    assert far["ranks"][0]["steps"] == [10**14, 10**14 + 100]
+    assert main(["explain", path, "--role", "r", "--world", "1", "--steps", "0-99"]) == 0
+    assert "rank 0: profiled with torch, steps none in range" in capsys.readouterr().out
+
+
+def test_torchtitan_names_each_cycle_by_its_step(capsys: pytest.CaptureFixture[str]) -> None:
+    path = str(POLICIES / "torchtitan.yaml")
+    data = explain_json(capsys, path, "--role", "trainer", "--world", "2",
+                        "--steps", "1-400", "--inner-steps", "1")
+    entry = data["ranks"][1]
+    assert [c["steps"][0] for c in entry["captures"]] == [1]  # one capture for the run
+    assert [(t["name"], t["cycle"]) for t in entry["traces"]] == [
+        (f"iteration_{n}/rank1_trace", cycle) for cycle, n in enumerate((100, 200, 300, 400))]
+    assert entry["name"] == "iteration_100/rank1_trace"
+    # a window that starts later: the capture opens there, its cycles count from there
+    later = explain_json(capsys, path, "--role", "trainer", "--world", "2",
+                         "--steps", "501-750", "--inner-steps", "1")
+    assert [t["name"] for t in later["ranks"][0]["traces"]] == [
+        "iteration_600/rank0_trace", "iteration_700/rank0_trace"]
+    # two prof.step() a step: cycles of 100 inner steps span 50 training steps
+    twice = explain_json(capsys, path, "--role", "trainer", "--world", "2",
+                         "--steps", "1-100", "--inner-steps", "2")
+    assert [t["name"] for t in twice["ranks"][0]["traces"]] == [
+        "iteration_50/rank0_trace", "iteration_100/rank0_trace"]
 
 
 def test_discrete_regions_are_captures_of_their_own(capsys: pytest.CaptureFixture[str],

@@ -230,3 +230,33 @@ def test_rendered_names_are_safe_paths(text: str, values: dict[str, object]) -> 
         if not placeholders:
             assert set(name) <= set("0123456789abcdefghijklmnopqrstuvwxyz"
                                     "ABCDEFGHIJKLMNOPQRSTUVWXYZ._=+-/")
+
+
+# ---------------------------------------------------------------- <step> of merged cycles
+
+
+@pytest.mark.parametrize(("role", "per_cycle"), [
+    ({"steps": "all", "merge_steps": True,
+      "schedule": {"wait": 96, "warmup": 3, "active": 1, "repeat": 0}}, True),
+    ({"steps": {"every": 1, "from": 10}, "merge_steps": True,
+      "schedule": {"active": 1, "repeat": 1}}, True),  # endless: one trace, its own step
+    ({"steps": "10-12", "merge_steps": True, "schedule": {"active": 2, "repeat": 2}}, True),
+    ({"steps": "10-12", "merge_steps": True, "schedule": {"active": 2, "repeat": 1}}, False),
+    ({"steps": "all", "merge_steps": True}, False),  # no schedule: the capture is the trace
+    ({"steps": "all", "schedule": {"active": 1}}, False),  # not merged: a capture per step
+])
+def test_merged_cycles_render_their_own_step(role: dict[str, object], per_cycle: bool) -> None:
+    from policy_engine import Topology, compile_plan, load_policy
+
+    policy = load_policy({"version": 1, "roles": {"r": {
+        "enabled": True, "name": "iteration_<step>/rank<rank>[_c<cycle>]", **role}}})
+    plan = compile_plan(policy, "r", Topology(rank=3, world=4))
+    assert plan.step_per_cycle is per_cycle
+    first = plan.steps.first()
+    assert first is not None
+    span = plan.capture_label(first)
+    assert plan.capture_name(first=first, region=None, cycle=0) == f"iteration_{span}/rank3_c0"
+    # the runtime (and explain) pass the step the cycle started recording in
+    assert plan.capture_name(first=first, region=None, cycle=2, at=400) == \
+        "iteration_400/rank3_c2"
+    assert plan.capture_name(first=None, region=None, cycle=None) == "iteration_/rank3"

@@ -121,6 +121,22 @@ def test_steps_needed_ends_on_the_last_save(s: Schedule) -> None:
     assert saves == list(range(s.repeat))
 
 
+@settings(max_examples=200, deadline=None)
+@given(s=schedules())
+def test_record_start_is_each_cycles_first_recorded_step(s: Schedule) -> None:
+    horizon = s.skip_first + 6 * s.period
+    actions = s.actions(horizon)
+    firsts: dict[int, int] = {}
+    for i, action in enumerate(actions):
+        cycle = s.cycle(i)
+        if action in (Action.RECORD, Action.RECORD_AND_SAVE) and cycle is not None:
+            firsts.setdefault(cycle, i)
+    assert firsts == {c: s.record_start(c) for c in firsts}
+    assert len(firsts) == s.recorded_cycles(horizon)
+    with pytest.raises(ValueError):
+        s.record_start(-1)
+
+
 def test_from_mapping_and_to_json_round_trip() -> None:
     s = Schedule.from_mapping({"wait": 1, "warmup": 1, "active": 2, "skip_first_wait": True})
     assert s == Schedule(wait=1, warmup=1, active=2, skip_first_wait=1)

@@ -51,8 +51,8 @@ def test_schema_is_valid_draft_2020_12() -> None:
 
 
 def test_backend_enum_is_the_registry() -> None:
-    enum = schema.schema()["$defs"]["role"]["properties"]["backend"]["enum"]
-    assert enum == [*backends.BACKENDS, *backends.ALIASES]
+    one, several = schema.schema()["$defs"]["role"]["properties"]["backend"]["oneOf"]
+    assert one["enum"] == several["items"]["enum"] == [*backends.BACKENDS, *backends.ALIASES]
     assert set(backends.ALIASES.values()) <= set(backends.BACKENDS)
 
 
@@ -147,7 +147,8 @@ def test_schedule_fields_match_the_code() -> None:
     # kinds, with the value shown as the file writes it
     (role(enabled=None), [("$.roles.actor.enabled", "enabled must be a boolean, got null")]),
     (role(steps=2.5), [
-        ("$.roles.actor.steps", "steps must be an integer, a string or a list, got a number 2.5"),
+        ("$.roles.actor.steps",
+         "steps must be an integer, a string, a list or a mapping, got a number 2.5"),
     ]),
     (role(ranks=[[0, 1]]), [
         ("$.roles.actor.ranks[0]",
@@ -164,11 +165,13 @@ def test_schedule_fields_match_the_code() -> None:
     ({"version": 1, "prefix": 7}, [("$.prefix", "prefix must be a string, got an integer 7")]),
     # enum suggestions: spelling, short words, and synonyms
     (role(backend="nsight-systems"), [
-        ("$.roles.actor.backend", "backend must be one of torch, mstx, nsight, npu, nsys, got "
+        ("$.roles.actor.backend", "backend must be one of torch, mstx, nsight, memory, npu, nsys, "
+                                  "torch_memory, got "
                                   "'nsight-systems' (did you mean 'nsight'?)"),
     ]),
     (role(backend="pytorch"), [
-        ("$.roles.actor.backend", "backend must be one of torch, mstx, nsight, npu, nsys, got "
+        ("$.roles.actor.backend", "backend must be one of torch, mstx, nsight, memory, npu, nsys, "
+                                  "torch_memory, got "
                                   "'pytorch' (did you mean 'torch'?)"),
     ]),
     (role(ranks={"dq": 0}), [

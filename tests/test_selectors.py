@@ -146,33 +146,42 @@ def test_stepset_queries(
         ("1,-2", "step -2 is negative", ()),
         (
             True,
-            "steps must be 'all', a step number, a range string or a list of them, got a boolean",
+            "steps must be 'all', a step number, a range string, {every: N, from: A} "
+            "or a list of them, got a boolean",
             (),
         ),
         (
             None,
-            "steps must be 'all', a step number, a range string or a list of them, got null",
+            "steps must be 'all', a step number, a range string, {every: N, from: A} "
+            "or a list of them, got null",
             (),
         ),
-        (
-            {"a": 1},
-            "steps must be 'all', a step number, a range string or a list of them, got a mapping",
-            (),
-        ),
+        ({"a": 1}, "unknown key 'a' (keys: every, from, until)", ("a",)),
+        ({"every": 10, "form": 1}, "unknown key 'form' (did you mean 'from'?)", ("form",)),
+        ({"from": 5}, "periodic steps need 'every' (as in {every: 100, from: 100})", ()),
+        ([1, {"every": 0}], "every must be >= 1, got 0", (1, "every")),
+        ({"every": 10, "from": -1}, "from must be >= 0, got -1", ("from",)),
+        ({"every": True}, "every must be an integer, got a boolean", ("every",)),
+        ({"every": 10, "from": 100, "until": 50}, "until 50 is before from 100", ("until",)),
+        ({"every": 100, "until": 50},
+         "until 50 is before from (which defaults to every) 100", ("until",)),
+        ({"every": 10**18}, f"every {10**18}: too large (steps are below 10**18)", ("every",)),
         (
             [1, False],
-            "a step must be a number or a range string like '10-12' or '0-100:10', got a boolean",
+            "a step must be a number, a range string like '10-12' or '0-100:10', or "
+            "{every: N, from: A}, got a boolean",
             (1,),
         ),
         (
             [[1]],
-            "a step must be a number or a range string like '10-12' or '0-100:10', got a list",
+            "a step must be a number, a range string like '10-12' or '0-100:10', or "
+            "{every: N, from: A}, got a list",
             (0,),
         ),
         (
             [2.5],
-            "a step must be a number or a range string like '10-12' or '0-100:10', "
-            "got a number",
+            "a step must be a number, a range string like '10-12' or '0-100:10', or "
+            "{every: N, from: A}, got a number",
             (0,),
         ),
     ],
@@ -184,6 +193,75 @@ def test_stepset_errors(value: object, message: str, path: tuple[str | int, ...]
     assert str(info.value) == message
     assert info.value.path == path
     assert isinstance(info.value, ValueError)
+
+
+# ---------------------------------------------------------------- periodic steps
+
+
+@pytest.mark.parametrize(
+    ("value", "runs", "text", "window"),
+    [
+        ({"every": 100, "from": 100}, ((100, None, 100),), "every 100 from 100",
+         [100, 200, 300]),
+        ({"every": 100}, ((100, None, 100),), "every 100 from 100", [100, 200, 300]),
+        ({"every": 10, "from": 5}, ((5, None, 10),), "every 10 from 5",
+         list(range(5, 301, 10))),
+        ({"every": 1, "from": 0}, ((0, None, 1),), "all", list(range(301))),
+        ({"every": 10, "from": 5, "until": 40}, ((5, 35, 10),), "5-35:10", [5, 15, 25, 35]),
+        ({"every": 10, "from": 5, "until": 5}, ((5, 5, 1),), "5", [5]),
+        ([2, {"every": 100}], ((2, 2, 1), (100, None, 100)), "2,every 100 from 100",
+         [2, 100, 200, 300]),
+        ([100, "100-300:100", {"every": 100}], ((100, None, 100),), "every 100 from 100",
+         [100, 200, 300]),
+        (["0-3", {"every": 1, "from": 4}], ((0, None, 1),), "all", list(range(301))),
+        (["0-2", "5-6", {"every": 1, "from": 7}], ((0, 2, 1), (5, None, 1)),
+         "0-2,every 1 from 5", [0, 1, 2, *range(5, 301)]),
+        ([{"every": 2, "from": 0}, {"every": 4, "from": 2}], ((0, None, 2),),
+         "every 2 from 0", list(range(0, 301, 2))),
+    ],
+)
+def test_periodic_steps(value: object, runs: tuple[object, ...], text: str,
+                        window: list[int]) -> None:
+    steps = StepSet.parse(value)
+    assert steps.runs == runs
+    assert str(steps) == text
+    assert steps.within(0, 300) == window
+    assert StepSet.parse(steps.to_json()) == steps
+    assert steps.first() == window[0]
+    assert steps.next_after(window[0]) == (window[1] if len(window) > 1 else None)
+    if runs[-1][1] is None:  # open-ended: nothing counts or lists the whole set
+        assert not steps.is_bounded and steps.count() is None and steps.last() is None
+        assert steps.run_lengths() is None
+        assert window[-1] + 10**15 * runs[-1][2] in steps
+
+
+def test_periodic_steps_json_and_far_windows() -> None:
+    steps = StepSet.parse({"every": 100, "from": 100})
+    assert steps.to_json() == [{"every": 100, "from": 100}]
+    assert steps.within(10**15, 10**15 + 250) == [10**15, 10**15 + 100, 10**15 + 200]
+    assert steps.next_after(10**15) == 10**15 + 100
+    assert steps.run_end(200) == 200
+    assert steps.every_step_from() is None
+    assert StepSet.parse({"every": 1, "from": 7}).every_step_from() == 7
+    assert StepSet.parse("all").every_step_from() == 0
+    assert StepSet.parse({"every": 1, "from": 7}).run_end(7) is None  # never ends
+    assert StepSet.parse([{"every": 100}]) == StepSet.parse({"every": 100, "from": 100})
+    assert hash(StepSet.parse([{"every": 100}])) == hash(steps)
+
+
+_periodic_items = st.builds(
+    lambda every, start, until: {"every": every, "from": start,
+                                 **({} if until is None else {"until": start + until})},
+    st.integers(1, 12), st.integers(0, 60), st.none() | st.integers(0, 60))
+
+
+def _naive_periodic(items: list[int | str | dict[str, int]], top: int) -> set[int]:
+    members = _naive([item for item in items if not isinstance(item, dict)])
+    for item in items:
+        if isinstance(item, dict):
+            members.update(range(item["from"], min(item.get("until", top), top) + 1,
+                                 item["every"]))
+    return members
 
 
 _items = st.one_of(
@@ -222,6 +300,24 @@ def test_stepset_matches_naive_membership(items: list[int | str]) -> None:
         assert steps.next_after(n) == min((m for m in naive if m > n), default=None)
     assert StepSet.parse(steps.to_json()) == steps
     assert StepSet.parse(str(steps) if naive else []) == steps
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.one_of(_items, _periodic_items), max_size=6))
+def test_periodic_steps_match_naive_membership(items: list[int | str | dict[str, int]]) -> None:
+    steps = StepSet.parse(items)
+    naive = _naive_periodic(items, 400)
+    assert {n for n in range(0, 300) if n in steps} == {n for n in naive if n < 300}
+    assert steps.within(17, 241) == sorted(n for n in naive if 17 <= n <= 241)
+    assert steps.first() == (min(naive) if naive else None)
+    for n in range(0, 200, 7):
+        assert steps.next_after(n) == min((m for m in naive if m > n), default=None)
+    assert StepSet.parse(steps.to_json()) == steps
+    for first in sorted(naive)[:5]:
+        end = steps.run_end(first)
+        if end is not None and end < 300:
+            assert end in naive and end + 1 not in naive
+            assert all(m in naive for m in range(first, end + 1))
 
 
 # ---------------------------------------------------------------- ranks

@@ -60,8 +60,8 @@ INVALID_CASES: dict[str, tuple[tuple[str, ...], list[str]]] = {
     ]),
     # ---- schema: values
     "backend.yaml": ((), [
-        "backend.yaml:3:12: error: backend must be one of torch, mstx, nsight, npu, nsys, "
-        "got 'torh' (did you mean 'torch'?) (at $.defaults.backend)",
+        "backend.yaml:3:12: error: backend must be one of torch, mstx, nsight, memory, npu, nsys, "
+        "torch_memory, got 'torh' (did you mean 'torch'?) (at $.defaults.backend)",
     ]),
     "enabled_type.yaml": ((), [
         "enabled_type.yaml:4:14: error: enabled must be a boolean, got a string 'yes' "
@@ -174,6 +174,15 @@ INVALID_CASES: dict[str, tuple[tuple[str, ...], list[str]]] = {
     "steps_stride.yaml": ((), [
         "steps_stride.yaml:4:12: error: stride must be > 0 in '0-100:0' (at $.roles.actor.steps)",
     ]),
+    "steps_periodic.yaml": ((), [
+        "steps_periodic.yaml:4:23: error: unknown key 'form' (did you mean 'from'?) "
+        "(at $.roles.actor.steps.form)",
+        "steps_periodic.yaml:8:12: error: missing required key 'every' (periodic steps: "
+        "{every: 100, from: 100}) (at $.roles.critic.steps)",
+        "steps_periodic.yaml:4:20: error: every must be >= 1, got 0 (at $.roles.actor.steps.every)",
+        "steps_periodic.yaml:6:47: error: until 100 is before from 200 "
+        "(at $.roles.ref.steps[1].until)",
+    ]),
     # ---- mesh vs world
     "mesh_world.yaml": (("--world", "6"), [
         "mesh_world.yaml:3:7: error: mesh dp=2,tp=2 has 4 ranks but the world has 6 (at $.mesh)",
@@ -220,6 +229,14 @@ INVALID_CASES: dict[str, tuple[tuple[str, ...], list[str]]] = {
         "name_cycles.yaml:3:9: error: the name cannot tell apart the captures one rank makes for "
         "role 'actor': the schedule repeats 3 times within a capture; add <cycle> "
         "(at $.defaults.name)",
+    ]),
+    "name_merged_cycles.yaml": ((), [
+        "name_merged_cycles.yaml:8:11: error: the name cannot tell apart the captures one rank "
+        "makes for role 'trainer': the schedule repeats without end (repeat: 0) within a "
+        "capture; add <cycle> or <step> (at $.roles.trainer.name)",
+        "name_merged_cycles.yaml:13:11: error: the name cannot tell apart the captures one rank "
+        "makes for role 'ref': steps every 100 from 100 are separate captures; add <step> "
+        "(at $.roles.ref.name)",
     ]),
     # ---- backend settings and cross-field rules
     "activities_empty.yaml": ((), [
@@ -275,8 +292,8 @@ INVALID_CASES: dict[str, tuple[tuple[str, ...], list[str]]] = {
         "(an empty list never means all) (at $.roles.critic.torch.activities)",
     ]),
     "several.toml": ((), [
-        "several.toml:6:11: error: backend must be one of torch, mstx, nsight, npu, nsys, "
-        "got 'torh' (did you mean 'torch'?) (at $.defaults.backend)",
+        "several.toml:6:11: error: backend must be one of torch, mstx, nsight, memory, npu, nsys, "
+        "torch_memory, got 'torh' (did you mean 'torch'?) (at $.defaults.backend)",
         "several.toml:11:1: error: unknown key 'rnaks' (did you mean 'ranks'?) "
         "(at $.roles.actor.rnaks)",
         "several.toml:7:12: error: active must be >= 1, got 0 (at $.defaults.schedule.active)",
@@ -285,8 +302,8 @@ INVALID_CASES: dict[str, tuple[tuple[str, ...], list[str]]] = {
         "component (names stay under output_dir) (at $.roles.actor.name)",
     ]),
     "several.json": ((), [
-        "several.json:3:27: error: backend must be one of torch, mstx, nsight, npu, nsys, "
-        "got 'torh' (did you mean 'torch'?) (at $.defaults.backend)",
+        "several.json:3:27: error: backend must be one of torch, mstx, nsight, memory, npu, nsys, "
+        "torch_memory, got 'torh' (did you mean 'torch'?) (at $.defaults.backend)",
         "several.json:7:7: error: unknown key 'rnaks' (did you mean 'ranks'?) "
         "(at $.roles.actor.rnaks)",
         "several.json:3:71: error: active must be >= 1, got 0 (at $.defaults.schedule.active)",
@@ -326,6 +343,7 @@ VALID_CASES: dict[str, list[str]] = {
         "roles 'actor' and 'ref': a long run writes a trace per step; list the steps or give a "
         "range such as '10-12' (at $.defaults.steps)",
     ],
+    "periodic.yaml": [],
     "warn_region_schedule.yaml": [
         "warn_region_schedule.yaml:7:32: warning: region 'update_actor' has its own schedule, "
         "which only applies with discrete: true "
@@ -601,6 +619,54 @@ def test_load_policy_keeps_warnings_and_strict_raises_them(
         load_policy("warn_steps_none.yaml", strict=True)
 
 
+# ---------------------------------------------------------------- periodic steps
+
+TORCHTITAN = {"wait": 96, "warmup": 3, "active": 1, "repeat": 0}
+
+
+def _problems(role: dict[str, Any]) -> list[str]:
+    """Every problem of a policy with one enabled role, as ``severity: message``."""
+    data = {"version": 1, "roles": {"r": {"enabled": True, **role}}}
+    try:
+        policy = load_policy(data)
+    except PolicyError as err:
+        return [f"{p.severity}: {p.message}" for p in err.problems]
+    return [f"warning: {p.message}" for p in policy.warnings]
+
+
+@pytest.mark.parametrize(("role", "expected"), [
+    # torchtitan's shape: one capture; <step> renders each cycle's own step
+    ({"steps": "all", "merge_steps": True, "schedule": TORCHTITAN}, []),
+    ({"steps": "all", "merge_steps": True, "schedule": TORCHTITAN,
+      "name": "iteration_<step>/rank<rank>_trace"}, []),
+    ({"steps": "all", "merge_steps": True, "schedule": TORCHTITAN,
+      "name": "<role>_c<cycle>_rank<rank>"}, []),  # one capture: <step> not needed
+    ({"steps": {"every": 1, "from": 10}, "merge_steps": True, "schedule": TORCHTITAN,
+      "name": "<role>_c<cycle>_rank<rank>"}, []),
+    ({"steps": "all", "merge_steps": True, "schedule": TORCHTITAN, "name": "<role>_rank<rank>"},
+     ["error: the name cannot tell apart the captures one rank makes for role 'r': the "
+      "schedule repeats without end (repeat: 0) within a capture; add <cycle> or <step>"]),
+    # separate captures need <step> (the cycle alone repeats in each)
+    ({"steps": ["0-3", {"every": 1, "from": 10}], "merge_steps": True, "schedule": TORCHTITAN,
+      "name": "<role>_c<cycle>_rank<rank>"},
+     ["error: the name cannot tell apart the captures one rank makes for role 'r': steps "
+      "0-3,every 1 from 10 are separate captures; add <step>"]),
+    # periodic steps are not every step: no warning
+    ({"steps": {"every": 100}}, []),
+    ({"steps": {"every": 2, "from": 1}, "schedule": {"active": 1, "repeat": 1}}, []),
+    ({"steps": {"every": 1, "from": 5}},
+     ["warning: steps: every 1 from 5 profiles every training step for role 'r': a long run "
+      "writes a trace per step; list the steps or give a range such as '10-12'"]),
+    # a merged capture that records every inner step, forever, is still warned about
+    ({"steps": "all", "merge_steps": True, "schedule": {"active": 1}},
+     ["warning: steps: all profiles every training step for role 'r': a long run writes a "
+      "trace per step; list the steps or give a range such as '10-12'"]),
+    ({"steps": "all", "merge_steps": True, "schedule": {"active": 2, "repeat": 3}}, []),
+])
+def test_periodic_steps_and_merged_cycles(role: dict[str, Any], expected: list[str]) -> None:
+    assert _problems(role) == expected
+
+
 # ---------------------------------------------------------------- any input
 
 
@@ -608,7 +674,8 @@ _scalars = st.none() | st.booleans() | st.integers(-3, 9) | st.sampled_from(
     ["", "all", "0-3", "3-1", "-1", "x", "torch", "mstx", "nsys", "text", "level0",
      "<role>_<rank>", "<role>", "a/../b", "<step>_<region>_<rank>", "1-100:0", "1,,2", "5-9:2"])
 _keys = st.sampled_from(["active", "wait", "repeat", "tp", "dp", "pp", "local_rank", "enabled",
-                         "schedule", "activities", "export_type", "level", "update_actor"])
+                         "schedule", "activities", "export_type", "level", "update_actor",
+                         "every", "from", "until"])
 _values = st.recursive(_scalars, lambda inner: st.lists(inner, max_size=3)
                        | st.dictionaries(_keys, inner, max_size=3), max_leaves=8)
 _role = st.dictionaries(st.sampled_from(

@@ -55,6 +55,23 @@ def _schedule() -> dict[str, Any]:
     }
 
 
+def _periodic() -> dict[str, Any]:
+    """The keys of periodic steps, ``{every: 100, from: 100, until: 1000}``."""
+    return {
+        "properties": {
+            "every": {"type": "integer", "minimum": 1,
+                      "description": "Profile every N-th outer step."},
+            "from": {"type": "integer", "minimum": 0,
+                     "description": "The first profiled step; defaults to every (N, 2N, ...)."},
+            "until": {"type": "integer", "minimum": 0,
+                      "description": "The last step that may be profiled (inclusive); "
+                                     "none: the steps never end."},
+        },
+        "required": ["every"],
+        "additionalProperties": False,
+    }
+
+
 def _axes() -> dict[str, Any]:
     return {
         dim: {
@@ -141,11 +158,13 @@ def base_schema() -> dict[str, Any]:
             "schedule_or_none": {"oneOf": [{"$ref": "#/$defs/schedule"}, {"type": "null"}]},
             "steps": {
                 "description": (
-                    "Outer training steps: 'all', an int, or a list of ints and "
-                    "ranges like '10-12' or '100-2100:1000'."
+                    "Outer training steps: 'all', an int, periodic steps {every: 100, "
+                    "from: 100} (optional until), or a list of ints, ranges like '10-12' "
+                    "or '100-2100:1000' and periodic steps."
                 ),
-                "type": ["integer", "string", "array"],
-                "items": {"type": ["integer", "string"]},
+                "type": ["integer", "string", "array", "object"],
+                **_periodic(),
+                "items": {"type": ["integer", "string", "object"], **_periodic()},
             },
             "rank_item": {
                 "type": ["integer", "string", "object"],
@@ -193,9 +212,19 @@ def base_schema() -> dict[str, Any]:
                         "description": "Whether the role profiles at all.",
                     },
                     "backend": {
-                        "enum": [],
-                        "default": "torch",  # the registry fills the enum
-                        "description": "The profiling tool.",
+                        # the registry fills both enums
+                        "oneOf": [
+                            {"enum": []},
+                            {"type": "array", "minItems": 1, "uniqueItems": True,
+                             "items": {"enum": []}},
+                        ],
+                        "default": "torch",
+                        "description": (
+                            "The profiling tool, or a list of tools that record the same "
+                            "captures: one of torch, mstx, nsight, with memory (CUDA or NPU "
+                            "allocator history) beside it, e.g. [torch, memory]."
+                        ),
+                        "examples": ["torch", ["torch", "memory"], "nsight"],
                     },
                     "ranks": {
                         "$ref": "#/$defs/ranks",

@@ -23,7 +23,7 @@ from policy_engine.language.document import Document
 from policy_engine.language.mesh import DIMS, format_mesh, mesh_size
 from policy_engine.language.model import Built, RoleSpec
 from policy_engine.language.ranks import Box, RankSelector, intersect
-from policy_engine.language.steps import StepSet
+from policy_engine.language.steps import StepSet, step_per_cycle
 
 Path = tuple[str | int, ...]
 #: The role name that stands for roles the policy does not name (they get ``defaults``).
@@ -89,26 +89,33 @@ def origin(data: Mapping[str, Any], role: str, field: str) -> Path:
 def _one_run(steps: StepSet) -> bool:
     """Whether merge_steps turns ``steps`` into a single capture (one consecutive run)."""
     first, last = steps.first(), steps.last()
+    if first is not None and not steps.is_bounded:  # one endless run: every step from first
+        return steps.every_step_from() == first
     return first is not None and last is not None and steps.run_end(first) == last
 
 
-def _captures_per_rank(spec: RoleSpec) -> list[tuple[str, str]]:
-    """(field, why) pairs: what a name needs to tell one rank's captures apart."""
-    needs: list[tuple[str, str]] = []
+def _captures_per_rank(spec: RoleSpec) -> list[tuple[tuple[str, ...], str]]:
+    """(fields, why) pairs: what a name needs to tell one rank's captures apart (any one
+    of ``fields``)."""
+    needs: list[tuple[tuple[str, ...], str]] = []
     count = spec.steps.count()  # None: unbounded or too intricate to count; many either way
     if (count is None or count > 1) and (spec.discrete or not (
             spec.merge_steps and _one_run(spec.steps))):
-        needs.append(("step", f"steps {spec.steps} are separate captures"))
+        needs.append((("step",), f"steps {spec.steps} are separate captures"))
     schedules = [spec.schedule]
     if spec.discrete:
         enabled = [r for r in spec.regions if r.enabled]
         if len(enabled) > 1:
-            needs.append(("region", "each region call is its own capture (discrete: true)"))
+            needs.append((("region",), "each region call is its own capture (discrete: true)"))
         schedules += [r.schedule for r in enabled if r.own_schedule]
     for sched in schedules:
         if sched is not None and sched.cycles != 1:
             times = "without end (repeat: 0)" if sched.cycles is None else f"{sched.cycles} times"
-            needs.append(("cycle", f"the schedule repeats {times} within a capture"))
+            # In a merged capture <step> renders each cycle's own outer step.
+            merged = step_per_cycle(spec.steps, merge_steps=spec.merge_steps,
+                                    schedule=spec.schedule, discrete=spec.discrete)
+            needs.append((("cycle", "step") if merged else ("cycle",),
+                          f"the schedule repeats {times} within a capture"))
             break
     return needs
 
@@ -124,11 +131,13 @@ def _check_names(sink: _Sink, data: Mapping[str, Any], spec: RoleSpec, role: str
     fields = spec.template.fields()
     # nsys numbers the reports of one process itself (X.1.nsys-rep, X.2...), so for nsight
     # only the ranks need telling apart.
-    per_rank = [] if spec.backend == "nsight" else _captures_per_rank(spec)
-    for field, why in per_rank:
-        if field not in fields:
+    # for nsight only the ranks need telling apart (memory snapshots beside it do not)
+    per_rank = [] if spec.backends == ("nsight",) else _captures_per_rank(spec)
+    for needed, why in per_rank:
+        if not fields.intersection(needed):
+            add = " or ".join(f"<{field}>" for field in needed)
             sink.add(f"the name cannot tell apart the captures one rank makes for {{who}}: "
-                     f"{why}; add <{field}>", where, role=role)
+                     f"{why}; add {add}", where, role=role)
     if "rank" in fields or {"node", "local_rank"} <= fields:
         return
     if world is None:
@@ -288,8 +297,11 @@ def _check_role(sink: _Sink, data: Mapping[str, Any], role: str, spec: RoleSpec,
     if spec.steps.is_empty:
         sink.add("steps: [] selects no step: nothing is profiled for {who}", steps_at,
                  "warning", role=role)
-    elif not spec.steps.is_bounded and not (
-            spec.merge_steps and spec.schedule is not None and spec.schedule.cycles):
+    elif spec.steps.every_step_from() is not None and not (
+            # one capture whose schedule records a bounded number of cycles, or cycles
+            # spaced by wait/warm-up (torchtitan's profile_freq): not every step
+            spec.merge_steps and spec.schedule is not None
+            and (spec.schedule.cycles or spec.schedule.wait + spec.schedule.warmup)):
         sink.add(f"steps: {spec.steps} profiles every training step for {{who}}: a long run "
                  "writes a trace per step; list the steps or give a range such as '10-12'",
                  steps_at, "warning", role=role)

@@ -13,7 +13,9 @@ import bisect
 import math
 from collections.abc import Iterator, Sequence
 
-__all__ = ["ALL", "Lengths", "Run", "count", "normalize", "run_end", "run_lengths", "run_text"]
+__all__ = [
+    "ALL", "Lengths", "Run", "count", "normalize", "order", "run_end", "run_lengths", "run_text",
+]
 
 Run = tuple[int, int | None, int]  # (start, last member or None = unbounded, stride)
 #: Every step.
@@ -28,8 +30,15 @@ _MAX_INTERSECTIONS = 100_000
 _CELLS = 1 << 24
 
 
+def order(run: Run) -> tuple[int, float, int]:
+    """The sort key of runs: by start, an endless run after the bounded ones it starts with."""
+    start, stop, stride = run
+    return (start, math.inf if stop is None else stop, stride)
+
+
 def normalize(runs: Sequence[Run]) -> tuple[Run, ...]:
-    """Canonical form: intervals merged, redundant runs dropped, sorted.
+    """Canonical form of bounded runs (or ``ALL``): intervals merged, redundant runs
+    dropped, sorted.
 
     Two sets written differently usually compare equal after this (not always: unions
     of strides can coincide in ways not worth detecting).
@@ -173,7 +182,7 @@ class _Cells:
 def _segments(runs: Sequence[Run]) -> Iterator[tuple[int, int | None, tuple[Run, ...]]]:
     """``(first, last, active)`` for each stretch between run boundaries, in order, gaps
     included; ``last`` is None for the endless stretch of unbounded runs."""
-    by_start = sorted(runs)
+    by_start = sorted(runs, key=order)
     by_end = sorted((stop + 1, run) for run in runs if (stop := run[1]) is not None)
     cuts = sorted({run[0] for run in runs} | {end for end, _ in by_end})
     active: set[Run] = set()
@@ -301,10 +310,11 @@ def _lengths(runs: Sequence[Run], cells: _Cells) -> Lengths | None:
 
 
 def run_text(run: Run) -> str:
-    """A run as a policy writes it: ``all``, ``7``, ``10-12``, ``100-2100:1000``."""
+    """A run as a policy writes it: ``all``, ``7``, ``10-12``, ``100-2100:1000``; an
+    endless strided run as ``every 100 from 100``."""
     start, stop, stride = run
     if stop is None:
-        return "all"
+        return "all" if run == ALL else f"every {stride} from {start}"
     if start == stop:
         return str(start)
     return f"{start}-{stop}" if stride == 1 else f"{start}-{stop}:{stride}"

@@ -178,6 +178,13 @@ class Schedule:
         phase = shifted % self._period
         return nxt if phase >= self.wait else nxt + self.wait - phase
 
+    def record_start(self, cycle: int) -> int:
+        """The inner step at which cycle ``cycle`` (0-based) starts recording: its first
+        active step. Constant time."""
+        if cycle < 0:
+            raise ValueError(f"cycle must be non-negative, got {cycle}")
+        return cycle * self._period + self._record_from - self._shift
+
     def recorded_cycles(self, steps: int) -> int:
         """How many cycles record at least one of the inner steps ``0 .. steps - 1``.
 

@@ -38,6 +38,7 @@ _PATTERNS = {
 _REQUIRED_HINTS = {
     "version": "add version: 1",
     "active": "the steps recorded in each cycle, >= 1",
+    "every": "periodic steps: {every: 100, from: 100}",
 }
 _MAX_LISTED = 8  # list the known keys after "unknown key" when there are this few
 _LEAST = {"minItems": "items", "minProperties": "keys", "minLength": "characters"}
@@ -53,7 +54,9 @@ def schema() -> dict[str, Any]:
     assembled = base_schema()
     defs = assembled["$defs"]
     role = defs.pop("role")  # kept last, after the blocks it refers to
-    role["properties"]["backend"]["enum"] = [*backends.BACKENDS, *backends.ALIASES]
+    names = [*backends.BACKENDS, *backends.ALIASES]
+    one, several = role["properties"]["backend"]["oneOf"]
+    one["enum"] = several["items"]["enum"] = names
     for name in backends.BACKENDS:
         defs[name] = backends.settings_schema(name)
         role["properties"][name] = {"$ref": f"#/$defs/{name}"}

@@ -1,5 +1,8 @@
 """The policy's ``steps`` value: a set of outer training steps, kept as arithmetic runs.
 
+Periodic steps (``{every: 100, from: 100}``, optional ``until``) are one run whose last
+member is None when it has no ``until``: an open-ended set that nothing here expands.
+
 :meth:`StepSet.parse` raises :class:`SelectorError` with a sub-path inside the value;
 callers prepend the value's own JSON path and file position. The arithmetic on the runs
 (:mod:`policy_engine.language.runs`) never expands the set: an answer past a fixed
@@ -10,10 +13,11 @@ from __future__ import annotations
 
 import re
 from collections import Counter
+from typing import TYPE_CHECKING
 
 import attrs
 
-from policy_engine.errors import describe
+from policy_engine.errors import describe, did_you_mean
 from policy_engine.language import runs as arithmetic
 from policy_engine.language.runs import ALL, Run
 from policy_engine.language.selector import (
@@ -24,7 +28,10 @@ from policy_engine.language.selector import (
     _number,
 )
 
-__all__ = ["StepSet"]
+if TYPE_CHECKING:
+    from policy_engine.language.schedule import Schedule
+
+__all__ = ["StepSet", "step_per_cycle"]
 
 _STEP_TOKEN = re.compile(r"([0-9]+)(?:\s*-\s*([0-9]+)(?:\s*:\s*([0-9]+))?)?")
 _NEGATIVE = re.compile(r"-\s*[0-9]+")
@@ -47,8 +54,45 @@ def _step_run(token: str, path: Path) -> Run:
     return (start, stop, stride)
 
 
+#: The keys of the periodic form, in the order messages list them.
+PERIODIC_KEYS = ("every", "from", "until")
+
+
+def _periodic_field(body: dict[object, object], key: str, minimum: int, path: Path) -> int:
+    value = body[key]
+    if not _is_int(value):
+        raise SelectorError(f"{key} must be an integer, got {describe(value)}", (*path, key))
+    _bounded_int(value, key, "steps", (*path, key))
+    if value < minimum:
+        raise SelectorError(f"{key} must be >= {minimum}, got {value}", (*path, key))
+    return value
+
+
+def _periodic(body: dict[object, object], path: Path) -> Run:
+    """``{every: N, from: A, until: B}``: A, A + N, A + 2N, ... up to B (inclusive) when
+    given. ``from`` defaults to ``every`` (N, 2N, ...: torchtitan's profile_freq)."""
+    for key in body:
+        if key not in PERIODIC_KEYS:
+            hint = did_you_mean(str(key), PERIODIC_KEYS) or " (keys: every, from, until)"
+            raise SelectorError(f"unknown key {str(key)!r}{hint}", (*path, str(key)))
+    if "every" not in body:
+        raise SelectorError("periodic steps need 'every' (as in {every: 100, from: 100})",
+                            path)
+    every = _periodic_field(body, "every", 1, path)
+    start = _periodic_field(body, "from", 0, path) if "from" in body else every
+    if "until" not in body:
+        return (start, None, every)
+    until = _periodic_field(body, "until", 0, path)
+    if until < start:
+        shown = "from" if "from" in body else "from (which defaults to every)"
+        raise SelectorError(f"until {until} is before {shown} {start}", (*path, "until"))
+    return (start, until, every)
+
+
 def _step_item(value: object, path: Path, runs: list[Run]) -> None:
-    if _is_int(value):
+    if isinstance(value, dict):
+        runs.append(_periodic(value, path))
+    elif _is_int(value):
         _bounded_int(value, "step", "steps", path)
         if value < 0:
             raise SelectorError(f"step {value} is negative", path)
@@ -60,10 +104,43 @@ def _step_item(value: object, path: Path, runs: list[Run]) -> None:
             runs.extend(_step_run(token, path) for token in value.split(","))
     else:
         raise SelectorError(
-            f"a step must be a number or a range string like '10-12' or '0-100:10', "
-            f"got {describe(value)}",
+            f"a step must be a number, a range string like '10-12' or '0-100:10', or "
+            f"{{every: N, from: A}}, got {describe(value)}",
             path,
         )
+
+
+def _covered(run: Run, endless: list[Run]) -> bool:
+    """Whether every member of the bounded ``run`` is a member of an ``endless`` run."""
+    start, stop, stride = run
+    return any(start >= a and (start - a) % s == 0 and (start == stop or stride % s == 0)
+               for a, _, s in endless)
+
+
+def _normalize(runs: tuple[Run, ...] | list[Run]) -> tuple[Run, ...]:
+    """:func:`arithmetic.normalize`, with endless runs (periodic steps): a stride-1 one
+    (every step from ``tail`` on) absorbs the runs it covers and the intervals that reach
+    it; strided ones drop the runs they cover. Sorted by start."""
+    if arithmetic.ALL in runs:
+        return (ALL,)
+    bounded = arithmetic.normalize([run for run in runs if run[1] is not None])
+    found = sorted({run for run in runs if run[1] is None}, key=arithmetic.order)
+    if not found:
+        return bounded
+    tail = min((start for start, _, stride in found if stride == 1), default=None)
+    if tail is not None:  # intervals (disjoint after normalize) that reach the tail join it
+        for start, stop, stride in sorted(bounded, reverse=True):
+            if stride == 1 and stop is not None and start < tail <= stop + 1:
+                tail = start
+        if tail == 0:
+            return (ALL,)
+    endless: list[Run] = [] if tail is None else [(tail, None, 1)]
+    for run in found:  # by start: a run that covers another comes first
+        if run[2] != 1 and (tail is None or run[0] < tail) and not _covered(run, endless):
+            endless.append(run)
+    kept = [run for run in bounded
+            if (tail is None or run[0] < tail) and not _covered(run, endless)]
+    return tuple(sorted(kept + endless, key=arithmetic.order))
 
 
 @attrs.frozen
@@ -71,24 +148,26 @@ class StepSet:
     """A set of outer training steps (ints >= 0), kept as arithmetic runs, never expanded.
 
     Build it with :meth:`parse`. ``runs`` is the canonical tuple of
-    ``(start, last, stride)``; ``last`` is None only for ``all``.
+    ``(start, last, stride)``; ``last`` is None for an endless run: ``all`` is
+    ``(0, None, 1)``, ``{every: 100, from: 100}`` is ``(100, None, 100)``.
     """
 
-    runs: tuple[Run, ...] = attrs.field(converter=arithmetic.normalize)
+    runs: tuple[Run, ...] = attrs.field(converter=_normalize)
 
     @classmethod
     def parse(cls, value: object) -> StepSet:
-        """Parse ``all``, an int, ``"10-12"``, ``"100-2100:1000"``, ``"1,3,5-7"`` or a list."""
+        """Parse ``all``, an int, ``"10-12"``, ``"100-2100:1000"``, ``"1,3,5-7"``,
+        ``{every: 100, from: 100, until: 1000}`` or a list of these."""
         runs: list[Run] = []
         if isinstance(value, (list, tuple)):
             for index, item in enumerate(value):
                 _step_item(item, (index,), runs)
-        elif _is_int(value) or isinstance(value, str):
+        elif _is_int(value) or isinstance(value, (str, dict)):
             _step_item(value, (), runs)
         else:
             raise SelectorError(
-                f"steps must be 'all', a step number, a range string or a list of them, "
-                f"got {describe(value)}"
+                f"steps must be 'all', a step number, a range string, {{every: N, from: A}} "
+                f"or a list of them, got {describe(value)}"
             )
         return cls(runs)
 
@@ -106,6 +185,12 @@ class StepSet:
     def is_bounded(self) -> bool:
         """Finitely many steps."""
         return all(stop is not None for _, stop, _ in self.runs)
+
+    def every_step_from(self) -> int | None:
+        """The step from which every later step is a member (``all``: 0, ``{every: 1,
+        from: 5}``: 5); None when the set has no such endless run."""
+        return min((start for start, stop, stride in self.runs
+                    if stop is None and stride == 1), default=None)
 
     def __contains__(self, step: object) -> bool:
         if not _is_int(step):
@@ -191,9 +276,25 @@ class StepSet:
             found.update(range(first, last + 1, stride))
         return sorted(found)
 
-    def to_json(self) -> list[int | str]:
-        """A compact list that :meth:`parse` reads back: ``["all"]``, ``[2, 3, "10-20:5"]``."""
-        return [run[0] if run[0] == run[1] else arithmetic.run_text(run) for run in self.runs]
+    def to_json(self) -> list[int | str | dict[str, int]]:
+        """A compact list that :meth:`parse` reads back: ``["all"]``, ``[2, 3, "10-20:5"]``,
+        ``[{"every": 100, "from": 100}]``."""
+        return [run[0] if run[0] == run[1]
+                else {"every": run[2], "from": run[0]} if run[1] is None and run != ALL
+                else arithmetic.run_text(run) for run in self.runs]
 
     def __str__(self) -> str:
         return ",".join(arithmetic.run_text(run) for run in self.runs) if self.runs else "none"
+
+
+def step_per_cycle(steps: StepSet, *, merge_steps: bool, schedule: Schedule | None,
+                   discrete: bool) -> bool:
+    """Whether ``<step>`` names each schedule cycle of a capture by its own outer step.
+
+    True for merged captures (``merge_steps: true``) with a schedule that repeats, or
+    whose steps never end: one capture then makes a trace per cycle, and each trace's
+    ``<step>`` is the outer step in which its cycle started recording (torchtitan's
+    ``iteration_<n>``), not the capture's span (``10-12``) or an open end (``1+``).
+    """
+    return merge_steps and not discrete and schedule is not None and (
+        schedule.repeat != 1 or not steps.is_bounded)

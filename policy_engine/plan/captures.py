@@ -24,8 +24,9 @@ from policy_engine.plan.plan import Plan
 @attrs.frozen
 class Trace:
     """One trace file a rank writes: its name without the backend's extension, the outer
-    steps its capture covers, its schedule cycle (None: no schedule), its region
-    (discrete mode)."""
+    steps its capture covers (under ``Plan.step_per_cycle``, its cycle's own: from its
+    ``<step>`` to its save, as the manifest lists them), its schedule cycle (None: no
+    schedule), its region (discrete mode)."""
 
     name: str
     steps: tuple[int, ...]
@@ -61,17 +62,47 @@ def cycles(schedule: Schedule | None, positions: int) -> Sequence[int | None]:
     return range(schedule.recorded_cycles(positions))
 
 
+def _ended_in(position: int, steps: Sequence[int], inner: int) -> int:
+    """The index in ``steps`` of the step in which inner step ``position`` of a capture
+    ends: at the ``(position + 1)``-th ``prof.step()``, made in step ``position // inner``,
+    or at the capture's end when no call ends it."""
+    return len(steps) - 1 if inner == 0 else min(position // inner, len(steps) - 1)
+
+
+def cycle_step(schedule: Schedule, cycle: int, steps: Sequence[int], inner: int) -> int:
+    """The outer step in which ``cycle`` of a capture over ``steps`` starts recording,
+    when each step makes ``inner`` ``prof.step()`` calls: the step in which its first
+    recorded inner step ends (the runtime's ``<step>`` under ``Plan.step_per_cycle``)."""
+    return steps[_ended_in(schedule.record_start(cycle), steps, inner)]
+
+
+def cycle_steps(schedule: Schedule, cycle: int, steps: Sequence[int],
+                inner: int) -> tuple[int, ...]:
+    """The outer steps a trace line of ``cycle`` lists under ``Plan.step_per_cycle``:
+    from its ``<step>`` to the step in which it is saved (its last recorded inner step
+    ends, or the capture does)."""
+    start = schedule.record_start(cycle)
+    first = _ended_in(start, steps, inner)
+    last = _ended_in(start + schedule.active - 1, steps, inner)
+    return tuple(steps[first:last + 1])
+
+
 def traces(plan: Plan, lo: int, hi: int, *, inner: int, region_calls: int = 1) -> list[Trace]:
     """Every trace file a loop over outer steps ``lo..hi`` writes on ``plan``'s rank, when
     each step (each region call, in discrete mode) makes ``inner`` ``prof.step()`` calls
     and each enabled region is called ``region_calls`` times a step (discrete)."""
     out: list[Trace] = []
+    per_cycle = plan.step_per_cycle
     for first, steps in opened(plan, lo, hi):
         if not plan.discrete:
             # The capture visits inner step 0 when it opens, then one per prof.step().
             for cycle in cycles(plan.schedule, inner * len(steps) + 1):
-                name = plan.capture_name(first=first, region=None, cycle=cycle)
-                out.append(Trace(name, steps, cycle, None))
+                at, covered = None, steps
+                if per_cycle and plan.schedule is not None and cycle is not None:
+                    at = cycle_step(plan.schedule, cycle, steps, inner)
+                    covered = cycle_steps(plan.schedule, cycle, steps, inner)
+                name = plan.capture_name(first=first, region=None, cycle=cycle, at=at)
+                out.append(Trace(name, covered, cycle, None))
             continue
         for region in plan.regions:
             if not region.enabled:

@@ -19,7 +19,7 @@ import attrs
 from policy_engine.language.frozen import FrozenDict, thaw
 from policy_engine.language.naming import LATE_FIELDS, NameTemplate
 from policy_engine.language.schedule import Schedule
-from policy_engine.language.steps import StepSet
+from policy_engine.language.steps import StepSet, step_per_cycle
 
 if TYPE_CHECKING:  # a type only: a plan never builds a spec
     from policy_engine.language.model import RoleSpec
@@ -77,6 +77,10 @@ class Plan:
         return self.spec.backend
 
     @property
+    def backends(self) -> tuple[str, ...]:
+        return self.spec.backends or (self.spec.backend,)
+
+    @property
     def steps(self) -> StepSet:
         return self.spec.steps
 
@@ -107,10 +111,12 @@ class Plan:
             "world": self.world,
             "enabled": self.enabled,
             "backend": self.backend,
+            "backends": list(self.backends),
             "local_rank": self.local_rank,
             "node": self.node,
             "coords": thaw(self.coords),
             "settings": thaw(self.settings),
+            "blocks": thaw(self.spec.blocks),
             "steps": self.steps.to_json(),
             "merge_steps": self.merge_steps,
             "schedule": self.schedule.to_json() if self.schedule else None,
@@ -140,6 +146,14 @@ class Plan:
         # StepSet.run_end can find with its allowance of work (see there).
         return self.steps.run_end(first + 1)
 
+    @property
+    def step_per_cycle(self) -> bool:
+        """Whether ``<step>`` renders, for each trace of a capture, the outer step its
+        schedule cycle started recording in (merged captures with a repeating schedule or
+        endless steps: :func:`~policy_engine.language.steps.step_per_cycle`)."""
+        return step_per_cycle(self.steps, merge_steps=self.merge_steps,
+                              schedule=self.schedule, discrete=self.discrete)
+
     def capture_label(self, first: int) -> str:
         """How ``<step>`` renders for the capture opening at ``first``: ``2``, ``2-4``, ``2+``."""
         last = self.capture_last(first)
@@ -162,9 +176,13 @@ class Plan:
         return tuple(role for role, steps in self.colocated if first is None or first in steps)
 
     def capture_name(self, *, first: int | None, region: str | None, cycle: int | None,
-                     late: Mapping[str, object] | None = None) -> str:
+                     late: Mapping[str, object] | None = None, at: int | None = None) -> str:
         """The name (without the backend's extension) of the cycle ``cycle`` of the capture
         that opens at outer step ``first`` (None: whole session) for ``region`` (discrete).
+
+        ``at``: the outer step the cycle started recording in, which ``<step>`` renders
+        instead of the capture's span when :attr:`step_per_cycle` (the runtime knows it
+        when that cycle's first recorded inner step ends; explain computes it).
 
         ``late`` holds what only the running process knows (``pid``, ``timestamp``,
         ``host``, ``env:NAME``); without it those render as placeholders (explain). The
@@ -172,7 +190,8 @@ class Plan:
         """
         values: dict[str, object] = {
             "role": "+".join(self.roles_for(first)),
-            "step": None if first is None else self.capture_label(first),
+            "step": None if first is None else self.capture_label(first) if at is None
+            else at,
             "region": region, "cycle": cycle,
         }
         template = self.template

@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from types import MappingProxyType
 from typing import Any
 
 from policy_engine.language.mesh import DIMS
 from policy_engine.language.model import Policy
 from policy_engine.language.schedule import Action, Schedule
-from policy_engine.plan.captures import opened, traces
+from policy_engine.plan.captures import cycle_step, opened, traces
 from policy_engine.plan.compile import compile_plan, selects
 from policy_engine.plan.plan import Plan
 from policy_engine.plan.topology import Topology
@@ -28,6 +28,14 @@ def default_inner_steps(plan: Plan) -> int:
     needed.append(plan.schedule.steps_needed if plan.schedule else None)
     known = [n for n in needed if n is not None]
     return min(max([10, *known]), 200)
+
+
+def _first_cycle_step(plan: Plan, steps: Sequence[int], inner: int) -> int | None:
+    """``<step>`` of the first cycle of a merged capture over ``steps`` that names each
+    cycle by its own step (None otherwise: the capture's span)."""
+    if not plan.step_per_cycle or plan.schedule is None:
+        return None
+    return cycle_step(plan.schedule, 0, steps, inner)
 
 
 def rank_entry(plan: Plan, lo: int, hi: int, inner: int,
@@ -49,11 +57,13 @@ def rank_entry(plan: Plan, lo: int, hi: int, inner: int,
         {"steps": list(steps), "region": region.name if region else None,
          "name": plan.capture_name(
              first=first, region=region.name if region else None,
-             cycle=None if (region.schedule if region else plan.schedule) is None else 0)}
+             cycle=None if (region.schedule if region else plan.schedule) is None else 0,
+             at=_first_cycle_step(plan, steps, inner))}
         for first, steps in opened(plan, lo, hi) for region in regions
     ]
     entry.update({
         "backend": plan.backend,
+        "backends": list(plan.backends),
         "steps": plan.steps.within(lo, hi),
         "actions": actions(plan.schedule, inner),
         "name": captures[0]["name"] if captures else plan.capture_name(

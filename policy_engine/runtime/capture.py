@@ -21,10 +21,10 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from policy_engine.backends.base import Artifact, Session
+from policy_engine.backends.base import Session
 from policy_engine.language.schedule import Action, Schedule
-from policy_engine.runtime import manifest
 from policy_engine.runtime.ranges import Region, RegionRanges
+from policy_engine.runtime.records import CaptureRecords, Recorded, timestamp
 from policy_engine.runtime.state import STATE, Slot, warn_once
 
 log = logging.getLogger("policy_engine")
@@ -51,18 +51,14 @@ TABLE: dict[tuple[Action | None, Action], tuple[str, ...]] = {
 }
 
 
-def _timestamp() -> str:
-    now = time.time()
-    return time.strftime("%Y%m%d%H%M%S", time.localtime(now)) + f"{int(now * 1000) % 1000:03d}"
-
-
-class Capture(RegionRanges):
+class Capture(RegionRanges, CaptureRecords):
     """A capture in progress. Opened and ended by its owner role, advanced by any step()."""
 
     def __init__(self, *, slot: Slot, session: Session, schedule: Schedule | None,
                  owner: str, capture_id: str, record: dict[str, Any],
                  name: Callable[..., str], output_dir: str, last_step: int | None,
-                 on_failure: Callable[[BaseException, str], None]) -> None:
+                 on_failure: Callable[[BaseException, str], None],
+                 step_per_cycle: bool = False) -> None:
         self.slot = slot
         self.session = session
         self.schedule = schedule
@@ -72,6 +68,10 @@ class Capture(RegionRanges):
         self.steps: list[int] = list(record["steps"])
         self.last_step = last_step  # the last outer step this capture may cover (merged)
         self.name = name
+        # Plan.step_per_cycle: <step> is the outer step in which a cycle's first recorded
+        # inner step ends (_name_cycle), and trace lines list steps[cycle_from:].
+        self.step_per_cycle, self.step_unknown = step_per_cycle, False
+        self.cycle_from, self.cycle_timestamp = 0, ""
         self.output_dir = output_dir
         self.on_failure = on_failure
         self.pid = os.getpid()  # a forked child never drives its parent's capture
@@ -104,6 +104,9 @@ class Capture(RegionRanges):
         self.end_requested: str | None = None
         self._wanted_lock = threading.Lock()
         self.failure: tuple[BaseException, str] | None = None
+        reporter = getattr(session, "set_reporter", None)
+        if reporter is not None:  # backends that write outside transitions (OOM dumps)
+            reporter(self._report, self._current_name)
 
     # -- the schedule -------------------------------------------------------------
     def _action_at(self, step: int) -> Action:
@@ -171,6 +174,8 @@ class Capture(RegionRanges):
         old = self.action
         self.busy = _get_ident()
         try:
+            if self.step_unknown:
+                self._name_cycle()
             if old in (WARMUP, RECORD, SAVE) and self.schedule is not None and \
                     self.schedule.cycle(n) != self.cycle:
                 self._run(old, NONE)  # the cycle ended between two calls
@@ -203,6 +208,7 @@ class Capture(RegionRanges):
         if not self.warming:
             self._begin_cycle()
         self.session.start()
+        self.step_unknown = self.step_per_cycle
         self.warming = False
         self.recording = True
         self.cycle_steps = []
@@ -228,12 +234,28 @@ class Capture(RegionRanges):
         """A cycle starts (warm-up or recording): fix its schedule cycle, time and name."""
         self.cycle = self.schedule.cycle(self.inner) if self.schedule is not None else None
         self.cycle_started = time.time()
-        self.stem = self.name(cycle=self.cycle, timestamp=_timestamp())
+        self.cycle_timestamp = timestamp()
+        per_cycle = self.step_per_cycle  # then a provisional name until _name_cycle()
+        self.stem = self.name(cycle=self.cycle, timestamp=self.cycle_timestamp,
+                              at=self.steps[-1] if per_cycle else None)
         set_stem = getattr(self.session, "set_stem", None)
-        if set_stem is not None:  # backends that name outputs at start (torch_npu)
+        if set_stem is not None and not per_cycle:  # backends naming outputs at start
+            set_stem(self.stem)
+
+    def _name_cycle(self) -> None:
+        """The cycle's first recorded inner step ended (a step() or the end of the capture)
+        in the current outer step: that step is the cycle's ``<step>``."""
+        self.step_unknown = False
+        self.cycle_from = len(self.steps) - 1
+        self.stem = self.name(cycle=self.cycle, timestamp=self.cycle_timestamp,
+                              at=self.steps[-1])
+        set_stem = getattr(self.session, "set_stem", None)
+        if set_stem is not None:  # torch_npu renames its folder at save when it differs
             set_stem(self.stem)
 
     def _save(self, status: str) -> None:
+        if self.step_unknown:
+            self._name_cycle()
         self.phase = "save"
         self._close_ranges()
         self.recording = False
@@ -245,38 +267,15 @@ class Capture(RegionRanges):
         artifacts = self.session.save(self.stem, cycle)
         if not artifacts:
             self._trace(None, "failed", error="the backend wrote no output for this cycle")
+        failed = None
         for artifact in artifacts:
-            self._trace(artifact, status)
-
-    # -- the manifest -------------------------------------------------------------
-    def _trace(self, artifact: Artifact | None, status: str, error: str | None = None) -> None:
-        record = dict(self.record)
-        record.update({
-            "event": "trace", "capture": self.id,
-            "path": os.path.relpath(artifact.path, self.output_dir) if artifact else None,
-            "bytes": artifact.bytes if artifact else None,
-            "cycle": 0 if self.cycle is None else self.cycle,
-            "inner_steps": list(self.cycle_steps), "status": status,
-            "start": self.cycle_started, "end": time.time(),
-            "steps": list(self.steps), "joined": list(self.joined),
-        })
-        if artifact is not None and artifact.extra:
-            record["extra"] = dict(artifact.extra)
-        if error:
-            record["error"] = error
-        self.traces += 1
-        manifest.append(self.output_dir, record)
-
-    def _close_record(self, status: str, error: str | None = None) -> None:
-        record: dict[str, Any] = {
-            "event": "close", "capture": self.id, "status": status, "end": time.time(),
-            "steps": list(self.steps), "traces": self.traces, "joined": list(self.joined),
-        }
-        if self.deferred:
-            record["deferred"] = self.deferred
-        if error:
-            record["error"] = error
-        manifest.append(self.output_dir, record)
+            if artifact.failed is not None:
+                failed = failed or artifact.failed
+                self._trace(None, "failed", error=artifact.failed, backend=artifact.backend)
+            else:
+                self._trace(artifact, status)
+        if failed is not None:  # recorded above; the capture fails as a whole
+            raise Recorded(failed)
 
     # -- ending -------------------------------------------------------------------
     def add_step(self, n: int) -> None:
@@ -333,7 +332,8 @@ class Capture(RegionRanges):
                                 error="the capture ended before its schedule recorded a step")
         except Exception as err:
             with contextlib.suppress(OSError):
-                self._trace(None, "failed", error=f"{type(err).__name__}: {err}")
+                if not isinstance(err, Recorded):
+                    self._trace(None, "failed", error=f"{type(err).__name__}: {err}")
                 self._close_record("failed", f"{type(err).__name__}: {err}")
             self.phase = "close"
             with contextlib.suppress(Exception):
@@ -358,7 +358,8 @@ class Capture(RegionRanges):
                 call()
         message = f"{type(error).__name__}: {error}"
         with contextlib.suppress(OSError):
-            self._trace(None, "failed", error=message)
+            if not isinstance(error, Recorded):
+                self._trace(None, "failed", error=message)
             self._close_record("failed", message)
         self.on_failure(error, self.phase)
 

@@ -22,6 +22,7 @@ from typing import Any, TypeVar
 
 from policy_engine import backends
 from policy_engine.backends.base import CaptureInfo
+from policy_engine.backends.combined import Combined
 from policy_engine.errors import ProfilingError
 from policy_engine.plan.plan import Plan
 from policy_engine.runtime import manifest, signals
@@ -59,6 +60,15 @@ class _StepBlock:
         self.prof._exit_step(self.n, failed=exc_type is not None)
 
 
+def _process_backend(name: str) -> Any:
+    """This process's Backend object for ``name`` (kept in its slot; tests may install
+    their own there)."""
+    found = slot(name)
+    if found.backend is None:
+        found.backend = backends.create(name)
+    return found.backend
+
+
 class RoleProfiler:
     """Carries out one role's plan in this process. Safe from any thread (docs/runtime.md)."""
 
@@ -70,12 +80,13 @@ class RoleProfiler:
         self._off: str | None = None  # why the profiler stopped for good
         self._outer: int | None = None
         self._own: Capture | None = None
+        self._combined: Combined | None = None
         self._env = {f: os.environ.get(f[4:], "") for f in plan.template.fields()
                      if f.startswith("env:")}
         self._identity = {
             "role": plan.role, "rank": plan.rank, "world": plan.world,
             "coords": dict(plan.coords), "local_rank": plan.local_rank, "node": plan.node,
-            "backend": plan.backend, "plan_hash": plan.plan_hash,
+            "backend": plan.spec.backend_label, "plan_hash": plan.plan_hash,
             "policy_file": plan.policy_source, "policy_hash": plan.policy_hash,
             "policy_file_hash": manifest.file_hash(policy_sources), "pid": os.getpid(),
         }
@@ -113,14 +124,16 @@ class RoleProfiler:
                 schedule = found.schedule if found is not None else schedule
             env = self._env
 
-            def name(*, cycle: int | None, timestamp: str) -> str:
+            def name(*, cycle: int | None, timestamp: str, at: int | None = None) -> str:
                 late = {"pid": os.getpid(), "timestamp": timestamp, **env}
-                return plan.capture_name(first=first, region=region, cycle=cycle, late=late)
+                return plan.capture_name(first=first, region=region, cycle=cycle, late=late,
+                                         at=at)
             capture = Capture(slot=self._slot, session=session, schedule=schedule,
                               owner=plan.role, capture_id=cid, record=record, name=name,
                               output_dir=plan.output_dir,
                               last_step=None if first is None else plan.capture_last(first),
-                              on_failure=self._capture_failed)
+                              on_failure=self._capture_failed,
+                              step_per_cycle=first is not None and plan.step_per_cycle)
             self._slot.capture = capture
             signals.install()
             if capture.begin():
@@ -144,9 +157,15 @@ class RoleProfiler:
                   running.owner, role, self._slot.name, mode, running.owner, role)
 
     def _backend(self) -> Any:
-        if self._slot.backend is None:
-            self._slot.backend = backends.create(self.plan.backend)
-        return self._slot.backend
+        if len(self.plan.backends) == 1:
+            return _process_backend(self.plan.backend)
+        if self._combined is None:
+            blocks = self.plan.spec.blocks
+            self._combined = Combined(
+                [(name, _process_backend(name)) for name in self.plan.backends],
+                {name: self._settings if name == self.plan.backend else blocks[name]
+                 for name in self.plan.backends})
+        return self._combined
 
     def _close(self, capture: Capture | None, status: str) -> None:
         if capture is None:
@@ -196,8 +215,8 @@ class RoleProfiler:
 
     def _message(self, err: BaseException, when: str) -> str:
         plan = self.plan
-        return (f"policy-engine: {plan.backend} profiling of role {plan.role!r} on rank "
-                f"{plan.rank} failed at {when}: {type(err).__name__}: {err}")
+        return (f"policy-engine: {plan.spec.backend_label} profiling of role {plan.role!r} "
+                f"on rank {plan.rank} failed at {when}: {type(err).__name__}: {err}")
 
     def _failure(self, err: BaseException, when: str, raising: bool = True) -> None:
         self._turn_off("failed")
