@@ -60,7 +60,7 @@ STEPS, ITERATIONS = 6, 2
 EXPECTED = [  # per report: the marks it holds, and (capture_range, steps, cycle) recorded
     (["step 1 iter 1"], (0, [1], 0)),
     (["step 3 iter 1"], (1, [3], 0)),
-    (["step 4 iter 1"], (2, [3, 4], 1)),
+    (["step 4 iter 1"], (2, [4], 1)),  # a cycle's line lists its own steps
 ]
 
 
