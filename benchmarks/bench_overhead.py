@@ -5,6 +5,7 @@
 Targets (README, "Performance"):
   off rank:  step() and training_step() <= ~1.2x a no-op method call; regions untouched
   on rank, nothing recording: step() and a region call <= ~10x a bare function call
+  on rank, a step not profiled: training_step(n) with every trigger on <= ~1.5x without
   a capture driven by the engine <= ~1.05x raw torch.profiler with the same schedule
 """
 
@@ -96,6 +97,29 @@ def on_rank_idle(out: str) -> dict[str, float]:
     }
 
 
+def triggers_idle(out: str) -> dict[str, float]:
+    """``with prof.training_step(n): pass`` on a step nothing captures, with and without
+    every trigger (the requests folder exists and is polled at its default period)."""
+    plain = apply_policy(Worker(), "actor", policy(out, steps=[], name="<step>"), Topology())
+    listening = apply_policy(Worker(), "actor", policy(out, steps=[], name="<step>", triggers={
+        "on_demand": True, "signal": True, "slow_step": {"factor": 1000, "after": 10}}),
+        Topology())
+    n = iter(range(10**9))
+
+    def loop(prof: Any) -> Callable[[], None]:
+        def one() -> None:
+            with prof.training_step(next(n)):
+                pass
+        return one
+
+    base = best(bare)
+    without, with_triggers = best(loop(plain)), best(loop(listening))
+    return {
+        "on training_step(n), not profiled / bare call": without / base,
+        "on training_step(n) with triggers / without": with_triggers / without,
+    }
+
+
 def capture_vs_raw(out: str, rounds: int = 7) -> dict[str, float]:
     import torch
     import torch.profiler
@@ -140,7 +164,8 @@ def capture_vs_raw(out: str, rounds: int = 7) -> dict[str, float]:
 
 def main() -> int:
     with tempfile.TemporaryDirectory() as out:
-        results = {**off_rank(out), **on_rank_idle(out), **capture_vs_raw(out)}
+        results = {**off_rank(out), **on_rank_idle(out), **triggers_idle(out),
+                   **capture_vs_raw(out)}
     width = max(map(len, results))
     for name, ratio in results.items():
         print(f"{name.ljust(width)}  {ratio:8.2f}x")

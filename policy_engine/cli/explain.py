@@ -15,6 +15,7 @@ from policy_engine.cli._common import (
     load_role_layout,
     positive_int,
 )
+from policy_engine.cli.traces import _size
 from policy_engine.cli.usage import UsageError
 from policy_engine.plan.predict import iter_ranks
 
@@ -91,6 +92,27 @@ def _coords(entry: dict[str, Any]) -> str:
     return "".join(f"{k}{v}" for k, v in entry["coords"].items()) or "-"
 
 
+def _beyond_plan(entry: dict[str, Any]) -> list[str]:
+    """The lines on triggers and limits: captures the step list does not show."""
+    out = []
+    found = entry.get("triggers")
+    if found:
+        what = [w for w, on in (("policy-engine trigger requests", found["on_demand"]),
+                                ("SIGUSR2", found["signal"])) if on]
+        slow = found["slow_step"]
+        if slow:
+            what.append(f"the step after one slower than {slow['factor']:g}x the median "
+                        f"(after {slow['after']} steps, at most {slow['max']})")
+        out.append("triggers also capture: " + "; ".join(what))
+    limits = entry.get("limits")
+    if limits:
+        parts = [f"{limits['captures']} captures" if limits["captures"] else "",
+                 _size(limits["bytes"]) if limits["bytes"] else ""]
+        out.append("limits: at most " + " and ".join(p for p in parts if p) +
+                   " per process (traces past them are not listed)")
+    return out
+
+
 def _print_text(role: str, world: int, lo: int, hi: int,
                 ranks: Iterable[dict[str, Any]]) -> None:
     print(f"role {role}, world {world}, outer steps {lo}-{hi}")
@@ -119,6 +141,8 @@ def _print_text(role: str, world: int, lo: int, hi: int,
                       f"{' '.join(acts)}")
         else:
             print(f"    actions per inner step: {' '.join(first['actions'])}")
+        for line in _beyond_plan(first):
+            print(f"    {line}")
         shown = group if len(group) <= 4 else [group[0], group[-1]]
         for entry in shown:
             print(f"    rank {entry['rank']} ({_coords(entry)}): {entry['name']}")

@@ -21,6 +21,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "demo": ("demo", "profile a small CPU training run"),
     "nsys-args": ("nsys_args", "print the nsys profile arguments for a role"),
     "memory-plot": ("memory_plot", "draw a memory snapshot as a self-contained HTML page"),
+    "trigger": ("trigger", "ask running processes to capture their next steps"),
 }
 
 EXIT_OK, EXIT_INVALID, EXIT_USAGE, EXIT_INTERNAL, EXIT_INTERRUPTED = 0, 1, 2, 3, 130

@@ -15,6 +15,7 @@ import attrs
 from policy_engine.language.mesh import DIMS
 from policy_engine.language.ranks import DIMENSIONS
 from policy_engine.language.schedule import Schedule
+from policy_engine.language.triggers import limits_schema, triggers_schema
 
 ROLE_NAME = "^[A-Za-z][A-Za-z0-9_.+-]*$"
 REGION_NAME = "^[A-Za-z_][A-Za-z0-9_]*$"
@@ -155,6 +156,8 @@ def base_schema() -> dict[str, Any]:
         },
         "$defs": {
             "schedule": _schedule(),
+            "triggers": triggers_schema(),
+            "limits": limits_schema(),
             "schedule_or_none": {"oneOf": [{"$ref": "#/$defs/schedule"}, {"type": "null"}]},
             "steps": {
                 "description": (
@@ -292,6 +295,8 @@ def base_schema() -> dict[str, Any]:
                         "default": "warn",
                         "description": "What a backend failure at run time does.",
                     },
+                    "triggers": {"$ref": "#/$defs/triggers"},
+                    "limits": {"$ref": "#/$defs/limits"},
                 },
             },
         },

@@ -98,6 +98,9 @@ def _captures_per_rank(spec: RoleSpec) -> list[tuple[tuple[str, ...], str]]:
     """(fields, why) pairs: what a name needs to tell one rank's captures apart (any one
     of ``fields``)."""
     needs: list[tuple[tuple[str, ...], str]] = []
+    if spec.triggers.any:
+        needs.append((("step", "timestamp"),
+                      "triggers open captures at steps the plan does not list"))
     count = spec.steps.count()  # None: unbounded or too intricate to count; many either way
     if (count is None or count > 1) and (spec.discrete or not (
             spec.merge_steps and _one_run(spec.steps))):
@@ -295,9 +298,10 @@ def _check_role(sink: _Sink, data: Mapping[str, Any], role: str, spec: RoleSpec,
                  "warning", role=role)
     steps_at = origin(data, role, "steps")
     if spec.steps.is_empty:
-        sink.add("steps: [] selects no step: nothing is profiled for {who}", steps_at,
-                 "warning", role=role)
-    elif spec.steps.every_step_from() is not None and not (
+        if not spec.triggers.any:
+            sink.add("steps: [] selects no step: nothing is profiled for {who}", steps_at,
+                     "warning", role=role)
+    elif spec.steps.every_step_from() is not None and spec.limits.captures is None and not (
             # one capture whose schedule records a bounded number of cycles, or cycles
             # spaced by wait/warm-up (torchtitan's profile_freq): not every step
             spec.merge_steps and spec.schedule is not None
@@ -305,8 +309,38 @@ def _check_role(sink: _Sink, data: Mapping[str, Any], role: str, spec: RoleSpec,
         sink.add(f"steps: {spec.steps} profiles every training step for {{who}}: a long run "
                  "writes a trace per step; list the steps or give a range such as '10-12'",
                  steps_at, "warning", role=role)
-    if not (spec.ranks.selects_nothing or spec.steps.is_empty):
+    _check_budget(sink, data, spec, role)
+    every = spec.steps.every_step_from()
+    if spec.triggers.any and every is not None:
+        sink.add(f"triggers add nothing to {{who}} from step {every} on: the plan already "
+                 "covers every step (a capture whose schedule waits records nothing when "
+                 "triggered); list the steps to plan, e.g. {{every: 100, from: 100}}",
+                 origin(data, role, "triggers"), "warning", role=role)
+    if not (spec.ranks.selects_nothing or (spec.steps.is_empty and not spec.triggers.any)):
         _check_names(sink, data, spec, role, world, mesh)
+
+
+def _check_budget(sink: _Sink, data: Mapping[str, Any], spec: RoleSpec, role: str) -> None:
+    """Warn when the plan alone opens more captures than ``limits.captures`` allows (an
+    endless plan is what a limit is for: no warning)."""
+    limit = spec.limits.captures
+    if limit is None or not spec.steps.is_bounded:
+        return
+    if spec.merge_steps and not spec.discrete:
+        lengths = spec.steps.run_lengths()
+        planned = None if lengths is None else sum(lengths.values())
+    else:
+        planned = spec.steps.count()
+    if planned is None or planned <= limit:
+        return
+    regions = sum(r.enabled for r in spec.regions) if spec.discrete else 1
+    planned *= regions
+    each = f" ({regions} regions a step, each call its own)" if spec.discrete else ""
+    if planned <= limit:
+        return
+    sink.add(f"steps: {spec.steps} open {planned} captures per process{each} but "
+             f"limits.captures is {limit}: only the first {limit} are recorded for {{who}}",
+             origin(data, role, "limits"), "warning", role=role)
 
 
 def _check_mesh(sink: _Sink, data: Mapping[str, Any], built: Built, world: int | None,

@@ -28,6 +28,7 @@ from policy_engine.language.schedule import Schedule
 from policy_engine.language.schema import Refused
 from policy_engine.language.selector import SelectorError
 from policy_engine.language.steps import StepSet
+from policy_engine.language.triggers import Limits, Triggers
 
 Path = tuple[str | int, ...]
 
@@ -64,6 +65,9 @@ class RoleSpec:
     backends: tuple[str, ...] = ()
     #: each of ``backends``'s settings block, by name
     blocks: FrozenDict = attrs.field(factory=FrozenDict)
+    #: what opens captures beyond ``steps`` (``triggers:``), and the budget (``limits:``)
+    triggers: Triggers = attrs.field(factory=Triggers)
+    limits: Limits = attrs.field(factory=Limits)
 
     @property
     def backend_label(self) -> str:
@@ -143,6 +147,8 @@ def build_role(name: str, merged_defaults: Mapping[str, Any],
         settings=FrozenDict(raw[backend]),
         backends=found,
         blocks=FrozenDict({name: FrozenDict(raw[name]) for name in found}),
+        triggers=Triggers.from_mapping(raw["triggers"]),
+        limits=Limits.from_mapping(raw["limits"]),
     )
 
 

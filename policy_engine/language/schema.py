@@ -25,6 +25,7 @@ from policy_engine.errors import KINDS, Problem, describe, did_you_mean, json_pa
 from policy_engine.language.base_schema import base_schema
 from policy_engine.language.document import Document
 from policy_engine.language.frozen import FrozenDict
+from policy_engine.language.triggers import BYTES_PATTERN
 from policy_engine.language.validator import Error, Path, Validator, equal
 
 SCHEMA_NAME = "profile_policy.schema.json"
@@ -33,6 +34,7 @@ SCHEMA_NAME = "profile_policy.schema.json"
 _PATTERNS = {
     "^[A-Za-z][A-Za-z0-9_.+-]*$": "use a letter, then letters, digits, _ . + or -",
     "^[A-Za-z_][A-Za-z0-9_]*$": "use letters, digits and _, not starting with a digit",
+    BYTES_PATTERN: "expected a size such as 2GiB, 500MB or a number of bytes",
 }
 # Why a required key matters, shown when it is missing.
 _REQUIRED_HINTS = {

@@ -11,7 +11,8 @@ checked against the runtime itself: tests/test_predict_vs_run.py, tests/test_nsy
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import itertools
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import attrs
@@ -41,16 +42,17 @@ class Trace:
 def opened(plan: Plan, lo: int, hi: int) -> list[tuple[int, tuple[int, ...]]]:
     """The captures a loop over outer steps ``lo..hi`` opens: the step each opens at and
     the steps of the window it covers (several when merged)."""
-    out: list[tuple[int, tuple[int, ...]]] = []
-    covered = lo - 1
-    for step in plan.steps.within(lo, hi):
-        if step <= covered:
-            continue
+    return list(_opened(plan, lo, hi))
+
+
+def _opened(plan: Plan, lo: int, hi: int) -> Iterator[tuple[int, tuple[int, ...]]]:
+    steps = plan.steps
+    step = lo if lo in steps else steps.next_after(lo)
+    while step is not None and step <= hi:
         last = plan.capture_last(step)
         end = hi if last is None else min(last, hi)
-        out.append((step, tuple(range(step, end + 1))))
-        covered = end
-    return out
+        yield step, tuple(range(step, end + 1))
+        step = steps.next_after(end)
 
 
 def cycles(schedule: Schedule | None, positions: int) -> Sequence[int | None]:
@@ -90,10 +92,21 @@ def cycle_steps(schedule: Schedule, cycle: int, steps: Sequence[int],
 def traces(plan: Plan, lo: int, hi: int, *, inner: int, region_calls: int = 1) -> list[Trace]:
     """Every trace file a loop over outer steps ``lo..hi`` writes on ``plan``'s rank, when
     each step (each region call, in discrete mode) makes ``inner`` ``prof.step()`` calls
-    and each enabled region is called ``region_calls`` times a step (discrete)."""
-    out: list[Trace] = []
+    and each enabled region is called ``region_calls`` times a step (discrete).
+
+    Under ``limits.captures: N`` the run records N cycles at most, counted from its
+    start: the traces are those of the first N cycles from step 0 that fall in the window.
+    """
+    limit = plan.spec.limits.captures
+    if limit is None:
+        return list(_traces(plan, lo, hi, inner, region_calls))
+    first_n = itertools.islice(_traces(plan, 0, hi, inner, region_calls), limit)
+    return [t for t in first_n if not t.steps or t.steps[-1] >= lo]
+
+
+def _traces(plan: Plan, lo: int, hi: int, inner: int, region_calls: int) -> Iterator[Trace]:
     per_cycle = plan.step_per_cycle
-    for first, steps in opened(plan, lo, hi):
+    for first, steps in _opened(plan, lo, hi):
         if not plan.discrete:
             # The capture visits inner step 0 when it opens, then one per prof.step().
             for cycle in cycles(plan.schedule, inner * len(steps) + 1):
@@ -102,7 +115,7 @@ def traces(plan: Plan, lo: int, hi: int, *, inner: int, region_calls: int = 1) -
                     at = cycle_step(plan.schedule, cycle, steps, inner)
                     covered = cycle_steps(plan.schedule, cycle, steps, inner)
                 name = plan.capture_name(first=first, region=None, cycle=cycle, at=at)
-                out.append(Trace(name, covered, cycle, None))
+                yield Trace(name, covered, cycle, None)
             continue
         for region in plan.regions:
             if not region.enabled:
@@ -110,8 +123,7 @@ def traces(plan: Plan, lo: int, hi: int, *, inner: int, region_calls: int = 1) -
             for _ in range(region_calls):
                 for cycle in cycles(region.schedule, inner + 1):
                     name = plan.capture_name(first=first, region=region.name, cycle=cycle)
-                    out.append(Trace(name, steps, cycle, region.name))
-    return out
+                    yield Trace(name, steps, cycle, region.name)
 
 
 @attrs.frozen
@@ -166,9 +178,14 @@ def count_ranges(
     which discrete mode needs. ``inner_steps``: ``prof.step()`` calls per profiled step
     (per region call in discrete mode, per session in a plain loop).
     """
-    if plan.discrete:
-        return _discrete(plan, inner_steps, region_calls, plain_loop)
-    return _continuous(plan, inner_steps, plain_loop)
+    found = _discrete(plan, inner_steps, region_calls, plain_loop) if plan.discrete \
+        else _continuous(plan, inner_steps, plain_loop)
+    limit, total, why = plan.spec.limits.captures, found.total, found.why
+    if plan.spec.triggers.any:
+        total, why = None, why + "; triggers may open more"
+    if limit is not None and (total is None or total > limit):
+        total, why = limit, why + f"; at most {limit} (limits.captures)"
+    return RangeCount(total, why)
 
 
 # A capture visits inner step 0 when it opens (training_step, a region, or entering

@@ -130,6 +130,8 @@ class Plan:
             "policy_source": self.policy_source,
             "policy_hash": self.policy_hash,
             "colocated": [[role, steps.to_json()] for role, steps in self.colocated],
+            "triggers": self.spec.triggers.to_json(),
+            "limits": self.spec.limits.to_json(),
         }
 
     @functools.cached_property
@@ -154,9 +156,10 @@ class Plan:
         return step_per_cycle(self.steps, merge_steps=self.merge_steps,
                               schedule=self.schedule, discrete=self.discrete)
 
-    def capture_label(self, first: int) -> str:
-        """How ``<step>`` renders for the capture opening at ``first``: ``2``, ``2-4``, ``2+``."""
-        last = self.capture_last(first)
+    def capture_label(self, first: int, last: int | None = None) -> str:
+        """How ``<step>`` renders for the capture opening at ``first``: ``2``, ``2-4``, ``2+``
+        (``last``: the last step of a capture a trigger opened, which the plan cannot know)."""
+        last = self.capture_last(first) if last is None else last
         if last is None:
             return f"{first}+"  # merged without end: the capture runs until close()
         return str(first) if last == first else f"{first}-{last}"
@@ -173,10 +176,13 @@ class Plan:
         whichever of them opens it; this plan's role alone when none is declared."""
         if not self.colocated:
             return (self.role,)
-        return tuple(role for role, steps in self.colocated if first is None or first in steps)
+        found = tuple(role for role, steps in self.colocated
+                      if first is None or first in steps)
+        return found or (self.role,)  # a step that a trigger, not the plan, captures
 
     def capture_name(self, *, first: int | None, region: str | None, cycle: int | None,
-                     late: Mapping[str, object] | None = None, at: int | None = None) -> str:
+                     late: Mapping[str, object] | None = None, at: int | None = None,
+                     last: int | None = None) -> str:
         """The name (without the backend's extension) of the cycle ``cycle`` of the capture
         that opens at outer step ``first`` (None: whole session) for ``region`` (discrete).
 
@@ -184,13 +190,15 @@ class Plan:
         instead of the capture's span when :attr:`step_per_cycle` (the runtime knows it
         when that cycle's first recorded inner step ends; explain computes it).
 
+        ``last``: the last step of a capture a trigger opened (beyond the plan's steps).
+
         ``late`` holds what only the running process knows (``pid``, ``timestamp``,
         ``host``, ``env:NAME``); without it those render as placeholders (explain). The
         runtime names every file through this method, so explain's names are the run's.
         """
         values: dict[str, object] = {
             "role": "+".join(self.roles_for(first)),
-            "step": None if first is None else self.capture_label(first) if at is None
+            "step": None if first is None else self.capture_label(first, last) if at is None
             else at,
             "region": region, "cycle": cycle,
         }

@@ -75,6 +75,11 @@ def rank_entry(plan: Plan, lo: int, hi: int, inner: int,
     if plan.discrete:
         entry["regions"] = {r.name: actions(r.schedule, inner) for r in plan.regions
                             if r.enabled}
+    if plan.spec.triggers.any:
+        entry["triggers"] = plan.spec.triggers.to_json()
+    limits = plan.spec.limits
+    if limits.captures is not None or limits.bytes is not None:
+        entry["limits"] = limits.to_json()
     return entry
 
 

@@ -26,29 +26,13 @@ from policy_engine.language.schedule import Action, Schedule
 from policy_engine.runtime.ranges import Region, RegionRanges
 from policy_engine.runtime.records import CaptureRecords, Recorded, timestamp
 from policy_engine.runtime.state import STATE, Slot, warn_once
+from policy_engine.runtime.transitions import NONE, RECORD, SAVE, TABLE, WARMUP, begins
+from policy_engine.runtime.triggers import Budget
 
 log = logging.getLogger("policy_engine")
 
-NONE, WARMUP, RECORD, SAVE = Action.NONE, Action.WARMUP, Action.RECORD, Action.RECORD_AND_SAVE
 _NEVER = 1 << 62
 _get_ident = threading.get_ident
-
-# What a change of action does, in order: torch.profiler's action_map, for the engine's
-# backend calls. ``None`` is "the capture just opened". A change that crosses into another
-# schedule cycle first ends the old cycle (old -> NONE), then runs NONE -> new.
-_PREPARE, _START, _STEP = "prepare", "start", "step"
-_SAVE_DONE, _SAVE_CUT, _DISCARD = "save_complete", "save_partial", "discard"
-_BEGIN = (_START, _STEP)
-TABLE: dict[tuple[Action | None, Action], tuple[str, ...]] = {
-    (None, NONE): (), (None, WARMUP): (_PREPARE,), (None, RECORD): _BEGIN, (None, SAVE): _BEGIN,
-    (NONE, NONE): (), (NONE, WARMUP): (_PREPARE,), (NONE, RECORD): _BEGIN, (NONE, SAVE): _BEGIN,
-    (WARMUP, NONE): (_DISCARD,), (WARMUP, WARMUP): (),
-    (WARMUP, RECORD): _BEGIN, (WARMUP, SAVE): _BEGIN,
-    (RECORD, NONE): (_SAVE_CUT,), (RECORD, WARMUP): (_SAVE_CUT, _PREPARE),
-    (RECORD, RECORD): (_STEP,), (RECORD, SAVE): (_STEP,),
-    (SAVE, NONE): (_SAVE_DONE,), (SAVE, WARMUP): (_SAVE_DONE, _PREPARE),
-    (SAVE, RECORD): (_SAVE_DONE, *_BEGIN), (SAVE, SAVE): (_SAVE_DONE, *_BEGIN),
-}
 
 
 class Capture(RegionRanges, CaptureRecords):
@@ -58,7 +42,7 @@ class Capture(RegionRanges, CaptureRecords):
                  owner: str, capture_id: str, record: dict[str, Any],
                  name: Callable[..., str], output_dir: str, last_step: int | None,
                  on_failure: Callable[[BaseException, str], None],
-                 step_per_cycle: bool = False) -> None:
+                 step_per_cycle: bool = False, budget: Budget | None = None) -> None:
         self.slot = slot
         self.session = session
         self.schedule = schedule
@@ -74,6 +58,8 @@ class Capture(RegionRanges, CaptureRecords):
         self.cycle_from, self.cycle_timestamp = 0, ""
         self.output_dir = output_dir
         self.on_failure = on_failure
+        self.budget = budget  # the owner's limits: each cycle takes from it
+        self.exhausted = False  # the budget refused a cycle: the schedule is over
         self.pid = os.getpid()  # a forked child never drives its parent's capture
         self.home = _get_ident()
         self.home_name = threading.current_thread().name
@@ -110,10 +96,14 @@ class Capture(RegionRanges, CaptureRecords):
 
     # -- the schedule -------------------------------------------------------------
     def _action_at(self, step: int) -> Action:
+        if self.exhausted:
+            return NONE
         return RECORD if self.schedule is None else self.schedule.action(step)
 
     def _next_change(self, step: int, action: Action) -> int:
         """The first inner step after ``step`` that needs a backend call."""
+        if self.exhausted:
+            return _NEVER
         if action is RECORD or action is SAVE or self.schedule is None:
             return step + 1
         found = self.schedule.next_change(step)
@@ -180,6 +170,9 @@ class Capture(RegionRanges, CaptureRecords):
                     self.schedule.cycle(n) != self.cycle:
                 self._run(old, NONE)  # the cycle ended between two calls
                 old = NONE
+            if self.budget is not None and new is not NONE and begins(old, new) and \
+                    not self.budget.take():
+                self.exhausted, new = True, NONE  # limits: no new cycle begins
             self._run(old, new)
         except Exception as err:
             self.busy = 0
@@ -327,7 +320,7 @@ class Capture(RegionRanges, CaptureRecords):
                     self.phase = "discard"
                     self.warming = False
                     self.session.discard()
-                if not self.traces:
+                if not self.traces and not self.exhausted:
                     self._trace(None, "partial",
                                 error="the capture ended before its schedule recorded a step")
         except Exception as err:

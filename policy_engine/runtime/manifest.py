@@ -1,13 +1,15 @@
 """The per-process manifest: one JSON line per event of a capture.
 
-Each process appends to its own file under ``<output_dir>/manifests/``. Three kinds of
+Each process appends to its own file under ``<output_dir>/manifests/``. Four kinds of
 record (the ``event`` key):
 
 - ``open``: written when a capture opens, before the backend is touched, so a capture
   that never closes (SIGKILL, a crash) is still known;
 - ``trace``: one per trace file the capture wrote, or failed to write (lines written
   before ``event`` existed have no ``event`` key and are trace lines);
-- ``close``: written when the capture ends, with its status and how many traces it wrote.
+- ``close``: written when the capture ends, with its status and how many traces it wrote;
+- ``note``: something about a role in the process that is no capture (``note`` says
+  what: a trigger request accepted or missed, a slow step, a limit reached).
 
 A line is written whole or not at all: one ``write`` on an ``O_APPEND`` descriptor, and a
 short write is cut back off. Reading never raises on what it reads: each damaged line is
@@ -35,7 +37,7 @@ from policy_engine.runtime.state import STATE
 MANIFEST_DIR = "manifests"
 MANIFEST_SUFFIX = ".manifest.jsonl"
 
-EVENTS = ("open", "trace", "close")
+EVENTS = ("open", "trace", "close", "note")
 #: Keys of a trace line's ``extra`` that name a file written beside the trace (relative
 #: to the output folder, as ``path`` is).
 COMPANIONS = ("plot", "memory_timeline")
@@ -214,9 +216,13 @@ _FIELDS: dict[str, tuple[Callable[[Any], bool], str]] = {
     "deferred": (lambda v: _is_int(v) and v >= 0, "a count"),
     "coords": (_opt(lambda v: isinstance(v, dict)), "an object or null"),
     "extra": (_opt(lambda v: isinstance(v, dict)), "an object or null"),
+    "trigger": (_is_str, "a string"),
+    "request": (_opt(_is_str), "a string or null"),
+    "note": (_is_str, "a string"),
 }
-_REQUIRED = {"open": ("capture",), "trace": ("status",), "close": ("capture", "status")}
-_STATUSES = {"open": None, "trace": TRACE_STATUSES, "close": CLOSE_STATUSES}
+_REQUIRED = {"open": ("capture",), "trace": ("status",), "close": ("capture", "status"),
+             "note": ("note",)}
+_STATUSES = {"open": None, "trace": TRACE_STATUSES, "close": CLOSE_STATUSES, "note": None}
 
 
 def _reject_constant(name: str) -> Any:

@@ -12,6 +12,7 @@ off for good: its methods are then replaced by ones that do nothing.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import threading
@@ -34,6 +35,7 @@ from policy_engine.runtime.off import (
     as_step,
 )
 from policy_engine.runtime.state import capture_id, slot, warn_once
+from policy_engine.runtime.triggers import PLAN, Budget, Listener
 from policy_engine.runtime.wrapping import _DiscreteBlock, _RegionBlock, wrap_region
 
 log = logging.getLogger("policy_engine")
@@ -90,20 +92,49 @@ class RoleProfiler:
             "policy_file": plan.policy_source, "policy_hash": plan.policy_hash,
             "policy_file_hash": manifest.file_hash(policy_sources), "pid": os.getpid(),
         }
+        spec = plan.spec
+        limits = spec.limits
+        self._budget = Budget(limits, self._note, plan.role) if (
+            limits.captures is not None or limits.bytes is not None) else None
+        self._listener = Listener(plan, spec.triggers, self._note) if spec.triggers.any \
+            else None
+        self._why: tuple[str, str | None, int] | None = None  # this step's trigger
+        self._captured = False  # the step under way is inside a capture
+        if spec.triggers.signal:
+            problem = signals.install_usr2()
+            if problem is not None:
+                warn_once(("usr2", plan.role), "policy-engine: role %r: triggers.signal is "
+                          "on but SIGUSR2 cannot be listened to: %s", plan.role, problem)
+
+    def _note(self, kind: str, **fields: Any) -> None:
+        """A ``note`` line in the manifest: a trigger, a slow step, a limit reached."""
+        keys = ("role", "rank", "world", "pid", "plan_hash")
+        with contextlib.suppress(OSError):
+            manifest.append(self.plan.output_dir, dict(
+                {k: self._identity[k] for k in keys}, event="note", note=kind,
+                time=time.time(), host=manifest.host_name(), **fields))
 
     # -- opening and closing captures ----------------------------------------------
-    def _open(self, first: int | None, region: str | None) -> Capture | None:
-        """Open a capture, or join the one running on this backend (None when joined)."""
+    def _open(self, first: int | None, region: str | None,
+              why: tuple[str, str | None, int] | None = None) -> Capture | None:
+        """Open a capture, or join the one running on this backend (None when joined or
+        when the role's limits are spent). ``why``: what triggered it beyond the plan."""
         plan = self.plan
         with self._slot.lock:
             running = self._slot.capture
             if running is not None:
                 self._join(running, region)
                 return None
+            if self._budget is not None and not self._budget.room():
+                return None
             cid = capture_id()
             steps = [] if first is None else [first]
             record = dict(self._identity, roles=list(plan.roles_for(first)), region=region,
-                          steps=steps)
+                          steps=steps, trigger=PLAN if why is None else why[0])
+            if why is not None and why[1] is not None:
+                record["request"] = why[1]
+            last = (None if first is None else plan.capture_last(first)) if why is None \
+                else why[2]
             try:
                 # Write-ahead: a process killed from here on leaves a capture that
                 # `traces` reports as interrupted.
@@ -127,13 +158,13 @@ class RoleProfiler:
             def name(*, cycle: int | None, timestamp: str, at: int | None = None) -> str:
                 late = {"pid": os.getpid(), "timestamp": timestamp, **env}
                 return plan.capture_name(first=first, region=region, cycle=cycle, late=late,
-                                         at=at)
+                                         at=at, last=None if why is None else last)
             capture = Capture(slot=self._slot, session=session, schedule=schedule,
                               owner=plan.role, capture_id=cid, record=record, name=name,
                               output_dir=plan.output_dir,
-                              last_step=None if first is None else plan.capture_last(first),
-                              on_failure=self._capture_failed,
-                              step_per_cycle=first is not None and plan.step_per_cycle)
+                              last_step=last, on_failure=self._capture_failed,
+                              step_per_cycle=first is not None and plan.step_per_cycle,
+                              budget=self._budget)
             self._slot.capture = capture
             signals.install()
             if capture.begin():
@@ -252,16 +283,25 @@ class RoleProfiler:
                 own = None
             self._mode = _STEPS
         self._outer = n
-        if plan.discrete or self._off or n not in plan.steps:
+        listener = self._listener
+        why = None
+        if listener is not None and not self._off:
+            why = listener.at_step(n, self._captured)
+            if n in plan.steps:
+                why = None  # the plan captures it anyway
+            self._why = why
+        if plan.discrete or self._off or (why is None and n not in plan.steps):
+            self._captured = False
             if own is not None:
                 self._close(own, "complete")
             return
+        self._captured = True
         if own is not None:
             if own.steps[-1] == n - 1 and (own.last_step is None or n <= own.last_step):
                 own.add_step(n)  # a merged capture goes on
                 return
             self._close(own, "complete")
-        self._own = self._open(n, None)
+        self._own = self._open(n, None, why)
 
     def _exit_step(self, n: int, *, failed: bool) -> None:
         with self._slot.lock:
@@ -308,9 +348,15 @@ class RoleProfiler:
         if self._off or (found is not None and not found.enabled):
             return None
         n = self._outer
-        if (n is None and self._mode is _STEPS) or (n is not None and n not in plan.steps):
+        why = None
+        if n is not None and n not in plan.steps:
+            if self._why is None:
+                return None
+            why = (self._why[0], self._why[1], n)  # a step a trigger captures
+        elif n is None and self._mode is _STEPS:
             return None
-        capture = self._open(n, name)
+        self._captured = True
+        capture = self._open(n, name, why)
         if capture is not None:
             self._own = capture
         return capture  # None: joined another role's capture, or failed

@@ -12,6 +12,7 @@ from typing import Any
 from policy_engine.backends.base import Artifact
 from policy_engine.language.schedule import Schedule
 from policy_engine.runtime import manifest
+from policy_engine.runtime.triggers import Budget
 
 
 class Recorded(RuntimeError):
@@ -41,6 +42,8 @@ class CaptureRecords:
     inner: int
     schedule: Schedule | None
     name: Callable[..., str]
+    budget: Budget | None
+    exhausted: bool
 
     def _report(self, artifact: Artifact, status: str) -> None:
         """A file the session wrote outside a save (an out-of-memory snapshot), from
@@ -75,6 +78,8 @@ class CaptureRecords:
         if error:
             record["error"] = error
         self.traces += 1
+        if self.budget is not None and artifact is not None:
+            self.budget.wrote(artifact.bytes)
         manifest.append(self.output_dir, record)
 
     def _close_record(self, status: str, error: str | None = None) -> None:
@@ -84,6 +89,8 @@ class CaptureRecords:
         }
         if self.deferred:
             record["deferred"] = self.deferred
+        if self.exhausted and self.budget is not None:
+            record["limit"] = self.budget.spent_why
         if error:
             record["error"] = error
         manifest.append(self.output_dir, record)

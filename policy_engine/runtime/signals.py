@@ -1,4 +1,5 @@
-"""Stop captures when the process ends: at interpreter exit and on SIGTERM.
+"""Stop captures when the process ends: at interpreter exit and on SIGTERM; count
+SIGUSR2 for the roles whose ``triggers.signal`` listens to it.
 
 Installed the first time a capture opens, never before (a rank that profiles nothing
 changes nothing). A SIGTERM handler the user installed is called after ours; the default
@@ -69,3 +70,27 @@ def install() -> None:
         STATE.previous_sigterm = signal.getsignal(signal.SIGTERM)
         if STATE.previous_sigterm is not signal.SIG_IGN:
             signal.signal(signal.SIGTERM, _on_sigterm)
+
+
+def _on_usr2(signum: int, frame: FrameType | None) -> None:
+    STATE.usr2_count += 1  # read at the next training-step boundary (runtime.triggers)
+    previous = STATE.previous_usr2
+    if callable(previous):
+        previous(signum, frame)
+
+
+def install_usr2() -> str | None:
+    """Count SIGUSR2 from now on (a handler installed before ours is still called).
+    Returns why it cannot be, or None."""
+    if not hasattr(signal, "SIGUSR2"):
+        return "this platform has no SIGUSR2"
+    with STATE.lock:
+        if STATE.usr2_installed:
+            return None
+        if threading.current_thread() is not threading.main_thread():
+            return (f"Python lets only the main thread install signal handlers, and this "
+                    f"runs on thread {threading.current_thread().name!r}")
+        STATE.usr2_installed = True
+        STATE.previous_usr2 = signal.getsignal(signal.SIGUSR2)
+        signal.signal(signal.SIGUSR2, _on_usr2)
+    return None

@@ -54,6 +54,9 @@ class ProcessState:
         self.sigterm_installed = False
         self.previous_sigterm: Any = signal.SIG_DFL
         self.pending_signal: int | None = None  # SIGTERM that arrived inside a transition
+        self.usr2_installed = False
+        self.previous_usr2: Any = signal.SIG_DFL
+        self.usr2_count = 0  # SIGUSR2s received (runtime.triggers reads it)
         self.signal_hook: Callable[[], None] | None = None  # delivers it (runtime.signals)
         self.applied: dict[tuple[int, str], Any] = {}  # (id(worker), role) -> profiler
 
@@ -103,6 +106,9 @@ def reset() -> None:
     fresh.sigterm_installed = STATE.sigterm_installed
     fresh.previous_sigterm = STATE.previous_sigterm
     fresh.signal_hook = STATE.signal_hook
+    fresh.usr2_installed = STATE.usr2_installed
+    fresh.previous_usr2 = STATE.previous_usr2
+    fresh.usr2_count = STATE.usr2_count
     STATE.__dict__.update(fresh.__dict__)
 
 

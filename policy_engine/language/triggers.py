@@ -1,0 +1,167 @@
+"""What opens captures beyond the planned steps, and what stops them: a role's
+``triggers`` and ``limits`` blocks.
+
+``triggers``: ``on_demand`` (requests written by ``policy-engine trigger``), ``signal``
+(``SIGUSR2`` captures the next step) and ``slow_step`` (a step slower than ``factor`` times
+the running median captures the step after it). ``limits``: at most ``captures`` capture
+cycles and ``bytes`` written per role and process. The schema fragments live here with the
+values they describe, so that the defaults cannot drift from the model.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import Any
+
+import attrs
+
+__all__ = ["BYTES_PATTERN", "Limits", "SlowStep", "Triggers", "limits_schema", "parse_bytes",
+           "triggers_schema"]
+
+_UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "m": 1000**2, "mb": 1000**2,
+          "g": 1000**3, "gb": 1000**3, "t": 1000**4, "tb": 1000**4,
+          "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40}
+#: A size as a policy writes it: ``2GiB``, ``500 MB``, ``1.5GB``, ``1048576``.
+BYTES_PATTERN = r"^\s*[0-9]+(\.[0-9]+)?\s*([kKmMgGtT][iI]?[bB]?|[bB])?\s*$"
+_SIZE = re.compile(BYTES_PATTERN)
+
+
+def parse_bytes(value: int | str) -> int:
+    """``2GiB`` -> 2147483648; ValueError for what :data:`BYTES_PATTERN` refuses."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        if value < 1:
+            raise ValueError(f"a size must be at least 1 byte, got {value}")
+        return value
+    if not isinstance(value, str) or not _SIZE.match(value):
+        raise ValueError(f"expected a size such as 2GiB or 500MB, got {value!r}")
+    text = value.strip()
+    number = re.match(r"[0-9.]+", text)
+    assert number is not None  # the pattern matched
+    unit = text[number.end():].strip().lower()
+    unit = unit if unit in _UNITS else unit + "b"  # "2Gi" reads as 2GiB
+    size = int(float(number.group()) * _UNITS[unit])
+    if size < 1:
+        raise ValueError(f"a size must be at least 1 byte, got {value!r}")
+    return size
+
+
+@attrs.frozen
+class SlowStep:
+    """``slow_step: {factor, after, max, window}``."""
+
+    factor: float = 2.0
+    after: int = 10
+    max: int = 3
+    window: int = 50
+
+
+@attrs.frozen
+class Triggers:
+    """A role's ``triggers`` block; all off by default."""
+
+    on_demand: bool = False
+    signal: bool = False
+    slow_step: SlowStep | None = None
+    poll_seconds: float = 5.0
+
+    @property
+    def any(self) -> bool:
+        """Whether anything beyond the plan may open a capture."""
+        return self.on_demand or self.signal or self.slow_step is not None
+
+    @classmethod
+    def from_mapping(cls, raw: Mapping[str, Any]) -> Triggers:
+        slow = raw.get("slow_step")
+        if slow is True:
+            slow = {}
+        return cls(on_demand=bool(raw.get("on_demand", False)),
+                   signal=bool(raw.get("signal", False)),
+                   slow_step=None if slow in (None, False) else SlowStep(
+                       factor=float(slow.get("factor", 2.0)), after=slow.get("after", 10),
+                       max=slow.get("max", 3), window=slow.get("window", 50)),
+                   poll_seconds=float(raw.get("poll_seconds", 5.0)))
+
+    def to_json(self) -> dict[str, Any]:
+        return {"on_demand": self.on_demand, "signal": self.signal,
+                "slow_step": None if self.slow_step is None else attrs.asdict(self.slow_step),
+                "poll_seconds": self.poll_seconds}
+
+
+@attrs.frozen
+class Limits:
+    """A role's ``limits`` block: None is no limit."""
+
+    captures: int | None = None
+    bytes: int | None = None
+    #: ``bytes`` as the policy wrote it, for messages
+    bytes_text: str | None = None
+
+    @classmethod
+    def from_mapping(cls, raw: Mapping[str, Any]) -> Limits:
+        size = raw.get("bytes")
+        return cls(captures=raw.get("captures"),
+                   bytes=None if size is None else parse_bytes(size),
+                   bytes_text=None if size is None else str(size).strip())
+
+    def to_json(self) -> dict[str, Any]:
+        return {"captures": self.captures, "bytes": self.bytes}
+
+
+def triggers_schema() -> dict[str, Any]:
+    slow = {
+        "type": "object",
+        "additionalProperties": False,
+        "properties": {
+            "factor": {"type": ["number", "integer"], "minimum": 1, "default": 2.0,
+                       "description": "A step slower than factor x the running median of "
+                                      "recent steps is slow."},
+            "after": {"type": "integer", "minimum": 1, "default": 10,
+                      "description": "Steps measured before any step can count as slow."},
+            "max": {"type": "integer", "minimum": 1, "default": 3,
+                    "description": "Captures of slow steps per process, at most."},
+            "window": {"type": "integer", "minimum": 3, "default": 50,
+                       "description": "How many recent steps the median is taken over."},
+        },
+    }
+    return {
+        "type": "object",
+        "additionalProperties": False,
+        "description": "What opens captures beyond the planned steps (docs/runtime.md, "
+                       "Triggers).",
+        "properties": {
+            "on_demand": {"type": "boolean", "default": False,
+                          "description": "Capture the steps `policy-engine trigger` asks for."},
+            "signal": {"type": "boolean", "default": False,
+                       "description": "SIGUSR2 captures the process's next step."},
+            "slow_step": {
+                "oneOf": [{"type": "boolean"}, {"type": "null"}, slow],
+                "default": None,
+                "description": "Capture the step after a slow one; true for the defaults.",
+                "examples": [{"factor": 2.0, "after": 10, "max": 3}],
+            },
+            "poll_seconds": {"type": ["number", "integer"], "minimum": 0, "default": 5.0,
+                             "description": "How often on_demand looks for requests (one "
+                                            "stat of a folder)."},
+        },
+    }
+
+
+def limits_schema() -> dict[str, Any]:
+    return {
+        "type": "object",
+        "additionalProperties": False,
+        "description": "A budget per role and process: once spent, no new capture begins.",
+        "properties": {
+            "captures": {"type": ["integer", "null"], "minimum": 1, "default": None,
+                         "description": "Capture cycles (traces) recorded at most."},
+            "bytes": {
+                "oneOf": [{"type": "integer", "minimum": 1},
+                          {"type": "string", "pattern": BYTES_PATTERN},
+                          {"type": "null"}],
+                "default": None,
+                "description": "Bytes written at most, e.g. 2GiB or 500MB.",
+                "examples": ["2GiB"],
+            },
+        },
+    }
