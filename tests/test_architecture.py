@@ -1,6 +1,6 @@
 """The layout the code promises (docs/architecture.md), checked on the source itself.
 
-    language  <-  plan  <-  backends  <-  runtime  <-  cli
+    language  <-  plan  <-  backends  <-  runtime  <-  integrations  <-  cli
 
 A package imports only from those to its left (backends' registry and checks modules
 are what the language consults about backend settings). No import cycle, counting
@@ -17,7 +17,8 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "policy_engine"
 MAX_LINES = 400
-LAYERS = ["errors", "_resources", "language", "plan", "backends", "runtime", "testing", "cli"]
+LAYERS = ["errors", "_resources", "language", "plan", "backends", "runtime", "testing",
+          "integrations", "cli"]
 # What the language may ask the backends: the registry and each backend's checks.
 LANGUAGE_MAY_IMPORT = {"policy_engine.backends", "policy_engine.backends.torch",
                        "policy_engine.backends.mstx.checks",
@@ -119,4 +120,4 @@ def test_modules_fit_in_one_sitting(path: Path) -> None:
 def test_the_top_level_holds_the_entry_points_only() -> None:
     assert {p.name for p in PACKAGE.glob("*.py")} == TOP_LEVEL
     assert {p.name for p in PACKAGE.iterdir() if p.is_dir() and p.name != "__pycache__"} \
-        == {"language", "plan", "backends", "runtime", "cli"}
+        == {"language", "plan", "backends", "runtime", "integrations", "cli"}

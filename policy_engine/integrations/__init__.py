@@ -1,0 +1,8 @@
+"""Callbacks that profile a training framework's own loop under a policy.
+
+    from policy_engine.integrations.lightning import PolicyCallback       # Lightning
+    from policy_engine.integrations.transformers import PolicyCallback    # Hugging Face
+
+Each module imports its framework when it is imported itself; ``import policy_engine``
+imports neither. See docs/integrations.md.
+"""

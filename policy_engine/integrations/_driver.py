@@ -1,0 +1,161 @@
+"""What the framework callbacks share: one role's profiler driven from a framework's hooks.
+
+A framework calls hooks around a step rather than running the step inside a ``with``
+block, so :class:`HookDriver` enters ``prof.training_step(n)`` in the hook that begins an
+optimizer step and leaves it in the hook that ends it, or with the exception when the
+step fails: the capture is then saved and marked ``partial``, as a ``with`` block would.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import Callable, Iterable
+from contextlib import AbstractContextManager
+from typing import Any
+
+import attrs
+
+from policy_engine.plan.topology import Topology
+from policy_engine.runtime.apply import PolicyArg, Profiler, profile_session
+
+log = logging.getLogger("policy_engine")
+_ABSENT = object()
+Wrap = Callable[[Callable[..., Any]], Callable[..., Any]]
+
+
+class RunInterrupted(Exception):
+    """Why a step left open by an earlier run is closed as ``partial``: that run ended
+    without its framework saying so (an exception no hook saw, a retry)."""
+
+
+def place(rank: int, world: int, *, local_rank: int | None = None, node: int | None = None,
+          mesh: Any = None) -> Topology:
+    """The topology of this process as the framework reports it: rank and world (and local
+    rank and node where given) from the framework; coordinates from its DeviceMesh where
+    it has one, else what :meth:`Topology.discover` finds."""
+    base = Topology.from_device_mesh(mesh) if mesh is not None else Topology.discover()
+    return attrs.evolve(
+        base, rank=int(rank), world=int(world),
+        local_rank=base.local_rank if local_rank is None else int(local_rank),
+        node=base.node if node is None else int(node))
+
+
+def guarded(fn: Callable[..., Any], on_error: Callable[[BaseException], None]) -> Any:
+    """``fn`` calling ``on_error(exc)`` with any exception leaving it, which then
+    propagates unchanged (the same object); ``fn`` runs exactly once."""
+    @functools.wraps(fn)
+    def guard(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except BaseException as err:
+            on_error(err)
+            raise
+    return guard
+
+
+class HookDriver:
+    """One role's profiler over one run of a framework's loop (a fit, a train() call).
+
+    ``start`` makes the profiler, ``open_step(n)`` / ``close_step()`` bracket outer step
+    ``n``, ``inner_step()`` is ``prof.step()``, ``finish(error)`` ends the run. Methods
+    replaced on framework objects for the run (regions, guards) are put back at the end.
+    """
+
+    def __init__(self, role: str, policy: PolicyArg, topology: Topology | None) -> None:
+        self.role = role
+        self.policy = policy
+        self.topology = topology
+        self.prof: Profiler | None = None
+        self.step: int | None = None  # the outer step open now
+        self._block: AbstractContextManager[None] | None = None
+        self._replaced: list[tuple[object, str, object, object]] = []
+
+    # -- the run --------------------------------------------------------------------
+    def start(self, topology: Topology) -> Profiler:
+        """A fresh profiler for this run (``topology`` unless the callback was given
+        one). A run still open from before ends first, its open step ``partial``."""
+        if self.prof is not None or self._replaced:
+            self.finish(RunInterrupted("the previous run ended without its end hook"))
+        self.prof = profile_session(self.policy, self.role, self.topology or topology)
+        return self.prof
+
+    def finish(self, error: BaseException | None = None) -> None:
+        """End the run: the open step (``partial`` when ``error``), the methods replaced
+        for it, then the profiler. Idempotent."""
+        prof, self.prof = self.prof, None
+        try:
+            self.close_step(error)
+        finally:
+            self._restore()
+            if prof is not None:
+                if error is None:
+                    prof.close()
+                else:  # what leaving ``with prof:`` with the exception does
+                    prof.__exit__(type(error), error, error.__traceback__)
+
+    # -- steps ----------------------------------------------------------------------
+    def open_step(self, n: int) -> None:
+        """Enter outer step ``n`` (nothing when it is the step open already)."""
+        if self._block is not None:
+            if n == self.step:
+                return
+            self.close_step()
+        if self.prof is None:
+            return
+        block = self.prof.training_step(n)
+        block.__enter__()
+        self._block, self.step = block, n
+
+    def inner_step(self) -> None:
+        """One inner step ended: ``prof.step()``."""
+        if self.prof is not None:
+            self.prof.step()
+
+    def close_step(self, error: BaseException | None = None) -> None:
+        """Leave the open outer step, with ``error`` when it failed."""
+        block, self._block, self.step = self._block, None, None
+        if block is None:
+            return
+        if error is None:
+            block.__exit__(None, None, None)
+        else:
+            block.__exit__(type(error), error, error.__traceback__)
+
+    # -- methods replaced for the run -----------------------------------------------
+    def replace(self, obj: object, name: str, wrap: Wrap) -> None:
+        """Set ``obj.name`` (an instance attribute: the class stays untouched) to
+        ``wrap(obj.name)`` until the run ends."""
+        method = getattr(obj, name)
+        previous = vars(obj).get(name, _ABSENT)
+        wrapper = wrap(method)
+        setattr(obj, name, wrapper)
+        self._replaced.append((obj, name, previous, wrapper))
+
+    def wrap_regions(self, obj: object, defaults: Iterable[str]) -> list[str]:
+        """Make methods of ``obj`` regions for the run: ``defaults`` (the callback's own
+        choice) and every enabled region of the plan that ``obj`` has. Returns the names."""
+        prof = self.prof
+        if prof is None or not prof.plan.enabled:
+            return []
+        names = list(dict.fromkeys(
+            [*defaults, *(r.name for r in prof.plan.regions if r.enabled)]))
+        done = []
+        for name in names:
+            if not callable(getattr(obj, name, None)):
+                log.warning("policy-engine: role %r has region %r but %s has no such method",
+                            self.role, name, type(obj).__name__)
+                continue
+            self.replace(obj, name, prof.annotate(name))
+            done.append(name)
+        return done
+
+    def _restore(self) -> None:
+        while self._replaced:
+            obj, name, previous, wrapper = self._replaced.pop()
+            if vars(obj).get(name) is not wrapper:
+                continue  # replaced again since: leave what is there
+            if previous is _ABSENT:
+                delattr(obj, name)
+            else:
+                setattr(obj, name, previous)
