@@ -18,6 +18,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "schema": ("schema_cmd", "print the JSON Schema"),
     "init": ("init", "write a starter policy"),
     "traces": ("traces", "list the traces under a folder"),
+    "report": ("report", "write a static HTML page of a run's captures"),
     "demo": ("demo", "profile a small CPU training run"),
     "nsys-args": ("nsys_args", "print the nsys profile arguments for a role"),
     "memory-plot": ("memory_plot", "draw a memory snapshot as a self-contained HTML page"),
