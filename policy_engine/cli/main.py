@@ -22,6 +22,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "demo": ("demo", "profile a small CPU training run"),
     "nsys-args": ("nsys_args", "print the nsys profile arguments for a role"),
     "memory-plot": ("memory_plot", "draw a memory snapshot as a self-contained HTML page"),
+    "merge": ("merge", "join the per-rank traces of one capture window"),
     "trigger": ("trigger", "ask running processes to capture their next steps"),
 }
 
