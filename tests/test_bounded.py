@@ -16,7 +16,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import policy_engine.language.checks as checks
+import policy_engine.language.clash as clash
 import policy_engine.language.runs as runs_module
 from policy_engine.cli.main import main
 from policy_engine.language.load import analyze, load_policy
@@ -340,9 +340,9 @@ def test_name_clashes_agree_with_the_rank_by_rank_walk(
         data["mesh"] = mesh
     with pytest.MonkeyPatch.context() as patch:
         if proving != "boxes":
-            patch.setattr(checks, "_MAX_BOXES", 0)
+            patch.setattr(clash, "MAX_BOXES", 0)
         if proving == "too complex":
-            patch.setattr(checks, "_MAX_LISTED", 0)
+            patch.setattr(clash, "MAX_LISTED", 0)
         problems = analyze(document_from_mapping(data), world=world).problems
     messages = [p.message for p in problems]
     about_ranks = [m for m in messages if "tell apart ranks" in m or "ranks of" in m]

@@ -172,7 +172,9 @@ def test_init_writes_a_starter_that_validates(tmp_path: Path,
                                               capsys: pytest.CaptureFixture[str]) -> None:
     path = tmp_path / "profile_policy.yaml"
     assert main(["init", str(path)]) == 0
-    assert capsys.readouterr().out == f"wrote {path}\n"
+    assert capsys.readouterr().out.splitlines() == [
+        f"wrote {path}", f"wrote {tmp_path / 'profile_policy.schema.json'} (the JSON Schema "
+        "editors read: the policy's first line points at it)"]
     text = path.read_text()
     assert text.startswith("# yaml-language-server: $schema=")
     assert "policy-engine validate profile_policy.yaml" in text

@@ -46,7 +46,7 @@ def test_mesh_coordinates_last_dimension_fastest(rank: int, coords: dict[str, in
     if enabled:
         tp, pp, dp = coords["tp"], coords["pp"], coords["dp"]
         assert plan.capture_name(first=2, region=None, cycle=0) == (
-            f"p_actor_step2_rank{rank}-of-8_tp{tp}pp{pp}dp{dp}_pid<pid>_<timestamp>")
+            f"actor/step2/cycle0/p_rank{rank}-of-8_tp{tp}pp{pp}dp{dp}_pid<pid>_<timestamp>")
 
 
 def test_plan_resolves_regions_and_schedule() -> None:

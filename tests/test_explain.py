@@ -53,12 +53,13 @@ def test_coordinate_selectors_on_a_3d_mesh(capsys: pytest.CaptureFixture[str]) -
         "steps": [10, 11, 12],
         "actions": ["NONE", "WARMUP", "RECORD", "RECORD", "RECORD_AND_SAVE",
                     "NONE", "NONE", "NONE", "NONE", "NONE"],
-        "name": "gpt-8b_trainer_step10-12_rank0-of-8_tp0pp0dp0" + PLACEHOLDERS,
+        "name": "trainer/step10-12/cycle0/gpt-8b_rank0-of-8_tp0pp0dp0" + PLACEHOLDERS,
         "captures": [{"steps": [10, 11, 12], "region": None,
-                      "name": "gpt-8b_trainer_step10-12_rank0-of-8_tp0pp0dp0" + PLACEHOLDERS}],
+                      "name": "trainer/step10-12/cycle0/gpt-8b_rank0-of-8_tp0pp0dp0"
+                      + PLACEHOLDERS}],
         # Every trace file, as the run names it: one recorded cycle of the merged capture.
         "traces": [{"steps": [10, 11, 12], "region": None, "cycle": 0,
-                    "name": "gpt-8b_trainer_step10-12_rank0-of-8_tp0pp0dp0" + PLACEHOLDERS}],
+                    "name": "trainer/step10-12/cycle0/gpt-8b_rank0-of-8_tp0pp0dp0" + PLACEHOLDERS}],
     }
     # Rank 5 is pp1 dp0 tp1 (the last dimension varies fastest) and is not profiled.
     assert data["ranks"][5] == {"rank": 5, "profiled": False,
@@ -68,7 +69,7 @@ def test_coordinate_selectors_on_a_3d_mesh(capsys: pytest.CaptureFixture[str]) -
         {"tp": 0, "pp": 0, "dp": 0}, {"tp": 0, "pp": 0, "dp": 1},
         {"tp": 0, "pp": 1, "dp": 0}, {"tp": 0, "pp": 1, "dp": 1}]
     assert data["ranks"][6]["name"] == (
-        "gpt-8b_trainer_step10-12_rank6-of-8_tp0pp1dp1" + PLACEHOLDERS)
+        "trainer/step10-12/cycle0/gpt-8b_rank6-of-8_tp0pp1dp1" + PLACEHOLDERS)
 
 
 def test_every_rank_has_the_documented_keys(capsys: pytest.CaptureFixture[str]) -> None:
@@ -128,8 +129,8 @@ def test_merge_steps_labels_one_capture_per_run(capsys: pytest.CaptureFixture[st
     first = data["ranks"][0]
     assert first["steps"] == [10, 12, 13, 14]
     assert [(c["steps"], c["name"]) for c in first["captures"]] == [
-        ([10], "gpt-8b_trainer_step10_rank0-of-8_tp0pp0dp0" + PLACEHOLDERS),
-        ([12, 13, 14], "gpt-8b_trainer_step12-14_rank0-of-8_tp0pp0dp0" + PLACEHOLDERS),
+        ([10], "trainer/step10/cycle0/gpt-8b_rank0-of-8_tp0pp0dp0" + PLACEHOLDERS),
+        ([12, 13, 14], "trainer/step12-14/cycle0/gpt-8b_rank0-of-8_tp0pp0dp0" + PLACEHOLDERS),
     ]
 
 
@@ -137,7 +138,7 @@ def test_without_merge_each_step_is_a_capture(capsys: pytest.CaptureFixture[str]
     data = explain_json(capsys, MEGATRON, "--role", "trainer",
                         "--set", "roles.trainer.merge_steps=false", "--steps", "11-30")
     names = [c["name"] for c in data["ranks"][2]["captures"]]
-    assert names == [f"gpt-8b_trainer_step{n}_rank2-of-8_tp0pp0dp1" + PLACEHOLDERS
+    assert names == [f"trainer/step{n}/cycle0/gpt-8b_rank2-of-8_tp0pp0dp1" + PLACEHOLDERS
                      for n in (11, 12)]
 
 
@@ -248,11 +249,11 @@ def test_text_output(capsys: pytest.CaptureFixture[str]) -> None:
         "  rank 0: profiled with torch, steps 2,3",
         "    actions per inner step: RECORD RECORD RECORD",
         # colocate: rollout profiles rank 0 only, so it takes part there alone
-        "    rank 0 (-): ppo-qwen7b_actor+ref+rollout_step2_rank0-of-4" + PLACEHOLDERS,
+        "    rank 0 (-): actor+ref+rollout/step2/ppo-qwen7b_rank0-of-4" + PLACEHOLDERS,
         "  ranks 1-2: not profiled",
         "  rank 3: profiled with torch, steps 2,3",
         "    actions per inner step: RECORD RECORD RECORD",
-        "    rank 3 (-): ppo-qwen7b_actor+ref_step2_rank3-of-4" + PLACEHOLDERS,
+        "    rank 3 (-): actor+ref/step2/ppo-qwen7b_rank3-of-4" + PLACEHOLDERS,
     ]
 
 
@@ -261,7 +262,7 @@ def test_text_output_shows_coordinates(capsys: pytest.CaptureFixture[str]) -> No
     lines = capsys.readouterr().out.splitlines()
     assert lines[0] == "role trainer, world 8, outer steps 0-9"
     assert lines[1] == "  rank 0: profiled with torch, steps none in range"
-    assert lines[3] == "    rank 0 (tp0pp0dp0): gpt-8b_trainer_rank0-of-8_tp0pp0dp0" + PLACEHOLDERS
+    assert lines[3] == "    rank 0 (tp0pp0dp0): trainer/gpt-8b_rank0-of-8_tp0pp0dp0" + PLACEHOLDERS
 
 
 # ---------------------------------------------------------------- mistakes
@@ -371,4 +372,4 @@ def test_json_output_parses_at_any_world(world: int, tmp_path: Path,
                  "--format", "json"]) == 0
     data = json.loads(capsys.readouterr().out)
     assert [r["rank"] for r in data["ranks"]] == list(range(world))
-    assert data["ranks"][-1]["name"].startswith(f"trace_actor_step1_rank{world - 1}-of-")
+    assert data["ranks"][-1]["name"].startswith(f"actor/step1/trace_rank{world - 1}-of-")

@@ -278,7 +278,9 @@ def test_a_failed_snapshot_fails_the_capture_and_keeps_the_trace(
     cuda._dump_snapshot = broken  # type: ignore[method-assign]
     out = tmp_path / "out"
     with recording_backend("torch"), caplog.at_level(logging.WARNING):
-        run(policy(out, backend=["torch", "memory"]), cuda)
+        # sync: the failure turns the role off before step 3 (in the background it is
+        # seen at the first step boundary after the export ran)
+        run(policy(out, backend=["torch", "memory"], export={"mode": "sync"}), cuda)
     rows = traces(out)
     assert [(r["path"], r["status"], r.get("backend")) for r in rows] == [
         (None, "failed", "memory"), ("actor_step2_rank0.rec", "complete", "torch")]

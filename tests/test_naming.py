@@ -79,23 +79,26 @@ def test_grammar_accepts(template: str) -> None:
 
 def test_fields() -> None:
     assert NameTemplate.parse(DEFAULT_TEMPLATE).fields() == {
-        "prefix", "role", "region", "step", "rank", "world", "tp", "pp", "dp", "cp", "ep", "pid",
-        "timestamp"}
+        "prefix", "role", "region", "step", "cycle", "rank", "world", "tp", "pp", "dp", "cp", "ep",
+        "pid", "timestamp"}
     assert NameTemplate.parse("<env:USER>/x").fields() == {"env:USER"}
 
 
 # ---------------------------------------------------------------- rendering
 
 
-def test_default_template_renders_like_the_seed() -> None:
+def test_default_template_makes_a_folder_per_capture_window() -> None:
     assert render(DEFAULT_TEMPLATE, **FULL) == (
-        "ppo-qwen7b_actor_update-actor_step3_rank5-of-8_tp1pp1dp0_pid4242_20250101120000123")
+        "actor/update-actor/step3/ppo-qwen7b_rank5-of-8_tp1pp1dp0_pid4242_20250101120000123")
+    assert render(DEFAULT_TEMPLATE, **FULL, cycle=2) == (
+        "actor/update-actor/step3/cycle2/ppo-qwen7b_rank5-of-8_tp1pp1dp0_pid4242_"
+        "20250101120000123")
 
 
 def test_optional_groups_vanish_when_every_field_is_empty() -> None:
     values = {k: v for k, v in FULL.items() if k not in ("region", "step", "tp", "pp", "dp")}
     assert render(DEFAULT_TEMPLATE, **values) == (
-        "ppo-qwen7b_actor_rank5-of-8_pid4242_20250101120000123")
+        "actor/ppo-qwen7b_rank5-of-8_pid4242_20250101120000123")
     # One known field keeps the whole group, its literal text included.
     assert render("<role>[_x<tp>y<pp>]", role="a", pp=0) == "a_xypp0"
     assert render("<role>[_step<step>]", role="a", step="") == "a"
@@ -121,9 +124,9 @@ def test_placeholders_stand_for_late_fields() -> None:
     template = NameTemplate.parse(DEFAULT_TEMPLATE)
     values = {"prefix": "p", "role": "r", "rank": 0, "world": 2}
     assert template.render(values, placeholders=LATE_FIELDS) == (
-        "p_r_rank0-of-2_pid<pid>_<timestamp>")
+        "r/p_rank0-of-2_pid<pid>_<timestamp>")
     assert template.render({**values, "pid": 7}, placeholders=LATE_FIELDS) == (
-        "p_r_rank0-of-2_pid7_<timestamp>")
+        "r/p_rank0-of-2_pid7_<timestamp>")
 
 
 def test_bind_fixes_values_and_render_fills_the_rest() -> None:

@@ -88,7 +88,7 @@ def session_settings(out: Path, **role: Any) -> dict[str, Any]:
 
 def test_capture_range_regions_and_steps(tmp_path: Path, nvtx: FakeNvtx) -> None:
     settings = session_settings(tmp_path)
-    assert settings["output"] == f"{tmp_path}/p_actor_rank0-of-1_pid%p"
+    assert settings["output"] == f"{tmp_path}/actor/p_rank0-of-1_pid%p"
     assert settings["planned_ranges"] == 2
     backend = nsight.NsightBackend()
     session = backend.open(info(tmp_path, settings))
@@ -109,7 +109,7 @@ def test_capture_range_regions_and_steps(tmp_path: Path, nvtx: FakeNvtx) -> None
         ("end", 1),
     ]
     [artifact] = artifacts
-    assert artifact.path == f"{tmp_path}/p_actor_rank0-of-1_pid{os.getpid()}.1.nsys-rep"
+    assert artifact.path == f"{tmp_path}/actor/p_rank0-of-1_pid{os.getpid()}.1.nsys-rep"
     assert artifact.extra == {"capture_range": 0, "cycle": 0, "report": Path(artifact.path).name}
     second = backend.open(info(tmp_path, settings))
     second.start()

@@ -383,14 +383,14 @@ def test_example_policy_shell(capsys: pytest.CaptureFixture[str]) -> None:
     body = out.split('case "${RANK:?RANK is not set}" in\n')[1]
     assert body.splitlines()[:13] == [
         "  0|1|2|3)",
-        f"    mkdir -p {folder}",
+        f"    mkdir -p {folder}/rollout",
         '    set -- "${NSYS:-nsys}" profile \\',
         "      --capture-range=nvtx \\",
         "      --nvtx-capture=policy_engine.capture@policy_engine \\",
         "      --capture-range-end=repeat-shutdown:2 \\",
         "      --kill=none \\",
         "      --trace=cuda,nvtx,osrt \\",
-        f"      -o '{folder}/rollout_rollout_rank%q{{RANK}}-of-8_pid%p' \\",
+        f"      -o '{folder}/rollout/rollout_rank%q{{RANK}}-of-8_pid%p' \\",
         """      sh -c 'echo $$ > "$0"; exec "$@"' "$pidfile" "$@" ;;""",
         "  *)",
         '    rm -f "$pidfile"',
@@ -410,8 +410,8 @@ def test_example_policy_json_and_ray(capsys: pytest.CaptureFixture[str]) -> None
     assert data["capture_range_end"] == "repeat-shutdown:2"
     rank3 = data["ranks"]["3"]
     assert [Path(r).name for r in rank3["reports"]] == [
-        "rollout_rollout_rank3-of-8_pid%p.1.nsys-rep",
-        "rollout_rollout_rank3-of-8_pid%p.2.nsys-rep",
+        "rollout_rank3-of-8_pid%p.1.nsys-rep",
+        "rollout_rank3-of-8_pid%p.2.nsys-rep",
     ]
     code, out, err = run_cli(
         capsys, str(ROLLOUT), "--role", "rollout", "--world", "8", "--format", "ray", "--rank", "3"

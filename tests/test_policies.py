@@ -22,7 +22,20 @@ def policy_path(request: pytest.FixtureRequest) -> Path:
 
 def test_there_are_example_policies() -> None:
     assert {p.name for p in POLICIES} >= {"verl_ppo.yaml", "megatron_3d.yaml",
-                                          "ascend_npu.yaml", "nsight_rollout.yaml"}
+                                          "ascend_npu.yaml", "nsight_rollout.yaml",
+                                          "verl_hybrid.yaml"}
+
+
+def test_verl_hybrid_places_the_rollout_in_its_own_mesh() -> None:
+    """The actor is FSDP over dp=8; the rollout's own mesh {dp: 4, tp: 2} selects the first
+    tp rank of each inference engine on the same 8 ranks."""
+    policy = load_policy(ROOT / "policies" / "verl_hybrid.yaml", strict=True)
+    assert list(policy.mesh_for("rollout").items()) == [("dp", 4), ("tp", 2)]
+    assert dict(policy.mesh_for("actor")) == {"dp": 8}
+    chosen = {role: [rank for rank in range(WORLD) if compile_plan(
+        policy, role, Topology(rank=rank, world=WORLD)).enabled]
+        for role in ("actor", "ref", "rollout")}
+    assert chosen == {"actor": [0, 7], "ref": [0], "rollout": [0, 2, 4, 6]}
 
 
 def test_validates_with_the_cli(policy_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

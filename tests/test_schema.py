@@ -63,11 +63,11 @@ def test_every_registered_backend_has_its_settings_block() -> None:
         assert SCHEMA["$defs"][name] == backends.settings_schema(name)
 
 
-@pytest.mark.parametrize("where", ["role", "region", "triggers", "limits",
+@pytest.mark.parametrize("where", ["role", "region", "triggers", "limits", "export",
                                    *backends.BACKENDS])
 def test_every_setting_has_a_default_and_a_description(where: str) -> None:
     for key, setting in SCHEMA["$defs"][where]["properties"].items():
-        if where == "role" and key in (*backends.BACKENDS, "triggers", "limits"):
+        if where == "role" and key in (*backends.BACKENDS, "triggers", "limits", "export"):
             continue  # a block of its own, checked on its own
         assert "default" in setting or (where == "region" and key == "schedule"), key
         assert setting.get("description"), key

@@ -67,7 +67,7 @@ def test_request_captures_the_step_asked_for(make_policy: Any, out: Path) -> Non
                            ([8], "on_demand", rid)]
     traces = [r for r in records(out, "trace")]
     assert [r["trigger"] for r in traces] == ["plan", "on_demand", "on_demand"]
-    assert [os.path.basename(r["path"]) for r in traces][1].startswith("t_actor_step7_")
+    assert traces[1]["path"].startswith("actor/step7/t_rank1-of-4_")
 
 
 def test_next_and_merged_count(make_policy: Any, out: Path) -> None:
@@ -80,7 +80,7 @@ def test_next_and_merged_count(make_policy: Any, out: Path) -> None:
         run(prof, range(8), ask)
     assert closed(out) == [([3, 4, 5], "complete")]
     [trace] = records(out, "trace")
-    assert "_step3-5_" in trace["path"]
+    assert trace["path"].startswith("actor/step3-5/")
 
 
 def test_requests_for_other_roles_ranks_or_from_before_are_ignored(

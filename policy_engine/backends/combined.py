@@ -13,6 +13,7 @@ parts go on. Under ``on_error: raise``, or when no part is left, the open fails.
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager, ExitStack
@@ -81,14 +82,35 @@ class CombinedSession:
     def save(self, stem: str, cycle: int) -> list[Artifact]:
         """Every part's files, timeline tool first. A part that fails gives a failed
         artifact (path empty, the error in ``failed``): the others' files still count."""
-        out: list[Artifact] = []
+        return self.save_later(stem, cycle)()
+
+    def save_later(self, stem: str, cycle: int) -> Callable[[], list[Artifact]]:
+        """Stop every part now (last first); what is left to write, in the parts' order,
+        is the returned call: a part that writes only later does so there, the others
+        have written already."""
+        writes: list[tuple[str, Callable[[], list[Artifact]]]] = []
         for name, session in reversed(self.parts):
+            later = getattr(session, "save_later", None)
             try:
-                found = session.save(stem, cycle)
+                if later is not None:
+                    write = later(stem, cycle)
+                else:
+                    write = functools.partial(list, session.save(stem, cycle))
             except Exception as err:
-                found = [Artifact("", None, failed=f"{type(err).__name__}: {err}")]
-            out[:0] = [attrs.evolve(a, backend=a.backend or name) for a in found]
-        return out
+                write = functools.partial(list, [Artifact(
+                    "", None, failed=f"{type(err).__name__}: {err}")])
+            writes.insert(0, (name, write))
+
+        def write_all() -> list[Artifact]:
+            out: list[Artifact] = []
+            for name, write in writes:
+                try:
+                    found = write()
+                except Exception as err:
+                    found = [Artifact("", None, failed=f"{type(err).__name__}: {err}")]
+                out += [attrs.evolve(a, backend=a.backend or name) for a in found]
+            return out
+        return write_all
 
     def discard(self) -> None:
         self._each("discard", reverse=True)

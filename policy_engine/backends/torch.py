@@ -20,7 +20,7 @@ import logging
 import os
 import shutil
 import warnings
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager
 from typing import Any, ClassVar
 
@@ -108,6 +108,34 @@ def check_trace(path: str) -> None:
                          "full, or a file-size limit set?)")
 
 
+def _distributed() -> bool:
+    import torch.distributed as dist
+
+    return bool(dist.is_available() and dist.is_initialized())
+
+
+def _write_trace(finished: Any, path: str, *, gz: bool) -> None:
+    """The Chrome trace of ``finished`` (a stopped torch.autograd.profiler.profile) at
+    ``path``, an unguessable temporary name; gzipped when ``gz``. torch's own .gz export
+    goes through a file in $TMPDIR and gzips whatever it finds there, even nothing;
+    exporting beside the target keeps the check and the space on the output folder's disk."""
+    if not gz:
+        finished.export_chrome_trace(path)
+        check_trace(path)
+        return
+    raw = path + ".json"
+    try:
+        finished.export_chrome_trace(raw)
+        check_trace(raw)
+        fd = os.open(path, os.O_WRONLY | os.O_TRUNC | os.O_NOFOLLOW)
+        with open(raw, "rb") as src, open(fd, "wb") as out, \
+                gzip.GzipFile(fileobj=out, mode="wb", compresslevel=6) as dst:
+            shutil.copyfileobj(src, dst, 1 << 20)
+    finally:
+        if os.path.lexists(raw):
+            os.unlink(raw)
+
+
 def _not_empty(path: str) -> None:
     if os.path.getsize(path) == 0:
         raise EmptyTrace("torch wrote nothing (is matplotlib installed?)")
@@ -156,6 +184,11 @@ class TorchSession:
             self.prepare()
         self._prof.start_trace()
         self._started = True
+        if not _distributed():
+            # torch writes distributedInfo only when torch.distributed is up; Holistic Trace
+            # Analysis reads each trace's rank from it, so every trace carries one.
+            self._prof.add_metadata_json("distributedInfo", json.dumps(
+                {"rank": self._info.rank, "world_size": self._info.world}))
 
     def step(self, inner_step: int) -> None:
         # Same marker torch.profiler's own step() leaves, so trace viewers show steps.
@@ -168,16 +201,28 @@ class TorchSession:
         self._facts = dict(facts)
 
     def save(self, stem: str, cycle: int) -> list[Artifact]:
+        return self.save_later(stem, cycle)()
+
+    def save_later(self, stem: str, cycle: int) -> Callable[[], list[Artifact]]:
+        """Stop the profiler (here: kineto stops on the thread that started it) and return
+        what writes the trace, which any thread may run: it holds the finished profile, and
+        the next cycle's prepare() makes torch a new one."""
         if self._started:
             meta = self._info.metadata()
             meta.update(self._facts, cycle=cycle)
             self._prof.add_metadata_json("policy_engine", json.dumps(meta))
         self._stop()
-        ext = ".pt.trace.json.gz" if self._gzip else ".pt.trace.json"
-        writer = self._write_gzip if self._gzip else self._write_json
-        path, size = write_atomic(self._info.output_dir, stem, ext, writer)
+        finished = self._prof.profiler
         extra = self._memory_timeline(stem) if self._timeline else {}
-        return [Artifact(path, size, extra)]
+        ext = ".pt.trace.json.gz" if self._gzip else ".pt.trace.json"
+        gz = self._gzip
+        output_dir = self._info.output_dir
+
+        def write() -> list[Artifact]:
+            path, size = write_atomic(output_dir, stem, ext,
+                                      lambda p: _write_trace(finished, p, gz=gz))
+            return [Artifact(path, size, extra)]
+        return write
 
     def _memory_timeline(self, stem: str) -> dict[str, Any]:
         """prof.export_memory_timeline() beside the trace: the HTML page when torch can draw
@@ -209,26 +254,6 @@ class TorchSession:
             log.warning("policy-engine: no memory timeline for %s: %s: %s", stem,
                         type(err).__name__, err)
             return {"memory_timeline_error": f"{type(err).__name__}: {err}"}
-
-    def _write_json(self, path: str) -> None:
-        self._prof.export_chrome_trace(path)
-        check_trace(path)
-
-    def _write_gzip(self, path: str) -> None:
-        # torch's own .gz export goes through a file in $TMPDIR and gzips whatever it finds
-        # there, even nothing; exporting beside the target keeps the check and the space
-        # on the output folder's disk. ``path`` is an unguessable temporary name.
-        raw = path + ".json"
-        try:
-            self._prof.export_chrome_trace(raw)
-            check_trace(raw)
-            fd = os.open(path, os.O_WRONLY | os.O_TRUNC | os.O_NOFOLLOW)
-            with open(raw, "rb") as src, open(fd, "wb") as out, \
-                    gzip.GzipFile(fileobj=out, mode="wb", compresslevel=6) as dst:
-                shutil.copyfileobj(src, dst, 1 << 20)
-        finally:
-            if os.path.lexists(raw):
-                os.unlink(raw)
 
     def discard(self) -> None:
         if self._prepared and not self._started:

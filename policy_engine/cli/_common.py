@@ -8,12 +8,9 @@ import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-import attrs
-
 from policy_engine.cli.usage import UsageError
 from policy_engine.errors import PolicyError, did_you_mean
 from policy_engine.language.document import PolicyFileError
-from policy_engine.language.frozen import FrozenDict
 from policy_engine.language.load import Analysis, analyze, read_source
 from policy_engine.language.mesh import mesh_size, parse_mesh
 from policy_engine.language.model import Policy
@@ -77,17 +74,18 @@ def print_json(data: Mapping[str, Any] | list[Any]) -> None:
 
 
 def load_role_layout(args: argparse.Namespace, command: str) -> tuple[Policy, int]:
-    """The checked policy (``--mesh`` replacing its mesh) and the world size, for commands
-    that look at one role on every rank (explain, nsys-args)."""
+    """The checked policy (``--mesh`` replacing every mesh in it) and the world size, for
+    commands that look at one role on every rank (explain, nsys-args)."""
     policy = load_checked(args.file, args).policy
     assert policy is not None  # load_checked raised on errors
     if args.mesh:
-        policy = attrs.evolve(policy, mesh=FrozenDict(args.mesh))
+        policy = policy.with_mesh(args.mesh)
     if args.role not in policy.roles:
         hint = did_you_mean(args.role, policy.roles)
         print(f"policy-engine {command}: warning: role {args.role!r} is not in the "
               f"policy{hint}; it gets the defaults", file=sys.stderr)
-    world = args.world or (mesh_size(policy.mesh) if policy.mesh else None)
+    mesh = policy.mesh_for(args.role)
+    world = args.world or (mesh_size(mesh) if mesh else None)
     if world is None:
         raise UsageError("give --world N (or a mesh in the policy): how many ranks the role has")
     return policy, world

@@ -52,8 +52,8 @@ def _window(text: str) -> tuple[int, int]:
 def run(args: argparse.Namespace) -> int:
     policy, world = load_role_layout(args, "explain")
     lo, hi = _window(args.steps)
-    ranks = iter_ranks(policy, args.role, world=world, mesh=policy.mesh, lo=lo, hi=hi,
-                       inner=args.inner_steps, local_world=args.local_world,
+    ranks = iter_ranks(policy, args.role, world=world, mesh=policy.mesh_for(args.role),
+                       lo=lo, hi=hi, inner=args.inner_steps, local_world=args.local_world,
                        region_calls=args.region_calls)
     if args.format == "json":
         _print_json(args.role, world, ranks)

@@ -1,18 +1,23 @@
-"""policy-engine init [PATH]: write a commented starter profile_policy.yaml."""
+"""policy-engine init [PATH]: write a commented starter profile_policy.yaml, and beside it
+the JSON Schema (profile_policy.schema.json) that its first line points editors at."""
 
 from __future__ import annotations
 
 import argparse
 import os
+import sys
 from typing import Any
 
 from policy_engine.cli.usage import UsageError
+from policy_engine.language.schema import SCHEMA_NAME, schema_text
 
 STARTER = """\
-# yaml-language-server: $schema=https://policy-engine.dev/schemas/profile_policy.schema.json
+# yaml-language-server: $schema=./{schema}
 # A profiling policy: which roles, ranks and steps of the job are profiled.
 # Check it with `policy-engine validate {name}` and preview it per rank with
-# `policy-engine explain {name} --role actor --world 8`.
+# `policy-engine explain {name} --role actor --world 8`. Editors complete and check
+# keys from {schema} beside this file (line 1); after upgrading policy-engine,
+# `policy-engine schema > {schema}` refreshes it.
 version: 1
 prefix: my-experiment            # label at the start of every trace name
 output_dir: profiles             # relative to this file's folder unless absolute
@@ -43,7 +48,8 @@ roles:
 def add_parser(sub: Any, name: str, help: str) -> None:
     parser = sub.add_parser(name, help=help, description=__doc__)
     parser.add_argument("path", nargs="?", default="profile_policy.yaml", metavar="PATH")
-    parser.add_argument("--force", action="store_true", help="overwrite an existing file")
+    parser.add_argument("--force", action="store_true",
+                        help="overwrite an existing policy (and a schema file that differs)")
     parser.set_defaults(run=run)
 
 
@@ -53,13 +59,42 @@ def run(args: argparse.Namespace) -> int:
         path = os.path.join(path, "profile_policy.yaml")
     if os.path.splitext(path)[1].lower() not in (".yaml", ".yml"):
         raise UsageError(f"{path}: init writes YAML; name the file .yaml or .yml")
-    text = STARTER.format(name=os.path.basename(path))
+    text = STARTER.format(name=os.path.basename(path), schema=SCHEMA_NAME)
+    _write(path, text, args.force)
+    print(f"wrote {path}")
+    _write_schema(os.path.join(os.path.dirname(path), SCHEMA_NAME), args.force)
+    return 0
+
+
+def _write(path: str, text: str, force: bool) -> None:
     try:
-        with open(path, "w" if args.force else "x", encoding="utf-8") as f:
+        with open(path, "w" if force else "x", encoding="utf-8") as f:
             f.write(text)
     except FileExistsError:
         raise UsageError(f"{path} exists; use --force to overwrite it") from None
     except OSError as err:
         raise UsageError(f"cannot write {path}: {err.strerror}") from None
-    print(f"wrote {path}")
-    return 0
+
+
+def _write_schema(path: str, force: bool) -> None:
+    """The schema beside the policy: editors resolve the relative ``$schema`` offline, and
+    it travels with the policy. A different file there is kept unless ``force``."""
+    text = schema_text()
+    try:
+        with open(path, encoding="utf-8") as f:
+            old: str | None = f.read()
+    except FileNotFoundError:
+        old = None
+    except (OSError, UnicodeDecodeError):
+        old = ""  # unreadable: different
+    if old == text:
+        print(f"{path} is up to date")
+        return
+    if old is not None and not force:
+        print(f"policy-engine init: warning: {path} exists and differs from this version's "
+              f"schema; kept it (--force replaces it, as does `policy-engine schema > {path}`)",
+              file=sys.stderr)
+        return
+    _write(path, text, force=True)
+    print(f"{'replaced' if old is not None else 'wrote'} {path} (the JSON Schema editors "
+          "read: the policy's first line points at it)")

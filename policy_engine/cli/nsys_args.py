@@ -93,7 +93,8 @@ def _profiled(policy: Policy, role: str, world: int, local_world: int | None) ->
     spec = policy.role(role)
     if not spec.enabled:
         return
-    mesh = MappingProxyType(dict(policy.mesh)) if policy.mesh else None
+    own = policy.mesh_for(role)  # the role's own mesh, else the top-level one
+    mesh = MappingProxyType(dict(own)) if own else None
     for rank in range(world):
         topo = Topology.for_rank(rank, world, mesh, local_world)
         if selects(spec, topo):

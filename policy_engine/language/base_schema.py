@@ -56,6 +56,18 @@ def _schedule() -> dict[str, Any]:
     }
 
 
+def _mesh(description: str, **extra: Any) -> dict[str, Any]:
+    """A mesh: the top-level one, and a role's own (the same form)."""
+    return {
+        "type": "object",
+        "description": description,
+        "propertyNames": {"enum": list(MESH_ORDER)},
+        "additionalProperties": {"type": "integer", "minimum": 1},
+        **extra,
+        "examples": [{"pp": 2, "dp": 2, "tp": 2}, {"dp": 8}, {"dp": 4, "tp": 2}],
+    }
+
+
 def _periodic() -> dict[str, Any]:
     """The keys of periodic steps, ``{every: 100, from: 100, until: 1000}``."""
     return {
@@ -111,6 +123,7 @@ def base_schema() -> dict[str, Any]:
                 "type": "string",
                 "default": "trace",
                 "description": "Label used by the <prefix> name field.",
+                "examples": ["ppo-qwen7b"],
             },
             "output_dir": {
                 "type": "string",
@@ -120,13 +133,10 @@ def base_schema() -> dict[str, Any]:
                     "Folder for traces and manifests, relative to the policy "
                     "file's folder unless absolute."
                 ),
+                "examples": ["profiles", "/shared/profiles/exp42"],
             },
-            "mesh": {
-                "type": "object",
-                "description": "Parallel dimensions, outermost first; the last varies fastest.",
-                "propertyNames": {"enum": list(MESH_ORDER)},
-                "additionalProperties": {"type": "integer", "minimum": 1},
-            },
+            "mesh": _mesh("Parallel dimensions, outermost first; the last varies fastest. "
+                          "Every role's mesh unless it gives its own."),
             "defaults": {
                 "$ref": "#/$defs/role",
                 "description": "Merged under every role (maps merge, lists replace).",
@@ -157,6 +167,21 @@ def base_schema() -> dict[str, Any]:
         "$defs": {
             "schedule": _schedule(),
             "triggers": triggers_schema(),
+            "export": {
+                "type": "object",
+                "additionalProperties": False,
+                "description": "How saved captures are written (docs/runtime.md, Export).",
+                "properties": {
+                    "mode": {"enum": ["background", "sync"], "default": "background",
+                             "description": "background: serialise, compress and publish "
+                                            "traces on a thread of their own, so the "
+                                            "training step returns once the profiler has "
+                                            "stopped; sync: on the training thread."},
+                    "in_flight": {"type": "integer", "minimum": 1, "default": 2,
+                                  "description": "Exports queued or running at most; the "
+                                                 "training thread waits for room."},
+                },
+            },
             "limits": limits_schema(),
             "schedule_or_none": {"oneOf": [{"$ref": "#/$defs/schedule"}, {"type": "null"}]},
             "steps": {
@@ -233,6 +258,8 @@ def base_schema() -> dict[str, Any]:
                         "$ref": "#/$defs/ranks",
                         "default": [0],
                         "description": "Which processes of the role profile.",
+                        "examples": [[0, -1], "all", "0-3,-1", {"tp": 0},
+                                     {"tp": 0, "dp": [0, -1]}, [0, {"pp": -1, "tp": 0}]],
                     },
                     "steps": {
                         "$ref": "#/$defs/steps",
@@ -240,6 +267,8 @@ def base_schema() -> dict[str, Any]:
                         "description": (
                             "Which outer training steps (training_step(n)) are captured."
                         ),
+                        "examples": [[2, 3], "10-12", "100-2100:1000", [5, "10-12"],
+                                     {"every": 100, "from": 100}, "all"],
                     },
                     "merge_steps": {
                         "type": "boolean",
@@ -254,6 +283,9 @@ def base_schema() -> dict[str, Any]:
                             "within a capture; null records the whole "
                             "capture."
                         ),
+                        "examples": [{"wait": 0, "warmup": 1, "active": 2, "repeat": 1},
+                                     {"skip_first": 2, "wait": 1, "warmup": 1, "active": 3,
+                                      "repeat": 1}],
                     },
                     "discrete": {
                         "type": "boolean",
@@ -266,6 +298,9 @@ def base_schema() -> dict[str, Any]:
                             "mapping name -> {enabled, schedule}."
                         ),
                         "default": [],
+                        "examples": [["update_actor", "compute_log_prob"],
+                                     {"generate_sequences": {"enabled": True},
+                                      "compute_values": {"enabled": False}}],
                         "oneOf": [
                             {
                                 "type": "array",
@@ -285,17 +320,29 @@ def base_schema() -> dict[str, Any]:
                         "type": "string",
                         "minLength": 1,
                         "default": (
-                            "<prefix>_<role>[_<region>][_step<step>]_rank<rank>-of-"
-                            "<world>[_<tp><pp><dp><cp><ep>]_pid<pid>_<timestamp>"
+                            "<role>[/<region>][/step<step>][/cycle<cycle>]/<prefix>_rank"
+                            "<rank>-of-<world>[_<tp><pp><dp><cp><ep>]_pid<pid>_<timestamp>"
                         ),
-                        "description": "Trace name template, relative to output_dir.",
+                        "description": (
+                            "Trace name template, relative to output_dir. The default "
+                            "makes a folder per capture window holding one trace per rank "
+                            "(what Holistic Trace Analysis reads)."
+                        ),
+                        "examples": ["<prefix>_<role>_step<step>_rank<rank>",
+                                     "<prefix>/<role>/step<step>/rank<rank>[_<tp><pp><dp>]"],
                     },
+                    "mesh": _mesh(
+                        "The role's own mesh, when its ranks lay out differently from the "
+                        "top-level mesh (verl's rollout {dp: 4, tp: 2} beside an FSDP actor "
+                        "{dp: 8}): same form; it replaces, never merges with, the mesh of "
+                        "defaults. {}: the top-level mesh.", default={}),
                     "on_error": {
                         "enum": ["warn", "raise"],
                         "default": "warn",
                         "description": "What a backend failure at run time does.",
                     },
                     "triggers": {"$ref": "#/$defs/triggers"},
+                    "export": {"$ref": "#/$defs/export"},
                     "limits": {"$ref": "#/$defs/limits"},
                 },
             },

@@ -10,19 +10,18 @@ refused is reported once, by them. A problem that several roles share (a value i
 
 from __future__ import annotations
 
-import itertools
-import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import attrs
 
 from policy_engine.errors import Problem, Severity, json_path
-from policy_engine.language import colocation
+from policy_engine.language import clash, colocation
 from policy_engine.language.document import Document
+from policy_engine.language.frozen import FrozenDict
 from policy_engine.language.mesh import DIMS, format_mesh, mesh_size
 from policy_engine.language.model import Built, RoleSpec
-from policy_engine.language.ranks import Box, RankSelector, intersect
+from policy_engine.language.ranks import RankSelector
 from policy_engine.language.steps import StepSet, step_per_cycle
 
 Path = tuple[str | int, ...]
@@ -159,10 +158,10 @@ def _check_names(sink: _Sink, data: Mapping[str, Any], spec: RoleSpec, role: str
     sizes = list(mesh.values()) if mesh else [world]
     shown = [at for at, dim in enumerate(mesh or {}) if dim in fields and dim in DIMS]
     boxes = spec.ranks.boxes(world, mesh)
-    if len(boxes) <= _MAX_BOXES:
-        pair = _clash(boxes, sizes, shown)
-    elif sum(_box_size(box) for box in boxes) <= _MAX_LISTED:
-        pair = _clash_listed(boxes, sizes, shown)
+    if len(boxes) <= clash.MAX_BOXES:
+        pair = clash.clash(boxes, sizes, shown)
+    elif sum(clash.box_size(box) for box in boxes) <= clash.MAX_LISTED:
+        pair = clash.clash_listed(boxes, sizes, shown)
     else:
         sink.add("cannot prove that the name tells apart the ranks of {who}: the ranks "
                  f"selector is too complex to check ({len(boxes)} blocks of ranks); add <rank>",
@@ -171,100 +170,6 @@ def _check_names(sink: _Sink, data: Mapping[str, Any], spec: RoleSpec, role: str
     if pair is not None:
         sink.add(f"the name cannot tell apart ranks {pair[0]} and {pair[1]} of {{who}}; "
                  "add <rank>", where, role=role)
-
-
-#: Boxes of selected ranks compared pair by pair at most (half a million pairs).
-_MAX_BOXES = 1000
-#: Past _MAX_BOXES, the selected ranks are listed one by one when there are this few.
-_MAX_LISTED = 100_000
-
-
-def _weights(sizes: Sequence[int]) -> list[int]:
-    """Ranks per index of each dimension (the last varies fastest)."""
-    return [math.prod(sizes[at + 1:]) for at in range(len(sizes))]
-
-
-def _box_size(box: Box) -> int:
-    return math.prod(sum(hi - lo + 1 for lo, hi in ivs) for ivs in box)
-
-
-def _clash(boxes: Sequence[Box], sizes: Sequence[int],
-           shown: Sequence[int]) -> tuple[int, int] | None:
-    """The pair of selected ranks a walk over the ranks in order reports first: B the
-    smallest rank that shows the same coordinates as an earlier one, A the smallest rank
-    that shows them. None when no two selected ranks agree on every shown dimension.
-
-    Two ranks of one box clash when the box spans more than one point off the shown
-    dimensions; ranks of two boxes when their shown coordinates meet and their hidden ones
-    differ. Rank = shown part + hidden part, so each pair of boxes gives its smallest B in
-    constant time: at the least common shown point, the least two distinct hidden points.
-    """
-    weights = _weights(sizes)
-    hidden = [at for at in range(len(sizes)) if at not in shown]
-    # Per box: least rank, least and second hidden part, shown intervals, outer bounds.
-    facts = []
-    for box in boxes:
-        least_hidden = sum(box[at][0][0] * weights[at] for at in hidden)
-        second = None
-        for at in reversed(hidden):  # the innermost hidden dimension with two indices
-            (lo, hi), *rest = box[at]
-            if hi > lo or rest:
-                second = least_hidden + ((lo + 1 if hi > lo else rest[0][0]) - lo) * weights[at]
-                break
-        seen = tuple(box[at] for at in shown)
-        least = least_hidden + sum(ivs[0][0] * weights[at]
-                                   for at, ivs in zip(shown, seen, strict=True))
-        # The outermost shown dimension's bounds reject most pairs of boxes at once.
-        low, high = (seen[0][0][0], seen[0][-1][1]) if seen else (0, 0)
-        facts.append((least, least_hidden, second, seen, low, high))
-    facts.sort(key=lambda fact: fact[0])
-    best: tuple[int, tuple[int, ...]] | None = None  # (B, the coordinates it shows)
-    for j, (least, one, two, seen, low, high) in enumerate(facts):
-        if best is not None and least >= best[0]:
-            break  # every pair from here on has a B of at least `least`
-        for _, other_one, other_two, other_seen, other_low, other_high in facts[: j + 1]:
-            if other_low > high or low > other_high:
-                continue
-            common = tuple(intersect(a, b) for a, b in zip(seen, other_seen, strict=True))
-            if not all(common):
-                continue
-            if one != other_one:
-                extra = max(one, other_one)
-            else:  # the same least hidden point: one side must take its second
-                options = [x for x in (two, other_two) if x is not None]
-                if not options:
-                    continue
-                extra = min(options)
-            point = tuple(ivs[0][0] for ivs in common)
-            rank = extra + sum(c * weights[at] for at, c in zip(shown, point, strict=True))
-            if best is None or rank < best[0]:
-                best = (rank, point)
-    if best is None:
-        return None
-    rank, point = best
-    base = sum(c * weights[at] for at, c in zip(shown, point, strict=True))
-    first = min(base + fact[1] for fact in facts
-                if all(any(lo <= c <= hi for lo, hi in ivs)
-                       for ivs, c in zip(fact[3], point, strict=True)))
-    return first, rank
-
-
-def _clash_listed(boxes: Sequence[Box], sizes: Sequence[int],
-                  shown: Sequence[int]) -> tuple[int, int] | None:
-    """What :func:`_clash` returns, by listing the selected ranks (a few only)."""
-    weights = _weights(sizes)
-    shows: dict[int, tuple[int, ...]] = {}
-    for box in boxes:
-        axes = [[i for lo, hi in ivs for i in range(lo, hi + 1)] for ivs in box]
-        for coords in itertools.product(*axes):
-            rank = sum(c * w for c, w in zip(coords, weights, strict=True))
-            shows[rank] = tuple(coords[at] for at in shown)
-    first: dict[tuple[int, ...], int] = {}
-    for rank in sorted(shows):
-        if shows[rank] in first:
-            return first[shows[rank]], rank
-        first[shows[rank]] = rank
-    return None
 
 
 def _check_role(sink: _Sink, data: Mapping[str, Any], role: str, spec: RoleSpec,
@@ -288,7 +193,10 @@ def _check_role(sink: _Sink, data: Mapping[str, Any], role: str, spec: RoleSpec,
     coord_dims = sorted({axis.dim for axes in spec.ranks.clauses for axis in axes}
                         & {"tp", "pp", "dp", "cp", "ep"})
     if coord_dims and not mesh:
-        sink.add(f"ranks select by {', '.join(coord_dims)} but the policy has no mesh: these "
+        blocks = (data.get("roles") or {}).values()
+        none = "neither the policy nor the role has a mesh" if any(
+            isinstance(b, Mapping) and b.get("mesh") for b in blocks) else "the policy has no mesh"
+        sink.add(f"ranks select by {', '.join(coord_dims)} but {none}: these "
                  "coordinates must come from a DeviceMesh or Megatron at run time, else no "
                  "rank of {who} is profiled", ranks_at, "warning", role=role,
                  code=COORDINATES_WITHOUT_MESH)
@@ -345,8 +253,8 @@ def _check_budget(sink: _Sink, data: Mapping[str, Any], spec: RoleSpec, role: st
 
 def _check_mesh(sink: _Sink, data: Mapping[str, Any], built: Built, world: int | None,
                 mesh: Mapping[str, int] | None) -> tuple[int | None, Mapping[str, int] | None]:
-    """The world size and mesh the role checks use (``mesh`` from ``--mesh`` wins; a mesh
-    the schema refused is left out)."""
+    """The world size and the top-level mesh the role checks start from (``mesh`` from
+    ``--mesh`` wins; a mesh the schema refused is left out)."""
     policy_mesh = data.get("mesh") if built.refused.sound(("mesh",)) else None
     if mesh is not None and policy_mesh and dict(policy_mesh) != dict(mesh):
         sink.add(f"--mesh {format_mesh(mesh)} replaces the policy's mesh "
@@ -360,26 +268,60 @@ def _check_mesh(sink: _Sink, data: Mapping[str, Any], built: Built, world: int |
     return world, mesh
 
 
+def _role_layout(sink: _Sink, data: Mapping[str, Any], role: str, spec: RoleSpec,
+                 world: int | None, top: Mapping[str, int] | None,
+                 cli: Mapping[str, int] | None, world_given: bool,
+                 ) -> tuple[int | None, Mapping[str, int] | None] | None:
+    """The world size and mesh the checks of ``role`` use: ``--mesh``, else the role's own
+    mesh, else the top-level one. None when that mesh does not cover the world (then the
+    role is not checked against either; the mismatch is reported once, where it was
+    written)."""
+    own = dict(spec.mesh)
+    where = origin(data, role, "mesh")
+    if cli is not None:
+        if own and list(own.items()) != list(cli.items()):
+            sink.add(f"--mesh {format_mesh(cli)} replaces the mesh {format_mesh(own)} of "
+                     "{who}", where, "warning", role=role)
+        own = {}
+    mesh = own or top
+    if not mesh:
+        return world, None
+    if world is None:
+        return mesh_size(mesh), mesh
+    if mesh_size(mesh) != world:
+        if own:  # the top-level mesh's mismatch is reported at $.mesh
+            whence = "" if world_given or top is None else \
+                f" (the size of the top-level mesh {format_mesh(top)})"
+            sink.add(f"mesh {format_mesh(own)} of {{who}} has {mesh_size(own)} ranks but the "
+                     f"world has {world}{_literal(whence)}", where, role=role)
+        return None
+    return world, mesh
+
+
 def check(doc: Document, built: Built, *, world: int | None = None,
           mesh: Mapping[str, int] | None = None) -> list[Problem]:
     """Problems across values, in the built roles. ``mesh`` (the CLI's ``--mesh``)
-    replaces the policy's; when the mesh and the world disagree, the roles are not
+    replaces every mesh of the policy; a role whose mesh and world disagree is not
     checked against either."""
     sink = _Sink(doc)
     data = doc.data
-    world, mesh = _check_mesh(sink, data, built, world, mesh)
-    if not sink.errors:
-        if built.unnamed is not None:
-            _check_role(sink, data, UNNAMED, built.unnamed, world, mesh)
-        for role, spec in built.roles.items():
-            _check_role(sink, data, role, spec, world, mesh)
+    world_given = world is not None
+    world, top = _check_mesh(sink, data, built, world, mesh)
+    built_roles = ([(UNNAMED, built.unnamed)] if built.unnamed is not None else []) \
+        + list(built.roles.items())
+    for role, spec in built_roles:
+        layout = _role_layout(sink, data, role, spec, world, top, mesh, world_given)
+        if layout is not None:
+            _check_role(sink, data, role, spec, *layout)
     roles = data.get("roles")
     named = roles if isinstance(roles, Mapping) else {}
 
     def spec_of(name: str) -> RoleSpec | None:
-        if name in named:
-            return built.roles.get(name)
-        return None if built.unnamed is None else attrs.evolve(built.unnamed, name=name)
+        """The role's settings with the mesh its checks used (colocation compares them)."""
+        spec = built.roles.get(name) if name in named else built.unnamed
+        if spec is None:
+            return None
+        return attrs.evolve(spec, name=name, mesh=FrozenDict(mesh or spec.mesh or top or {}))
 
     groups = data.get("colocate")
     sound = [(index, group) for index, group in enumerate(groups or ())

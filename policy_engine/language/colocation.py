@@ -11,6 +11,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 from policy_engine.errors import did_you_mean
+from policy_engine.language.mesh import DIMS, format_mesh
 from policy_engine.language.model import RoleSpec
 
 Path = tuple[str | int, ...]
@@ -116,6 +117,15 @@ def _conflicts(data: Mapping[str, Any], gi: int, specs: list[RoleSpec],
                            f"captures but differ in their {block} settings: one capture has "
                            "one profiler configuration", origin(data, other.name, block),
                            "error")
+            if (first.template.fields() & set(DIMS)) and \
+                    list(first.mesh.items()) != list(other.mesh.items()):
+                yield (f"colocated roles {first.name!r} and {other.name!r} share {backend} "
+                       "captures but lay out their ranks on different meshes "
+                       f"({format_mesh(first.mesh) or 'none'} and "
+                       f"{format_mesh(other.mesh) or 'none'}) while the name shows "
+                       "coordinates: one capture has one name; give them one mesh, or drop "
+                       "<tp><pp><dp><cp><ep> from the name", origin(data, other.name, "mesh"),
+                       "error")
             if first.merge_steps and first.steps != other.steps:
                 yield (f"colocated roles {first.name!r} and {other.name!r} merge steps into "
                        f"shared {backend} captures but profile different steps ({first.steps} "

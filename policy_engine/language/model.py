@@ -68,6 +68,12 @@ class RoleSpec:
     #: what opens captures beyond ``steps`` (``triggers:``), and the budget (``limits:``)
     triggers: Triggers = attrs.field(factory=Triggers)
     limits: Limits = attrs.field(factory=Limits)
+    #: ``export.mode`` (background, sync) and ``export.in_flight``
+    export: str = "background"
+    export_in_flight: int = 2
+    #: the role's own ``mesh`` (its block's, else ``defaults``'); empty: the policy's
+    #: top-level mesh (:meth:`Policy.mesh_for`). A mesh replaces, never merges.
+    mesh: FrozenDict = attrs.field(factory=FrozenDict)
 
     @property
     def backend_label(self) -> str:
@@ -104,6 +110,30 @@ class Policy:
     def group(self, name: str) -> tuple[str, ...]:
         """The colocation group ``name`` belongs to (policy order), or ``()``."""
         return next((group for group in self.colocate if name in group), ())
+
+    def mesh_for(self, name: str) -> FrozenDict:
+        """The mesh of role ``name``: its own (``roles.<name>.mesh``, else
+        ``defaults.mesh``), else the top-level ``mesh``; empty when there is none."""
+        return self.role(name).mesh or self.mesh
+
+    def mesh_path(self, name: str) -> str:
+        """Where the mesh :meth:`mesh_for` gives was written, as a JSON path."""
+        own = self.role(name).mesh
+        if not own:
+            return "$.mesh"
+        shared = self.defaults.get("mesh")
+        if name in self.roles and (not shared or list(shared.items()) != list(own.items())):
+            return json_path(("roles", name, "mesh"))
+        return "$.defaults.mesh"
+
+    def with_mesh(self, mesh: Mapping[str, int]) -> Policy:
+        """This policy with ``mesh`` for every role (the CLI's ``--mesh``): the top-level
+        mesh replaced, the roles' own meshes dropped."""
+        return attrs.evolve(
+            self, mesh=FrozenDict(mesh),
+            roles=FrozenDict({name: attrs.evolve(spec, mesh=FrozenDict())
+                              for name, spec in self.roles.items()}),
+            defaults={k: v for k, v in self.defaults.items() if k != "mesh"})
 
 
 # ------------------------------------------------------------------ one role
@@ -149,6 +179,10 @@ def build_role(name: str, merged_defaults: Mapping[str, Any],
         blocks=FrozenDict({name: FrozenDict(raw[name]) for name in found}),
         triggers=Triggers.from_mapping(raw["triggers"]),
         limits=Limits.from_mapping(raw["limits"]),
+        export=raw["export"]["mode"],
+        export_in_flight=raw["export"]["in_flight"],
+        # A mesh lists dimensions in order: the role's replaces the defaults' whole.
+        mesh=FrozenDict((role or {}).get("mesh", merged_defaults.get("mesh")) or {}),
     )
 
 

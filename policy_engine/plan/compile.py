@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import socket
 
+import attrs
+
 from policy_engine.errors import PolicyError, Problem
 from policy_engine.language.frozen import FrozenDict
 from policy_engine.language.mesh import DIMS
@@ -13,15 +15,20 @@ from policy_engine.plan.plan import Plan, RegionPlan
 from policy_engine.plan.topology import Topology
 
 
-def resolve_topology(policy: Policy, topology: Topology | None) -> Topology:
-    """``topology`` (or the discovered one) with coordinates from the policy's mesh."""
+def resolve_topology(policy: Policy, topology: Topology | None,
+                     role: str | None = None) -> Topology:
+    """``topology`` (or the discovered one) with the coordinates no live source gave filled
+    in from the mesh of ``role`` (its own, else the top-level one; the top-level one when
+    ``role`` is None). Live coordinates win."""
     if topology is None:
         topology = Topology.discover()
-    if policy.mesh and any(dim not in topology.coords for dim in policy.mesh):
+    mesh = policy.mesh if role is None else policy.mesh_for(role)
+    if mesh and any(dim not in topology.coords for dim in mesh):
         try:
-            topology = topology.with_mesh(dict(policy.mesh))
+            topology = topology.with_mesh(dict(mesh))
         except ValueError as err:
-            raise PolicyError([Problem(str(err), "$.mesh", None)]) from None
+            where = "$.mesh" if role is None else policy.mesh_path(role)
+            raise PolicyError([Problem(str(err), where, None)]) from None
     return topology
 
 
@@ -45,8 +52,9 @@ def compile_plan(policy: Policy, role: str, topology: Topology | None = None) ->
         return Plan.off(spec, topo.rank, topo.world, local_rank=topo.local_rank,
                         node=topo.node, policy_source=policy.source,
                         policy_hash=policy.policy_hash)
-    topo = resolve_topology(policy, topology)
-    colocated = _colocated(policy, role, topo)
+    base = topology if topology is not None else Topology.discover()
+    topo = resolve_topology(policy, base, role)
+    colocated = _colocated(policy, role, base, topo)
     bound = {
         "prefix": policy.prefix, "rank": topo.rank, "world": topo.world,
         "local_rank": topo.local_rank, "node": topo.node, "backend": spec.backend,
@@ -78,9 +86,11 @@ def compile_plan(policy: Policy, role: str, topology: Topology | None = None) ->
     )
 
 
-def _colocated(policy: Policy, role: str, topo: Topology) -> tuple[tuple[str, StepSet], ...]:
+def _colocated(policy: Policy, role: str, base: Topology,
+               topo: Topology) -> tuple[tuple[str, StepSet], ...]:
     """The declared colocated roles that share this rank's captures with ``role``: same
-    backend, enabled, selecting this rank; in policy order, ``role`` included."""
+    backend, enabled, selecting this rank (placed in its own mesh); in policy order,
+    ``role`` included."""
     group = policy.group(role)
     if not group:
         return ()
@@ -88,9 +98,25 @@ def _colocated(policy: Policy, role: str, topo: Topology) -> tuple[tuple[str, St
     out = []
     for peer in group:
         spec = policy.role(peer)
-        if peer == role or (spec.backend == backend and selects(spec, topo)):
+        if peer == role or (spec.backend == backend and spec.enabled
+                            and selects(spec, _placed(policy, peer, role, base, topo))):
             out.append((peer, spec.steps))
     return tuple(out)
+
+
+def _placed(policy: Policy, peer: str, role: str, base: Topology, topo: Topology) -> Topology:
+    """This process as colocated role ``peer`` sees it: ``role``'s placement when they
+    share a mesh, else ``base`` placed in ``peer``'s mesh (a simulated process, such as
+    explain's, has only mesh coordinates: they are placed anew)."""
+    mesh = policy.mesh_for(peer)
+    if list(mesh.items()) == list(policy.mesh_for(role).items()):
+        return topo
+    if base.source == "simulated":
+        base = attrs.evolve(base, coords={}, sizes={})
+    try:
+        return resolve_topology(policy, base, peer)
+    except PolicyError:
+        return base  # its mesh does not cover this world: validate says so
 
 
 def _fixed_role(role: str, backend: str, colocated: tuple[tuple[str, StepSet], ...]) -> str | None:

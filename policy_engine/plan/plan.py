@@ -132,6 +132,7 @@ class Plan:
             "colocated": [[role, steps.to_json()] for role, steps in self.colocated],
             "triggers": self.spec.triggers.to_json(),
             "limits": self.spec.limits.to_json(),
+            "export": {"mode": self.spec.export, "in_flight": self.spec.export_in_flight},
         }
 
     @functools.cached_property

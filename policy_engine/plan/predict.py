@@ -99,7 +99,8 @@ def iter_ranks(policy: Policy, role: str, *, world: int, mesh: Mapping[str, int]
     """:func:`rank_entry` for every rank: each rank placed and compiled by the code the
     runtime runs (:func:`~policy_engine.plan.compile.selects`,
     :func:`~policy_engine.plan.compile.compile_plan`)."""
-    mesh = MappingProxyType(dict(mesh or policy.mesh)) if (mesh or policy.mesh) else None
+    mesh = mesh or policy.mesh_for(role)  # the role's own mesh, else the top-level one
+    mesh = MappingProxyType(dict(mesh)) if mesh else None
     spec = policy.role(role)
     for rank in range(world):
         topo = Topology.for_rank(rank, world, mesh, local_world)

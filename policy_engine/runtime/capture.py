@@ -23,6 +23,7 @@ from typing import Any
 
 from policy_engine.backends.base import Session
 from policy_engine.language.schedule import Action, Schedule
+from policy_engine.runtime.export import Exporter
 from policy_engine.runtime.ranges import Region, RegionRanges
 from policy_engine.runtime.records import CaptureRecords, Recorded, timestamp
 from policy_engine.runtime.state import STATE, Slot, warn_once
@@ -42,7 +43,9 @@ class Capture(RegionRanges, CaptureRecords):
                  owner: str, capture_id: str, record: dict[str, Any],
                  name: Callable[..., str], output_dir: str, last_step: int | None,
                  on_failure: Callable[[BaseException, str], None],
-                 step_per_cycle: bool = False, budget: Budget | None = None) -> None:
+                 step_per_cycle: bool = False, budget: Budget | None = None,
+                 exporter: Exporter | None = None,
+                 on_export_failure: Callable[[BaseException], None] | None = None) -> None:
         self.slot = slot
         self.session = session
         self.schedule = schedule
@@ -60,6 +63,11 @@ class Capture(RegionRanges, CaptureRecords):
         self.on_failure = on_failure
         self.budget = budget  # the owner's limits: each cycle takes from it
         self.exhausted = False  # the budget refused a cycle: the schedule is over
+        # export: background: saves hand their writing to the exporter (runtime.export)
+        self.exporter = exporter
+        self.on_export_failure = on_export_failure or (lambda err: on_failure(err, "export"))
+        self.queued = False
+        self.saved = 0  # cycles saved, their files written or queued
         self.pid = os.getpid()  # a forked child never drives its parent's capture
         self.home = _get_ident()
         self.home_name = threading.current_thread().name
@@ -246,30 +254,6 @@ class Capture(RegionRanges, CaptureRecords):
         if set_stem is not None:  # torch_npu renames its folder at save when it differs
             set_stem(self.stem)
 
-    def _save(self, status: str) -> None:
-        if self.step_unknown:
-            self._name_cycle()
-        self.phase = "save"
-        self._close_ranges()
-        self.recording = False
-        note = getattr(self.session, "note", None)
-        if note is not None:  # backends that label their own traces (torch metadata)
-            note({"joined": list(self.joined), "inner_steps": list(self.cycle_steps),
-                  "capture": self.id})
-        cycle = 0 if self.cycle is None else self.cycle
-        artifacts = self.session.save(self.stem, cycle)
-        if not artifacts:
-            self._trace(None, "failed", error="the backend wrote no output for this cycle")
-        failed = None
-        for artifact in artifacts:
-            if artifact.failed is not None:
-                failed = failed or artifact.failed
-                self._trace(None, "failed", error=artifact.failed, backend=artifact.backend)
-            else:
-                self._trace(artifact, status)
-        if failed is not None:  # recorded above; the capture fails as a whole
-            raise Recorded(failed)
-
     # -- ending -------------------------------------------------------------------
     def add_step(self, n: int) -> None:
         """A merged capture goes on into outer step ``n``."""
@@ -320,7 +304,7 @@ class Capture(RegionRanges, CaptureRecords):
                     self.phase = "discard"
                     self.warming = False
                     self.session.discard()
-                if not self.traces and not self.exhausted:
+                if not self.saved and not self.traces and not self.exhausted:
                     self._trace(None, "partial",
                                 error="the capture ended before its schedule recorded a step")
         except Exception as err:

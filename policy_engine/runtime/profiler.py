@@ -24,16 +24,11 @@ from typing import Any, TypeVar
 from policy_engine import backends
 from policy_engine.backends.base import CaptureInfo
 from policy_engine.backends.combined import Combined
-from policy_engine.errors import ProfilingError
 from policy_engine.plan.plan import Plan
-from policy_engine.runtime import manifest, signals
+from policy_engine.runtime import export, manifest, signals
 from policy_engine.runtime.capture import Capture
-from policy_engine.runtime.off import (
-    _off_region,
-    _off_step,
-    _off_training_step,
-    as_step,
-)
+from policy_engine.runtime.failures import RoleFailures
+from policy_engine.runtime.off import _off_region, _off_step, _off_training_step, as_step
 from policy_engine.runtime.state import capture_id, slot, warn_once
 from policy_engine.runtime.triggers import PLAN, Budget, Listener
 from policy_engine.runtime.wrapping import _DiscreteBlock, _RegionBlock, wrap_region
@@ -71,7 +66,7 @@ def _process_backend(name: str) -> Any:
     return found.backend
 
 
-class RoleProfiler:
+class RoleProfiler(RoleFailures):
     """Carries out one role's plan in this process. Safe from any thread (docs/runtime.md)."""
 
     def __init__(self, plan: Plan, *, policy_sources: tuple[str, ...] = ()) -> None:
@@ -99,6 +94,9 @@ class RoleProfiler:
         self._listener = Listener(plan, spec.triggers, self._note) if spec.triggers.any \
             else None
         self._why: tuple[str, str | None, int] | None = None  # this step's trigger
+        self._exporter = export.exporter(spec.export_in_flight) \
+            if spec.export == "background" else None
+        self._late: list[BaseException] = []  # background exports that failed
         self._captured = False  # the step under way is inside a capture
         if spec.triggers.signal:
             problem = signals.install_usr2()
@@ -164,7 +162,8 @@ class RoleProfiler:
                               output_dir=plan.output_dir,
                               last_step=last, on_failure=self._capture_failed,
                               step_per_cycle=first is not None and plan.step_per_cycle,
-                              budget=self._budget)
+                              budget=self._budget, exporter=self._exporter,
+                              on_export_failure=self._late.append)
             self._slot.capture = capture
             signals.install()
             if capture.begin():
@@ -208,54 +207,6 @@ class RoleProfiler:
         except Exception as err:
             self._failure(err, "stop", raising=status == "complete")
 
-    # -- failures -----------------------------------------------------------------
-    def _open_failed(self, cid: str, record: dict[str, Any], err: BaseException) -> None:
-        now = time.time()
-        message = f"{type(err).__name__}: {err}"
-        try:  # the folder may be what failed
-            manifest.append(self.plan.output_dir, dict(
-                record, event="trace", capture=cid, path=None, bytes=None, cycle=0,
-                inner_steps=[], status="failed", start=now, end=now, joined=[],
-                error=message))
-            manifest.append(self.plan.output_dir, {
-                "event": "close", "capture": cid, "status": "failed", "end": now,
-                "steps": record["steps"], "traces": 1, "joined": [], "error": message})
-        except OSError:
-            pass
-        self._failure(err, "open")
-
-    def _capture_failed(self, err: BaseException, when: str) -> None:
-        """The capture this role owns failed in a backend call (on any thread). The call
-        that drove it raises, if its role says so (:meth:`_raise_failure`)."""
-        self._own = None
-        self._turn_off("failed")
-        if self.plan.on_error != "raise":
-            log.warning("%s; profiling is off for this role from now on",
-                        self._message(err, when))
-
-    def _raise_failure(self, capture: Capture) -> None:
-        """After a call of this role drove ``capture`` into a backend failure."""
-        if capture.failure is None:
-            return
-        err, when = capture.failure
-        if self.plan.on_error == "raise":
-            raise ProfilingError(self._message(err, when)) from err
-        if capture.owner != self.plan.role:
-            log.warning("%s (in the capture of role %r)", self._message(err, when),
-                        capture.owner)
-
-    def _message(self, err: BaseException, when: str) -> str:
-        plan = self.plan
-        return (f"policy-engine: {plan.spec.backend_label} profiling of role {plan.role!r} "
-                f"on rank {plan.rank} failed at {when}: {type(err).__name__}: {err}")
-
-    def _failure(self, err: BaseException, when: str, raising: bool = True) -> None:
-        self._turn_off("failed")
-        message = self._message(err, when)
-        if self.plan.on_error == "raise" and raising:
-            raise ProfilingError(message) from err
-        log.warning("%s; profiling is off for this role from now on", message)
-
     def _turn_off(self, why: str) -> None:
         """From now on every method does nothing (instance attributes shadow the class's)."""
         self._off = why
@@ -273,6 +224,8 @@ class RoleProfiler:
             self._enter_step_locked(n)
 
     def _enter_step_locked(self, n: int) -> None:
+        if self._late:
+            self._export_failed()
         plan = self.plan
         own = self._own
         if own is not None and own.pending:
@@ -376,6 +329,9 @@ class RoleProfiler:
         own = self._own
         self._turn_off("closed")
         self._close(own, "complete")
+        export.flush()
+        if self._late:
+            self._export_failed()
 
     def __enter__(self) -> RoleProfiler:
         """``with profile_session(...) as prof:`` starts the whole-session capture here,

@@ -9,9 +9,10 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from policy_engine.backends.base import Artifact
+from policy_engine.backends.base import Artifact, Session
 from policy_engine.language.schedule import Schedule
 from policy_engine.runtime import manifest
+from policy_engine.runtime.export import Exporter
 from policy_engine.runtime.triggers import Budget
 
 
@@ -44,6 +45,17 @@ class CaptureRecords:
     name: Callable[..., str]
     budget: Budget | None
     exhausted: bool
+    exporter: Exporter | None
+    queued: bool  # an export of this capture was queued: its lines go through the queue
+    on_export_failure: Callable[[BaseException], None]
+    saved: int
+    session: Session
+    step_unknown: bool
+    phase: str
+    recording: bool
+
+    def _name_cycle(self) -> None: ...
+    def _close_ranges(self) -> None: ...
 
     def _report(self, artifact: Artifact, status: str) -> None:
         """A file the session wrote outside a save (an out-of-memory snapshot), from
@@ -58,17 +70,62 @@ class CaptureRecords:
         cycle = self.schedule.cycle(self.inner) if self.schedule is not None else None
         return self.name(cycle=cycle, timestamp=timestamp())
 
+    def _save(self, status: str) -> None:
+        if self.step_unknown:
+            self._name_cycle()
+        self.phase = "save"
+        self._close_ranges()
+        self.recording = False
+        note = getattr(self.session, "note", None)
+        if note is not None:  # backends that label their own traces (torch metadata)
+            note({"joined": list(self.joined), "inner_steps": list(self.cycle_steps),
+                  "capture": self.id})
+        cycle = 0 if self.cycle is None else self.cycle
+        self.saved += 1
+        later = getattr(self.session, "save_later", None) if self.exporter else None
+        if later is not None and self.exporter is not None:
+            write = later(self.stem, cycle)  # the backend stops here, on this thread
+            fields = self._line_fields()
+            self.queued = True
+            self.exporter.submit(lambda: self._export(write, status, fields), export=True)
+            return
+        artifacts = self.session.save(self.stem, cycle)
+        if not artifacts:
+            self._trace(None, "failed", error="the backend wrote no output for this cycle")
+        failed = None
+        for artifact in artifacts:
+            if artifact.failed is not None:
+                failed = failed or artifact.failed
+                self._trace(None, "failed", error=artifact.failed, backend=artifact.backend)
+            else:
+                self._trace(artifact, status)
+        if failed is not None:  # recorded above; the capture fails as a whole
+            raise Recorded(failed)
+
+    def _line_fields(self) -> dict[str, Any]:
+        """What a trace line says of the cycle under way, as it is now (a background
+        export writes its lines later, from this snapshot)."""
+        return {"cycle": 0 if self.cycle is None else self.cycle,
+                "inner_steps": list(self.cycle_steps), "start": self.cycle_started,
+                "steps": self.steps[self.cycle_from:], "joined": list(self.joined)}
+
+    def _emit(self, line: Callable[[], None]) -> None:
+        """Write a manifest line now, or after the exports already queued (their lines
+        come first), from the export thread."""
+        found = self.exporter
+        if found is not None and self.queued and not found.on_thread():
+            found.submit(line, export=False)
+        else:
+            line()
+
     def _trace(self, artifact: Artifact | None, status: str, error: str | None = None,
-               backend: str | None = None) -> None:
+               backend: str | None = None, fields: dict[str, Any] | None = None) -> None:
         record = dict(self.record)
         record.update({
             "event": "trace", "capture": self.id,
             "path": os.path.relpath(artifact.path, self.output_dir) if artifact else None,
-            "bytes": artifact.bytes if artifact else None,
-            "cycle": 0 if self.cycle is None else self.cycle,
-            "inner_steps": list(self.cycle_steps), "status": status,
-            "start": self.cycle_started, "end": time.time(),
-            "steps": self.steps[self.cycle_from:], "joined": list(self.joined),
+            "bytes": artifact.bytes if artifact else None, "status": status,
+            "end": time.time(), **(fields or self._line_fields()),
         })
         if artifact is not None and artifact.extra:
             record["extra"] = dict(artifact.extra)
@@ -80,12 +137,12 @@ class CaptureRecords:
         self.traces += 1
         if self.budget is not None and artifact is not None:
             self.budget.wrote(artifact.bytes)
-        manifest.append(self.output_dir, record)
+        self._emit(lambda: manifest.append(self.output_dir, record))
 
     def _close_record(self, status: str, error: str | None = None) -> None:
         record: dict[str, Any] = {
             "event": "close", "capture": self.id, "status": status, "end": time.time(),
-            "steps": list(self.steps), "traces": self.traces, "joined": list(self.joined),
+            "steps": list(self.steps), "joined": list(self.joined),
         }
         if self.deferred:
             record["deferred"] = self.deferred
@@ -93,4 +150,31 @@ class CaptureRecords:
             record["limit"] = self.budget.spent_why
         if error:
             record["error"] = error
-        manifest.append(self.output_dir, record)
+
+        def line() -> None:  # after the queued exports: their traces are counted
+            manifest.append(self.output_dir, {**record, "traces": self.traces})
+        self._emit(line)
+
+    def _export(self, write: Callable[[], list[Artifact]], status: str,
+                fields: dict[str, Any]) -> None:
+        """On the export thread: write what a save left, and its trace lines. A failure is
+        recorded here and reported to the owner (``on_export_failure``)."""
+        try:
+            artifacts = write()
+        except Exception as err:
+            artifacts = [Artifact("", None, failed=f"{type(err).__name__}: {err}")]
+        if not artifacts:
+            artifacts = [Artifact("", None, failed="the backend wrote no output for this cycle")]
+        failed = None
+        for artifact in artifacts:
+            try:
+                if artifact.failed is not None:
+                    failed = failed or artifact.failed
+                    self._trace(None, "failed", error=artifact.failed,
+                                backend=artifact.backend, fields=fields)
+                else:
+                    self._trace(artifact, status, fields=fields)
+            except OSError as err:
+                failed = failed or f"the manifest could not be written: {err}"
+        if failed is not None:
+            self.on_export_failure(Recorded(failed))

@@ -16,6 +16,7 @@ import signal
 import threading
 from types import FrameType
 
+from policy_engine.runtime import export
 from policy_engine.runtime.state import STATE, captures
 
 
@@ -27,6 +28,7 @@ def stop_all(why: str) -> None:
 
 def _on_exit() -> None:
     stop_all("the interpreter exited")
+    export.flush()  # what the export thread still holds
 
 
 def _on_sigterm(signum: int, frame: FrameType | None) -> None:
@@ -39,6 +41,7 @@ def _on_sigterm(signum: int, frame: FrameType | None) -> None:
 
 def _terminate(signum: int, frame: FrameType | None) -> None:
     stop_all("SIGTERM arrived")
+    export.flush()
     previous = STATE.previous_sigterm
     if callable(previous):
         previous(signum, frame)

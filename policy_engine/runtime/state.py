@@ -59,6 +59,7 @@ class ProcessState:
         self.usr2_count = 0  # SIGUSR2s received (runtime.triggers reads it)
         self.signal_hook: Callable[[], None] | None = None  # delivers it (runtime.signals)
         self.applied: dict[tuple[int, str], Any] = {}  # (id(worker), role) -> profiler
+        self.exporter: Any = None  # runtime.export.Exporter, made on first use
 
 
 STATE = ProcessState()
@@ -100,6 +101,8 @@ def reset() -> None:
             capture.end("partial")
         except Exception as err:  # a test double that fails on purpose
             log.debug("reset: ending a capture failed: %r", err)
+    if STATE.exporter is not None:
+        STATE.exporter.flush()
     fresh = ProcessState()
     # atexit and signal handlers cannot be undone; they read STATE whenever they run.
     fresh.hooks_installed = STATE.hooks_installed
@@ -116,6 +119,7 @@ def _after_fork() -> None:
     """A forked child (a data-loader worker) starts with no capture of its own: the
     parent's profilers are the parent's. Locks a parent thread held are made anew."""
     STATE.lock = threading.RLock()
+    STATE.exporter = None  # its thread stayed in the parent
     for found in STATE.slots.values():
         found.lock = threading.RLock()
         found.capture = None
