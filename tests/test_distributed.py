@@ -103,7 +103,12 @@ def _reports(folder: Path) -> dict[int, dict[str, Any]]:
 
 
 def _traces(profiles: Path) -> list[Path]:
-    return sorted(p for p in profiles.iterdir() if p.name.endswith(TRACE_EXT))
+    return sorted(p for p in profiles.rglob("*") if p.name.endswith(TRACE_EXT))
+
+
+def _names(profiles: Path) -> list[str]:
+    """The trace files under ``profiles``, as paths relative to it (the manifest's)."""
+    return [p.relative_to(profiles).as_posix() for p in _traces(profiles)]
 
 
 def _template_regex(name: str) -> re.Pattern[str]:
@@ -148,11 +153,11 @@ def mesh_run(tmp_path_factory: pytest.TempPathFactory) -> Run:
 
 
 def test_only_selected_ranks_write_traces(mesh_run: Run) -> None:
-    names = [p.name for p in _traces(mesh_run.profiles)]
+    names = _names(mesh_run.profiles)
     assert len(names) == 4, names
     for rank, coords in ((0, "tp0dp0"), (2, "tp0dp1")):
         for step in (2, 3):
-            pattern = rf"dist_actor_step{step}_rank{rank}-of-4_{coords}_pid\d+_\d{{17}}"
+            pattern = rf"actor/step{step}/dist_rank{rank}-of-4_{coords}_pid\d+_\d{{17}}"
             assert sum(bool(re.fullmatch(pattern + re.escape(TRACE_EXT), n)) for n in names) == 1
     assert {r["rank"] for r in mesh_run.reports.values() if r["profiled"]} == {0, 2}
 
@@ -178,7 +183,7 @@ def test_traces_cli_shows_exactly_those_captures(mesh_run: Run) -> None:
     listing = _cli("traces", str(mesh_run.profiles))
     assert listing["unlisted"] == [] and listing["missing"] == []
     rows = listing["traces"]
-    assert sorted(r["path"] for r in rows) == [p.name for p in _traces(mesh_run.profiles)]
+    assert sorted(r["path"] for r in rows) == _names(mesh_run.profiles)
     assert sorted((r["rank"], tuple(r["steps"])) for r in rows) == [
         (0, (2,)), (0, (3,)), (2, (2,)), (2, (3,)),
     ]  # fmt: skip
@@ -245,7 +250,7 @@ def test_two_nodes_profile_one_process_each(tmp_path: Path) -> None:
     reports = _reports(tmp_path / "reports")
     places = {r: (p["topology"]["node"], p["topology"]["local_rank"]) for r, p in reports.items()}
     assert places == {0: (0, 0), 1: (0, 1), 2: (1, 0), 3: (1, 1)}
-    names = sorted(re.sub(r"_pid\d+", "_pid", p.name) for p in _traces(tmp_path / "profiles"))
+    names = sorted(re.sub(r"_pid\d+", "_pid", n) for n in _names(tmp_path / "profiles"))
     assert names == [
         "nodes_actor_node0-local0_rank0-of-4_pid" + TRACE_EXT,
         "nodes_actor_node1-local0_rank2-of-4_pid" + TRACE_EXT,
@@ -283,10 +288,10 @@ def test_ray_actors_profile_as_their_role_says(tmp_path: Path) -> None:
     assert sorted((a["role"], a["rank"], a["profiled"]) for a in actors) == [
         ("actor", 0, True), ("actor", 1, False), ("rollout", 0, False), ("rollout", 1, True),
     ]  # fmt: skip
-    names = sorted(re.sub(r"_pid\d+_\d+", "", p.name) for p in _traces(tmp_path / "profiles"))
+    names = sorted(re.sub(r"_pid\d+_\d+", "", n) for n in _names(tmp_path / "profiles"))
     assert names == [
-        "ray_actor_step2_rank0-of-2" + TRACE_EXT,
-        "ray_rollout_step2_rank1-of-2" + TRACE_EXT,
+        "actor/step2/ray_rank0-of-2" + TRACE_EXT,
+        "rollout/step2/ray_rank1-of-2" + TRACE_EXT,
     ]
     listing = _cli("traces", str(tmp_path / "profiles"))
     assert listing["unlisted"] == [] and listing["missing"] == []

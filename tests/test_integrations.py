@@ -25,7 +25,7 @@ from policy_engine.integrations._driver import HookDriver
 from policy_engine.runtime.manifest import scan_manifests
 from policy_engine.testing import recording_backend
 
-TRACE_NAME = r"it_trainer_step{step}_rank0-of-1_pid\d+_\d{{17}}\.pt\.trace\.json\.gz"
+TRACE_NAME = r"trainer/step{step}/it_rank0-of-1_pid\d+_\d{{17}}\.pt\.trace\.json\.gz"
 
 
 def policy(out: Path, **role: Any) -> dict[str, Any]:
@@ -67,8 +67,8 @@ def check_steps_3_and_4(out: Path, capsys: Any, region: str) -> None:
             "trainer", 0, 1, [step])
         names = [e.get("name") for e in events]
         assert names.count(region) == 2  # one range per micro-batch
-    assert sorted(p.name for p in out.glob("*.pt.trace.json.gz")) == sorted(
-        r["path"] for r in found)
+    assert sorted(p.relative_to(out).as_posix() for p in out.rglob("*.pt.trace.json.gz")) \
+        == sorted(r["path"] for r in found)
     assert [c["status"] for c in records(out, "close")] == ["complete", "complete"]
     data = traces_cli(out, capsys)
     assert sorted(t["steps"][0] for t in data["traces"]) == [3, 4]

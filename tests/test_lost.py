@@ -26,20 +26,21 @@ import sys, time, torch
 from policy_engine import Topology, profile_session
 from policy_engine.backends import torch as torch_backend
 
-out, when = sys.argv[1], sys.argv[2]
-writer = torch_backend.TorchSession._write_gzip
+out, when, mode = sys.argv[1], sys.argv[2], sys.argv[3]
+writer = torch_backend._write_trace
 
-def slow_write(self, path):
-    writer(self, path)  # the temporary file is whole now, not yet published
+def slow_write(finished, path, *, gz):
+    writer(finished, path, gz=gz)  # the temporary file is whole now, not yet published
     print("saving", flush=True)
     time.sleep(4)
 
-torch_backend.TorchSession._write_gzip = slow_write
+torch_backend._write_trace = slow_write
 policy = {"version": 1, "output_dir": out,
           "roles": {"actor": {"enabled": True, "steps": [1], "ranks": [3],
                               "schedule": {"active": 2, "repeat": 2},
                               "name": "<role>_step<step>_c<cycle>",
-                              "torch": {"activities": ["cpu"]}}}}
+                              "torch": {"activities": ["cpu"]},
+                              "export": {"mode": mode}}}}
 prof = profile_session(policy, "actor", Topology(rank=3, world=4))
 with prof.training_step(1):
     for i in range(100000):
@@ -51,8 +52,8 @@ with prof.training_step(1):
 """
 
 
-def start(out: Path, when: str) -> subprocess.Popen[str]:
-    proc = subprocess.Popen([sys.executable, "-c", CHILD, str(out), when],
+def start(out: Path, when: str, mode: str = "background") -> subprocess.Popen[str]:
+    proc = subprocess.Popen([sys.executable, "-c", CHILD, str(out), when, mode],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     assert proc.stdout is not None
     deadline = time.time() + 120
@@ -98,7 +99,7 @@ def test_kill_9_while_saving_leaves_a_leftover_and_an_interrupted_capture(
 
 def test_sigterm_while_saving_finishes_the_trace_then_stops(tmp_path: Path,
                                                            capsys: Any) -> None:
-    proc = start(tmp_path, "save")
+    proc = start(tmp_path, "save", "sync")
     proc.send_signal(signal.SIGTERM)
     # The handler waits for the save in progress to finish, then saves the cycle that
     # had begun (partial) and lets SIGTERM end the process.
@@ -108,5 +109,23 @@ def test_sigterm_while_saving_finishes_the_trace_then_stops(tmp_path: Path,
     assert [(t["path"], t["status"]) for t in data["traces"]] == [
         ("actor_step1_c0.pt.trace.json.gz", "complete"),
         ("actor_step1_c1.pt.trace.json.gz", "partial")]
+    assert data["interrupted"] == [] and data["leftovers"] == []
+    assert (tmp_path / "actor_step1_c0.pt.trace.json.gz").stat().st_size > 100
+
+
+def test_sigterm_while_the_export_thread_saves_flushes_it(tmp_path: Path,
+                                                          capsys: Any) -> None:
+    """Background export: the training thread went on while cycle 0 was being written.
+    SIGTERM stops the capture (cycle 1, whatever it reached), waits for the exports, then
+    ends the process: both traces are whole, nothing is interrupted or left over."""
+    proc = start(tmp_path, "save", "background")
+    proc.send_signal(signal.SIGTERM)
+    proc.wait(timeout=120)
+    assert proc.returncode == -signal.SIGTERM
+    data, _ = traces(tmp_path, capsys)
+    rows = [(t["path"], t["status"]) for t in data["traces"]]
+    assert rows[0] == ("actor_step1_c0.pt.trace.json.gz", "complete")
+    assert rows[1][0] == "actor_step1_c1.pt.trace.json.gz" and rows[1][1] in (
+        "complete", "partial")
     assert data["interrupted"] == [] and data["leftovers"] == []
     assert (tmp_path / "actor_step1_c0.pt.trace.json.gz").stat().st_size > 100

@@ -314,7 +314,7 @@ def test_demo_runs_and_lists_its_traces(tmp_path: Path) -> None:
                           timeout=300)
     assert done.returncode == 0, done.stderr
     assert "actor+ref+rollout" in done.stdout and "2 traces (2 complete)" in done.stdout
-    assert "_actor+ref+rollout_step2_" in done.stdout  # colocate: every role, policy order
-    traces = sorted((tmp_path / "demo").glob("*.pt.trace.json.gz"))
-    assert [t.name.split("_")[2] for t in traces] == ["step2", "step3"]
+    assert "actor+ref+rollout/step2/" in done.stdout  # colocate: every role, policy order
+    traces = sorted((tmp_path / "demo").rglob("*.pt.trace.json.gz"))
+    assert [t.parent.name for t in traces] == ["step2", "step3"]
     assert "ui.perfetto.dev" in done.stdout
