@@ -6,7 +6,7 @@ import argparse
 import json
 import re
 import sys
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 from policy_engine.cli._common import (
@@ -15,6 +15,7 @@ from policy_engine.cli._common import (
     load_role_layout,
     positive_int,
 )
+from policy_engine.cli.forecast import Sizes, forecast, read_sizes
 from policy_engine.cli.traces import _size
 from policy_engine.cli.usage import UsageError
 from policy_engine.plan.predict import iter_ranks
@@ -34,6 +35,9 @@ def add_parser(sub: Any, name: str, help: str) -> None:
                         help="processes per node (for <node>/<local_rank>)")
     parser.add_argument("--region-calls", type=positive_int, default=1, metavar="N",
                         help="discrete mode: calls of each region per step (default 1)")
+    parser.add_argument("--sizes-from", metavar="DIR",
+                        help="forecast bytes per trace and in total from the manifests of "
+                             "an earlier run under DIR")
     add_format_option(parser)
     parser.set_defaults(run=run)
 
@@ -55,14 +59,45 @@ def run(args: argparse.Namespace) -> int:
     ranks = iter_ranks(policy, args.role, world=world, mesh=policy.mesh_for(args.role),
                        lo=lo, hi=hi, inner=args.inner_steps, local_world=args.local_world,
                        region_calls=args.region_calls)
+    total: dict[str, Any] | None = None
+    if args.sizes_from:
+        sizes = read_sizes(args.sizes_from)
+        total = {"bytes": 0, "traces": 0, "processes": 0, "unknown": 0}
+        ranks = _with_forecast(ranks, sizes, args.role, total)
     if args.format == "json":
-        _print_json(args.role, world, ranks)
+        _print_json(args.role, world, ranks, total)
     else:
         _print_text(args.role, world, lo, hi, ranks)
+        if total is not None:
+            print(_total_line(total, lo, hi))
     return 0
 
 
-def _print_json(role: str, world: int, ranks: Iterable[dict[str, Any]]) -> None:
+def _with_forecast(ranks: Iterable[dict[str, Any]], sizes: Sizes, role: str,
+                   total: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    for entry in ranks:
+        found = forecast(entry, sizes, role)
+        if found is not None:
+            entry["forecast"] = found
+            total["processes"] += 1
+            if found["bytes"] is None:
+                total["unknown"] += 1
+            else:
+                total["bytes"] += found["bytes"]
+                total["traces"] += found["traces"]
+        yield entry
+
+
+def _total_line(total: dict[str, Any], lo: int, hi: int) -> str:
+    line = (f"forecast for steps {lo}-{hi}: {total['traces']} traces, {_size(total['bytes'])} "
+            f"over {total['processes']} profiled processes")
+    if total["unknown"]:
+        line += f" ({total['unknown']} with nothing to go by)"
+    return line
+
+
+def _print_json(role: str, world: int, ranks: Iterable[dict[str, Any]],
+                total: dict[str, Any] | None = None) -> None:
     """One rank per line: readable, and fast for 65536 ranks (the C encoder does it)."""
     out = sys.stdout
     out.write(f'{{"role": {json.dumps(role)}, "world": {world}, "ranks": [\n  ')
@@ -77,7 +112,7 @@ def _print_json(role: str, world: int, ranks: Iterable[dict[str, Any]]) -> None:
             sep = ",\n  "
     if batch:
         out.write(sep + ",\n  ".join(batch))
-    out.write("\n]}\n")
+    out.write("\n]" + ("" if total is None else f', "forecast": {json.dumps(total)}') + "}\n")
 
 
 def _unprofiled(entry: dict[str, Any]) -> str:
@@ -143,6 +178,12 @@ def _print_text(role: str, world: int, lo: int, hi: int,
             print(f"    actions per inner step: {' '.join(first['actions'])}")
         for line in _beyond_plan(first):
             print(f"    {line}")
+        found = first.get("forecast")
+        if found is not None:
+            print("    forecast: " + (
+                f"{found['traces']} traces x {_size(found['bytes_per_trace'])} = "
+                f"{_size(found['bytes'])} per process ({found['why']})"
+                if found["bytes"] is not None else found["why"]))
         shown = group if len(group) <= 4 else [group[0], group[-1]]
         for entry in shown:
             print(f"    rank {entry['rank']} ({_coords(entry)}): {entry['name']}")

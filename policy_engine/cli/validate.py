@@ -15,6 +15,7 @@ from policy_engine.cli._common import (
     analyze_file,
     print_json,
 )
+from policy_engine.cli.forecast import budget_problems, read_sizes
 from policy_engine.errors import PolicyError, Problem, json_path
 from policy_engine.language.checks import UNNAMED, origin
 from policy_engine.language.document import Document, PolicyFileError
@@ -28,6 +29,9 @@ def add_parser(sub: Any, name: str, help: str) -> None:
     parser.add_argument("--strict", action="store_true", help="treat warnings as errors")
     parser.add_argument("--check-runtime", action="store_true",
                         help="also check that each enabled backend can run here")
+    parser.add_argument("--sizes-from", metavar="DIR",
+                        help="warn when a role's limits.bytes is below the size forecast "
+                             "from the manifests of an earlier run under DIR")
     add_format_option(parser)
     parser.set_defaults(run=run)
 
@@ -42,6 +46,11 @@ def _check_file(path: str, args: argparse.Namespace) -> tuple[int, list[Problem]
     problems = list(result.problems)
     if args.check_runtime and result.policy is not None:
         problems += _runtime_problems(result.document, result.policy)
+    if args.sizes_from and result.policy is not None:
+        doc = result.document
+        for role, field, message in budget_problems(result.policy, read_sizes(args.sizes_from)):
+            at = origin(doc.data, role, field)
+            problems.append(Problem(message, json_path(at), doc.locate(at), "warning"))
     if args.strict:
         problems = [attrs.evolve(p, severity="error") for p in problems]
     return (1 if any(p.severity == "error" for p in problems) else 0), problems
