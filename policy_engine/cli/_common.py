@@ -23,6 +23,13 @@ def mesh_arg(text: str) -> dict[str, int]:
         raise argparse.ArgumentTypeError(str(err)) from None
 
 
+def whole_number(text: str) -> int:
+    """An argument that is a count, 0 allowed."""
+    if not text.isdigit():
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}")
+    return int(text)
+
+
 def positive_int(text: str) -> int:
     if not text.isdigit() or int(text) < 1:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")

@@ -13,14 +13,9 @@ import sys
 from typing import Any
 
 from policy_engine.backends.memory.plot import SnapshotError, write_plot
+from policy_engine.cli._common import whole_number
 
 _PROG = "policy-engine memory-plot"
-
-
-def _count(text: str) -> int:
-    if not text.isdigit():
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}")
-    return int(text)
 
 
 def add_parser(sub: Any, name: str, help: str) -> None:
@@ -28,9 +23,9 @@ def add_parser(sub: Any, name: str, help: str) -> None:
     parser.add_argument("snapshot", metavar="SNAPSHOT")
     parser.add_argument("-o", "--output", metavar="OUT",
                         help="the page to write (default: SNAPSHOT with .pickle as .html)")
-    parser.add_argument("--device", type=_count, metavar="N",
+    parser.add_argument("--device", type=whole_number, metavar="N",
                         help="the device to plot (default: the one with the most entries)")
-    parser.add_argument("--top", type=_count, default=10, metavar="K",
+    parser.add_argument("--top", type=whole_number, default=10, metavar="K",
                         help="how many of the largest allocations to list (default: 10)")
     parser.set_defaults(run=run)
 

@@ -25,6 +25,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from policy_engine.backends.output import TEMP_PREFIX
+from policy_engine.cli._common import whole_number
 from policy_engine.cli.chrome_trace import ProcessMap, TraceError, TraceReader
 from policy_engine.cli.usage import UsageError
 from policy_engine.errors import did_you_mean
@@ -42,23 +43,17 @@ _NO_LINKS = frozenset({errno.EPERM, errno.EXDEV, errno.EMLINK, errno.ENOSYS, err
                        errno.EOPNOTSUPP})
 
 
-def _count(text: str) -> int:
-    if not text.isdigit():
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}")
-    return int(text)
-
-
 def add_parser(sub: Any, name: str, help: str) -> None:
     parser = sub.add_parser(name, help=help, description=__doc__)
     parser.add_argument("dir", metavar="DIR")
     parser.add_argument("--role", metavar="R",
                         help="the role (needed when DIR holds traces of more than one)")
-    parser.add_argument("--step", type=_count, metavar="N",
+    parser.add_argument("--step", type=whole_number, metavar="N",
                         help="a step the window covers (needed when there is more than one)")
-    parser.add_argument("--cycle", type=_count, metavar="K",
+    parser.add_argument("--cycle", type=whole_number, metavar="K",
                         help="the schedule cycle, when the step has several")
     parser.add_argument("--region", metavar="NAME", help="the region, for discrete captures")
-    parser.add_argument("--capture", type=_count, metavar="I",
+    parser.add_argument("--capture", type=whole_number, metavar="I",
                         help="the I-th capture (from 1) of the same steps and cycle, when a "
                              "region or a rerun captured them again")
     parser.add_argument("-o", "--output", required=True, metavar="OUT",

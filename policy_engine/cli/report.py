@@ -24,6 +24,7 @@ import zlib
 from collections.abc import Iterator
 from typing import IO, Any
 
+from policy_engine.cli._common import whole_number
 from policy_engine.cli.report_page import Capture, Ops, captures, render
 from policy_engine.cli.traces import _size, collect
 from policy_engine.cli.usage import UsageError
@@ -40,24 +41,18 @@ _EVENTS_KEY = re.compile(r'"traceEvents"\s*:\s*\[')
 _NEXT = re.compile(r"[^\s,]")
 
 
-def _count(text: str) -> int:
-    if not text.isdigit():
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}")
-    return int(text)
-
-
 def add_parser(sub: Any, name: str, help: str) -> None:
     parser = sub.add_parser(name, help=help, description=__doc__)
     parser.add_argument("dir", metavar="DIR")
     parser.add_argument("-o", "--output", metavar="OUT", default="report.html",
                         help="the page to write (default: report.html)")
     parser.add_argument("--force", action="store_true", help="replace OUT if it exists")
-    parser.add_argument("--top", type=_count, default=10, metavar="K",
+    parser.add_argument("--top", type=whole_number, default=10, metavar="K",
                         help="operators listed per trace (default: 10)")
-    parser.add_argument("--ops", type=_count, default=32, metavar="N",
+    parser.add_argument("--ops", type=whole_number, default=32, metavar="N",
                         help="torch traces to read operators from, those that need "
                              "attention first (default: 32; 0 reads none)")
-    parser.add_argument("--max-trace-mb", type=_count, default=256, metavar="MB",
+    parser.add_argument("--max-trace-mb", type=whole_number, default=256, metavar="MB",
                         help="skip the operators of a trace longer than this, "
                              "uncompressed (default: 256)")
     parser.set_defaults(run=run)

@@ -17,6 +17,7 @@ from typing import Any
 
 import yaml
 
+from policy_engine.cli._common import positive_int
 from policy_engine.cli.usage import UsageError
 from policy_engine.language.ranks import RankSelector
 from policy_engine.language.selector import SelectorError
@@ -31,12 +32,6 @@ def _step(text: str) -> int | None:
         return None
     if not text.isdigit():
         raise argparse.ArgumentTypeError(f"expected a step number or 'next', got {text!r}")
-    return int(text)
-
-
-def _positive(text: str) -> int:
-    if not text.isdigit() or int(text) < 1:
-        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {text!r}")
     return int(text)
 
 
@@ -62,7 +57,7 @@ def add_parser(sub: Any, name: str, help: str) -> None:
     parser.add_argument("--steps", type=_step, default=None, metavar="N|next",
                         help="the first step to capture (default: next, the next step "
                              "each process starts)")
-    parser.add_argument("--count", type=_positive, default=1, metavar="K",
+    parser.add_argument("--count", type=positive_int, default=1, metavar="K",
                         help="how many consecutive steps (default: 1)")
     parser.add_argument("--wait", type=_seconds, default=0.0, metavar="SECONDS",
                         help="wait up to this long for the processes to answer and their "
