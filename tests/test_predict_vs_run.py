@@ -80,6 +80,9 @@ def cases(draw: Any, merged_cycles: bool = False
         policy["roles"]["ref"] = dict(role, steps=draw(steps), ranks="all")
         policy["colocate"] = [["ref", "actor"]]
     lo = draw(st.integers(0, 4))
+    if draw(st.booleans()):  # a budget counts from the run's first step: run from 0
+        role["limits"] = {"captures": draw(st.integers(1, 4))}
+        lo = 0
     hi = lo + draw(st.integers(0, 8))
     return policy, world, mesh, lo, hi, draw(st.integers(1 if merged_cycles else 0, 6))
 

@@ -27,7 +27,7 @@ from policy_engine.runtime.export import Exporter
 from policy_engine.runtime.ranges import Region, RegionRanges
 from policy_engine.runtime.records import CaptureRecords, Recorded, timestamp
 from policy_engine.runtime.state import STATE, Slot, warn_once
-from policy_engine.runtime.transitions import NONE, RECORD, SAVE, TABLE, WARMUP, begins
+from policy_engine.runtime.transitions import NONE, RECORD, SAVE, TABLE, WARMUP, starts_recording
 from policy_engine.runtime.triggers import Budget
 
 log = logging.getLogger("policy_engine")
@@ -178,9 +178,9 @@ class Capture(RegionRanges, CaptureRecords):
                     self.schedule.cycle(n) != self.cycle:
                 self._run(old, NONE)  # the cycle ended between two calls
                 old = NONE
-            if self.budget is not None and new is not NONE and begins(old, new) and \
+            if self.budget is not None and new is not NONE and starts_recording(old, new) and \
                     not self.budget.take():
-                self.exhausted, new = True, NONE  # limits: no new cycle begins
+                self.exhausted, new = True, NONE  # limits: no new cycle records
             self._run(old, new)
         except Exception as err:
             self.busy = 0

@@ -25,7 +25,6 @@ TABLE: dict[tuple[Action | None, Action], tuple[str, ...]] = {
 }
 
 
-def begins(old: Action | None, new: Action) -> bool:
-    """Whether going from ``old`` to ``new`` begins a schedule cycle (warm-up or record)."""
-    ops = TABLE[(old, new)]
-    return PREPARE in ops or (START in ops and old is not WARMUP)
+def starts_recording(old: Action | None, new: Action) -> bool:
+    """Whether going from ``old`` to ``new`` starts recording a cycle: one trace."""
+    return START in TABLE[(old, new)]
