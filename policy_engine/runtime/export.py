@@ -62,12 +62,13 @@ class Exporter:
     def _run(self) -> None:
         while True:
             with self._cond:
-                while not self._jobs:
+                if not self._jobs:
+                    # Idle: the thread ends (a later submit starts another), so that none
+                    # is left waiting when the interpreter shuts down.
                     self._busy = False
+                    self._thread = None
                     self._cond.notify_all()
-                    if not self._cond.wait(timeout=30.0) and not self._jobs:
-                        self._thread = None  # idle: a later submit starts another
-                        return
+                    return
                 job, export = self._jobs.popleft()
                 self._busy = True
             try:
