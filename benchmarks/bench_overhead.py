@@ -5,7 +5,7 @@
 Targets (README, "Performance"):
   off rank:  step() and training_step() <= ~1.2x a no-op method call; regions untouched
   on rank, nothing recording: step() and a region call <= ~10x a bare function call
-  on rank, a step not profiled: training_step(n) with every trigger on <= ~1.5x without
+  on rank, a step not profiled: training_step(n) with every trigger on <= ~2x without
   a capture driven by the engine <= ~1.05x raw torch.profiler with the same schedule
 """
 

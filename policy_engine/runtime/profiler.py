@@ -237,13 +237,14 @@ class RoleProfiler(RoleFailures):
             self._mode = _STEPS
         self._outer = n
         listener = self._listener
+        planned = n in plan.steps
         why = None
         if listener is not None and not self._off:
             why = listener.at_step(n, self._captured)
-            if n in plan.steps:
+            if planned:
                 why = None  # the plan captures it anyway
             self._why = why
-        if plan.discrete or self._off or (why is None and n not in plan.steps):
+        if plan.discrete or self._off or (why is None and not planned):
             self._captured = False
             if own is not None:
                 self._close(own, "complete")

@@ -17,11 +17,11 @@ no capture opens and no schedule cycle begins; the first refusal warns once and 
 
 from __future__ import annotations
 
-import bisect
 import json
 import logging
 import os
 import secrets
+import statistics
 import time
 from collections import deque
 from collections.abc import Callable
@@ -42,6 +42,7 @@ REQUEST_SUFFIX = ".json"
 #: Why a capture opened, as the manifest's ``trigger`` field says.
 PLAN, ON_DEMAND, SIGNAL, SLOW_STEP = "plan", "on_demand", "signal", "slow_step"
 _clock = time.perf_counter
+_REFRESH = 8  # measured steps between two medians
 
 
 # ------------------------------------------------------------------ requests
@@ -121,20 +122,30 @@ class Listener:
         slow = triggers.slow_step
         self.slow = slow
         self.slow_left = 0 if slow is None else slow.max
-        self.last_start: float | None = None
-        self.last_step = -2
-        self.last_captured = False
+        self.after = 0 if slow is None else slow.after
+        self.last_start = 0.0
+        self.last_step = -2  # no step yet: the first one is never measured
         self.measured = 0
-        self.recent: deque[float] = deque()
-        self.ordered: list[float] = []
+        self.recent: deque[float] = deque(maxlen=50 if slow is None else slow.window)
+        # factor x the median of ``recent``, refreshed every few measured steps (infinite
+        # until ``after`` steps are measured): a step costs a comparison, not a sort
+        self.median = 0.0
+        self.threshold = float("inf")
 
     def at_step(self, n: int, captured: bool) -> tuple[str, str | None, int] | None:
         """At the start of outer step ``n``: why to capture it beyond the plan (None: no
         reason), with the request and the last step of that capture. ``captured``: the
         previous step was inside a capture (its time says nothing about training)."""
         now = _clock()
-        if self.slow_left and self.last_start is not None:
-            self._measure(n, now - self.last_start, captured)
+        if self.slow_left and n == self.last_step + 1 and not captured:
+            # one training step's time, and not a profiled one
+            took = now - self.last_start
+            if took > self.threshold:
+                self._slow(n, took)
+            self.recent.append(took)
+            self.measured += 1
+            if self.measured % _REFRESH == 0 or self.measured == self.after:
+                self._refresh()
         self.last_start, self.last_step = now, n
         if self.signal and STATE.usr2_count != self.signals:
             self.signals = STATE.usr2_count
@@ -147,25 +158,17 @@ class Listener:
         return self.wanted.pop(n, None)
 
     # -- slow steps -------------------------------------------------------------
-    def _measure(self, n: int, took: float, captured: bool) -> None:
-        slow = self.slow
-        assert slow is not None
-        if n != self.last_step + 1 or captured:
-            return  # not one training step's time, or a profiled one
-        if self.measured >= slow.after and self.ordered:
-            median = self.ordered[len(self.ordered) // 2] if len(self.ordered) % 2 else (
-                self.ordered[len(self.ordered) // 2 - 1]
-                + self.ordered[len(self.ordered) // 2]) / 2
-            if took > slow.factor * median:
-                self.slow_left -= 1
-                self.wanted.setdefault(n, (SLOW_STEP, None, n))
-                self.note("slow_step", step=n - 1, seconds=round(took, 6),
-                          median=round(median, 6), captures=[n])
-        self.measured += 1
-        self.recent.append(took)
-        bisect.insort(self.ordered, took)
-        if len(self.recent) > slow.window:
-            del self.ordered[bisect.bisect_left(self.ordered, self.recent.popleft())]
+    def _slow(self, n: int, took: float) -> None:
+        """Step n-1 took ``took`` seconds, past the threshold: capture step n."""
+        self.slow_left -= 1
+        self.wanted.setdefault(n, (SLOW_STEP, None, n))
+        self.note("slow_step", step=n - 1, seconds=round(took, 6),
+                  median=round(self.median, 6), captures=[n])
+
+    def _refresh(self) -> None:
+        if self.measured >= self.after and self.slow is not None:
+            self.median = statistics.median(self.recent)
+            self.threshold = self.slow.factor * self.median
 
     # -- requests ---------------------------------------------------------------
     def _look(self, n: int) -> None:
