@@ -21,6 +21,7 @@ from collections.abc import Callable
 from typing import Any
 
 from policy_engine import Topology, apply_policy, profile_session
+from policy_engine.runtime import export
 
 N = 200_000
 
@@ -151,6 +152,7 @@ def capture_vs_raw(out: str, rounds: int = 7) -> dict[str, float]:
             for _ in range(steps):
                 work()
                 prof.step()
+        export.flush()  # the trace written, as raw's is (the engine writes it off-thread)
         return time.perf_counter() - began
 
     raw_run(), engine_run()  # first profiler start in a process pays lazy imports
