@@ -68,6 +68,7 @@ class Capture(RegionRanges, CaptureRecords):
         self.on_export_failure = on_export_failure or (lambda err: on_failure(err, "export"))
         self.queued = False
         self.saved = 0  # cycles saved, their files written or queued
+        self.export_error: str | None = None  # a background export of it failed
         self.pid = os.getpid()  # a forked child never drives its parent's capture
         self.home = _get_ident()
         self.home_name = threading.current_thread().name

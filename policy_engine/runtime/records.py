@@ -49,6 +49,7 @@ class CaptureRecords:
     queued: bool  # an export of this capture was queued: its lines go through the queue
     on_export_failure: Callable[[BaseException], None]
     saved: int
+    export_error: str | None
     session: Session
     step_unknown: bool
     phase: str
@@ -152,7 +153,11 @@ class CaptureRecords:
             record["error"] = error
 
         def line() -> None:  # after the queued exports: their traces are counted
-            manifest.append(self.output_dir, {**record, "traces": self.traces})
+            final = {**record, "traces": self.traces}
+            failed = self.export_error
+            if failed is not None and final["status"] == "complete":
+                final.update(status="failed", error=failed)  # an export of it failed
+            manifest.append(self.output_dir, final)
         self._emit(line)
 
     def _export(self, write: Callable[[], list[Artifact]], status: str,
@@ -177,4 +182,5 @@ class CaptureRecords:
             except OSError as err:
                 failed = failed or f"the manifest could not be written: {err}"
         if failed is not None:
+            self.export_error = failed
             self.on_export_failure(Recorded(failed))
