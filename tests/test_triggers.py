@@ -274,3 +274,29 @@ def test_explain_stops_at_the_limit_and_names_the_triggers(
     text = capsys.readouterr().out
     assert "triggers also capture: SIGUSR2" in text
     assert "limits: at most 3 captures and 2.0 GiB per process" in text
+
+
+def test_a_triggered_step_of_a_discrete_role_captures_each_region_call(
+        make_policy: Any, out: Path) -> None:
+    class Stages:
+        def update_actor(self) -> None:
+            pass
+
+        def compute_log_prob(self) -> None:
+            pass
+
+    worker = Stages()
+    policy = make_policy(steps=[], discrete=True, regions=["update_actor", "compute_log_prob"],
+                         name="<role>_<region>_step<step>",
+                         triggers={"on_demand": True, "poll_seconds": 0})
+    with recording_backend("torch"):
+        prof = apply_policy(worker, "actor", policy, Topology(rank=0, world=1))
+        for n in range(5):
+            if n == 3:
+                triggers.write_request(str(out), role="actor", ranks=None, step=None, count=1)
+            with prof.training_step(n):
+                worker.compute_log_prob()
+                worker.update_actor()
+        prof.close()
+    assert [(r["region"], r["steps"], r["trigger"]) for r in records(out, "open")] == [
+        ("compute_log_prob", [3], "on_demand"), ("update_actor", [3], "on_demand")]
