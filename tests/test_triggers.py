@@ -51,7 +51,8 @@ def out(tmp_path: Path) -> Path:
     return tmp_path / "out"
 
 
-def test_request_captures_the_step_asked_for(make_policy: Any, out: Path) -> None:
+def test_request_captures_the_step_asked_for(make_policy: Any, out: Path,
+                                             capsys: pytest.CaptureFixture[str]) -> None:
     policy = make_policy(steps=[2], ranks="all", triggers={"on_demand": True, "poll_seconds": 0})
     with recording_backend("torch"):
         prof = apply_policy(Worker(), "actor", policy, Topology(rank=1, world=4))
@@ -65,6 +66,9 @@ def test_request_captures_the_step_asked_for(make_policy: Any, out: Path) -> Non
         "trigger", "accepted", [7, 8], 4)
     assert opened(out) == [([2], "plan", None), ([7], "on_demand", rid),
                            ([8], "on_demand", rid)]
+    assert main(["traces", str(out)]) == 0
+    table = capsys.readouterr().out
+    assert " 7 (on_demand) " in table and " 2 (" not in table
     traces = [r for r in records(out, "trace")]
     assert [r["trigger"] for r in traces] == ["plan", "on_demand", "on_demand"]
     assert traces[1]["path"].startswith("actor/step7/t_rank1-of-4_")

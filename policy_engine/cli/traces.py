@@ -244,9 +244,13 @@ def _row(r: dict[str, Any]) -> tuple[str, ...]:
     else:
         path = r.get("path") or f"({r.get('error') or 'no file'})"
     cycle = r.get("cycle")
+    steps = _steps(r)
+    trigger = r.get("trigger")
+    if trigger and trigger != "plan":  # a capture beyond the plan says why it happened
+        steps += f" ({trigger})"
     return tuple(_cell(c) for c in (
         _roles(r),
-        r.get("region") or "-", r.get("rank"), _steps(r), "-" if cycle is None else cycle,
+        r.get("region") or "-", r.get("rank"), steps, "-" if cycle is None else cycle,
         r.get("status"), _size(r.get("bytes")), path))
 
 
