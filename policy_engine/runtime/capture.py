@@ -61,7 +61,7 @@ class Capture(RegionRanges, CaptureRecords):
         self.cycle_from, self.cycle_timestamp = 0, ""
         self.output_dir = output_dir
         self.on_failure = on_failure
-        self.budget = budget  # the owner's limits: each cycle takes from it
+        self.budget = budget  # the owner's limits: each cycle that records takes from it
         self.exhausted = False  # the budget refused a cycle: the schedule is over
         # export: background: saves hand their writing to the exporter (runtime.export)
         self.exporter = exporter

@@ -38,7 +38,6 @@ class Exporter:
         self._exports = 0  # exports queued or running
         self._busy = False
         self._thread: threading.Thread | None = None
-        self.waited = 0.0  # seconds the training thread waited for room
 
     def submit(self, job: Job, *, export: bool) -> None:
         """Queue ``job``; an export waits for room first (a manifest line never does)."""
@@ -47,10 +46,8 @@ class Exporter:
                 warn_once(("export-wait",), "policy-engine: %d trace exports are already "
                           "being written; the training thread waits for one to finish "
                           "(larger traces than the disk keeps up with?)", self._exports)
-                began = time.perf_counter()
                 while self._exports >= self.in_flight:
                     self._cond.wait()
-                self.waited += time.perf_counter() - began
             self._jobs.append((job, export))
             self._exports += export
             if self._thread is None or not self._thread.is_alive():

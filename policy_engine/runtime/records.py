@@ -90,18 +90,25 @@ class CaptureRecords:
             self.queued = True
             self.exporter.submit(lambda: self._export(write, status, fields), export=True)
             return
-        artifacts = self.session.save(self.stem, cycle)
+        failed = self._record_artifacts(self.session.save(self.stem, cycle), status)
+        if failed is not None:  # recorded; the capture fails as a whole
+            raise Recorded(failed)
+
+    def _record_artifacts(self, artifacts: list[Artifact], status: str,
+                          fields: dict[str, Any] | None = None) -> str | None:
+        """A trace line per file a save wrote, or per part that failed (or one when it
+        wrote nothing); the first failure, if any."""
         if not artifacts:
-            self._trace(None, "failed", error="the backend wrote no output for this cycle")
+            artifacts = [Artifact("", None, failed="the backend wrote no output for this cycle")]
         failed = None
         for artifact in artifacts:
             if artifact.failed is not None:
                 failed = failed or artifact.failed
-                self._trace(None, "failed", error=artifact.failed, backend=artifact.backend)
+                self._trace(None, "failed", error=artifact.failed, backend=artifact.backend,
+                            fields=fields)
             else:
-                self._trace(artifact, status)
-        if failed is not None:  # recorded above; the capture fails as a whole
-            raise Recorded(failed)
+                self._trace(artifact, status, fields=fields)
+        return failed
 
     def _line_fields(self) -> dict[str, Any]:
         """What a trace line says of the cycle under way, as it is now (a background
@@ -168,19 +175,10 @@ class CaptureRecords:
             artifacts = write()
         except Exception as err:
             artifacts = [Artifact("", None, failed=f"{type(err).__name__}: {err}")]
-        if not artifacts:
-            artifacts = [Artifact("", None, failed="the backend wrote no output for this cycle")]
-        failed = None
-        for artifact in artifacts:
-            try:
-                if artifact.failed is not None:
-                    failed = failed or artifact.failed
-                    self._trace(None, "failed", error=artifact.failed,
-                                backend=artifact.backend, fields=fields)
-                else:
-                    self._trace(artifact, status, fields=fields)
-            except OSError as err:
-                failed = failed or f"the manifest could not be written: {err}"
+        try:
+            failed = self._record_artifacts(artifacts, status, fields)
+        except OSError as err:
+            failed = f"the manifest could not be written: {err}"
         if failed is not None:
             self.export_error = failed
             self.on_export_failure(Recorded(failed))
