@@ -207,7 +207,7 @@ def test_out_of_memory_dumps_the_history(tmp_path: Path, cuda: FakeCudaMemory,
     oom = [r for r in rows if r["status"] == "oom"]
     assert [r["path"] for r in oom] == ["actor_step2_rank0_oom.pickle"]
     assert oom[0]["extra"] == {"device": "cuda", "device_index": 0, "bytes_asked": 8 << 30,
-                               "device_allocated": 70 << 30, "device_free": 1 << 20,
+                               "device_limit": 70 << 30, "device_free": 1 << 20,
                                "history": True}
     assert oom[0]["capture"] == next(r for r in rows if r["path"] ==
                                      "actor_step2_rank0.pickle")["capture"]
@@ -415,3 +415,32 @@ def test_regions_are_ranges_in_a_combined_capture(tmp_path: Path,
     assert ("range_end", "update_actor") in rec.calls
     rows = traces(tmp_path / "out")
     assert [r["backend"] for r in rows] == ["memory", "torch"]
+
+
+def test_one_out_of_memory_snapshot_per_capture(tmp_path: Path, cuda: FakeCudaMemory,
+                                                 caplog: pytest.LogCaptureFixture) -> None:
+    out = tmp_path / "out"
+    prof = profile_session(policy(out), "actor", Topology())
+    with caplog.at_level(logging.WARNING), prof.training_step(2):
+        cuda.out_of_memory(8 << 30)
+        cuda.out_of_memory(4 << 30)  # a retry that failed again
+    prof.close()
+    assert [r["path"] for r in traces(out) if r["status"] == "oom"] == [
+        "actor_step2_rank0_oom.pickle"]
+    assert "has its out-of-memory snapshot already" in caplog.text
+
+
+def test_an_observer_that_cannot_attach_is_reported(tmp_path: Path,
+                                                    caplog: pytest.LogCaptureFixture) -> None:
+    fake = FakeCudaMemory()
+
+    def refuse(observer: Any) -> None:
+        raise RuntimeError("cudaMallocAsync does not support an out-of-memory observer")
+    state.slot("memory").backend = MemoryBackend(CudaMemory(memory=fake, attach=refuse))
+    with caplog.at_level(logging.WARNING):
+        prof = profile_session(policy(tmp_path / "out"), "actor", Topology())
+        with prof.training_step(2):
+            pass
+        prof.close()
+    assert "no out-of-memory callback on cuda (RuntimeError: cudaMallocAsync" in caplog.text
+    assert [r["status"] for r in traces(tmp_path / "out")] == ["complete"]

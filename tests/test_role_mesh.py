@@ -9,6 +9,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import attrs
 import pytest
 
 from policy_engine import PolicyError, Topology, compile_plan, load_policy
@@ -234,7 +235,10 @@ def test_colocated_peers_are_placed_in_their_own_mesh(tmp_path: Path, actor_rank
     policy = load_policy(write(tmp_path, text))
     explicit = compile_plan(policy, "rollout", Topology(rank=2, world=8))
     simulated = compile_plan(policy, "rollout", Topology.for_rank(2, 8, {"dp": 4, "tp": 2}))
-    for plan in (explicit, simulated):
+    # Live coordinates from the rollout's DeviceMesh are the rollout's, not the actor's.
+    live = compile_plan(policy, "rollout", attrs.evolve(
+        Topology.for_rank(2, 8, {"dp": 4, "tp": 2}), source="device_mesh"))
+    for plan in (explicit, simulated, live):
         assert plan.capture_name(first=2, region=None, cycle=None) == f"{label}_step2_rank2"
 
 

@@ -254,6 +254,10 @@ def test_validate_triggers_and_limits() -> None:
     [(severity, message)] = problems({"steps": "1-10", "limits": {"captures": 3}})
     assert severity == "warning" and "open 10 captures per process but limits.captures is 3" \
         in message
+    [(_, message)] = problems({"steps": [2, 3, 4], "discrete": True, "limits": {"captures": 4},
+                               "regions": ["update", "rollout"],
+                               "name": "<role>_<region>_step<step>_rank<rank>"})
+    assert "open 6 captures per process (2 regions a step, each call its own)" in message
     assert problems({"steps": {"every": 100}, "limits": {"captures": 3}}) == []
     assert problems({"steps": "all", "limits": {"captures": 3}}) == []
     [(_, message)] = problems({"steps": "all", "merge_steps": True,

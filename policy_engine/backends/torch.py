@@ -108,6 +108,13 @@ def check_trace(path: str) -> None:
                          "full, or a file-size limit set?)")
 
 
+def _device() -> str:
+    """This process's CUDA device (a rank on cuda:3 plots cuda:3, not cuda:0)."""
+    import torch
+
+    return f"cuda:{torch.cuda.current_device()}"
+
+
 def _distributed() -> bool:
     import torch.distributed as dist
 
@@ -239,7 +246,7 @@ class TorchSession:
         if cuda and importlib.util.find_spec("matplotlib") is not None:
             try:
                 path = write_atomic(self._info.output_dir, stem, ".memory.html",
-                                    self._prof.export_memory_timeline,
+                                    lambda p: self._prof.export_memory_timeline(p, _device()),
                                     check=_not_empty)[0]
                 return {"memory_timeline": os.path.relpath(path, self._info.output_dir)}
             except Exception as err:
@@ -247,7 +254,7 @@ class TorchSession:
         try:
             path = write_atomic(
                 self._info.output_dir, stem, ".memory.json.gz",
-                lambda p: self._prof.export_memory_timeline(p, "cuda:0" if cuda else "cpu"),
+                lambda p: self._prof.export_memory_timeline(p, _device() if cuda else "cpu"),
                 check=_not_empty)[0]
             return {"memory_timeline": os.path.relpath(path, self._info.output_dir)}
         except Exception as err:

@@ -239,7 +239,7 @@ def _check_budget(sink: _Sink, data: Mapping[str, Any], spec: RoleSpec, role: st
         planned = None if lengths is None else sum(lengths.values())
     else:
         planned = spec.steps.count()
-    if planned is None or planned <= limit:
+    if planned is None:
         return
     regions = sum(r.enabled for r in spec.regions) if spec.discrete else 1
     planned *= regions

@@ -106,13 +106,12 @@ def _colocated(policy: Policy, role: str, base: Topology,
 
 def _placed(policy: Policy, peer: str, role: str, base: Topology, topo: Topology) -> Topology:
     """This process as colocated role ``peer`` sees it: ``role``'s placement when they
-    share a mesh, else ``base`` placed in ``peer``'s mesh (a simulated process, such as
-    explain's, has only mesh coordinates: they are placed anew)."""
+    share a mesh, else ``base`` placed anew in ``peer``'s mesh (its coordinates, live or
+    simulated, are those of ``role``'s mesh)."""
     mesh = policy.mesh_for(peer)
     if list(mesh.items()) == list(policy.mesh_for(role).items()):
         return topo
-    if base.source == "simulated":
-        base = attrs.evolve(base, coords={}, sizes={})
+    base = attrs.evolve(base, coords={}, sizes={})
     try:
         return resolve_topology(policy, base, peer)
     except PolicyError:

@@ -16,7 +16,9 @@ import sys
 from collections.abc import Callable
 from typing import Any, Protocol
 
-#: An out-of-memory observer: (device, bytes asked, device allocated, device free).
+#: An out-of-memory observer: (device, bytes asked, the device's limit, device free). The
+#: limit is the device's total memory, or the allowed maximum when a memory fraction is set
+#: (torch's CUDACachingAllocator and torch_npu's call it so).
 OomObserver = Callable[[int, int, int, int], None]
 
 

@@ -122,21 +122,27 @@ class MemorySession:
             self._api.stop()
 
     # -- out of memory -------------------------------------------------------------
-    def out_of_memory(self, device: int, asked: int, allocated: int, free: int) -> None:
+    def out_of_memory(self, device: int, asked: int, limit: int, free: int) -> None:
         """The allocator ran out of memory while this capture was open: dump the history
-        (whatever this process recorded) as ``<name>_oom.pickle``."""
+        (whatever this process recorded) as ``<name>_oom.pickle``, once per capture (code
+        that catches out-of-memory errors and retries would otherwise fill the disk)."""
+        if self.oom_dumps:
+            log.warning("policy-engine: out of memory again on %s:%d (asked %d bytes); this "
+                        "capture has its out-of-memory snapshot already", self._api.device,
+                        device, asked)
+            return
         stem = self._stem or (self._name() if self._name is not None else "memory")
         path, size = write_atomic(self._info.output_dir, stem + "_oom", ".pickle",
                                   self._api.dump)
         self.oom_dumps += 1
         extra = {"device": self._api.device, "device_index": device, "bytes_asked": asked,
-                 "device_allocated": allocated, "device_free": free,
+                 "device_limit": limit, "device_free": free,
                  "history": self._on}
-        log.warning("policy-engine: out of memory on %s:%d (asked %d bytes, %d allocated, "
+        log.warning("policy-engine: out of memory on %s:%d (asked %d bytes, device limit %d, "
                     "%d free): allocator history written to %s", self._api.device, device,
-                    asked, allocated, free, path)
+                    asked, limit, free, path)
         if self._report is not None:
-            self._report(Artifact(path, size, extra), "oom")
+            self._report(Artifact(path, size, extra, backend="memory"), "oom")
 
 
 class MemoryBackend:
@@ -168,18 +174,24 @@ class MemoryBackend:
         with self._lock:
             if self.observer_attached:
                 return
-            self.observer_attached = True
-        if not api.attach_oom(self._out_of_memory):
+            self.observer_attached = True  # tried once per process, whatever the outcome
+        try:
+            attached = api.attach_oom(self._out_of_memory)
+        except Exception as err:  # e.g. an allocator backend without observers
+            log.warning("policy-engine: no out-of-memory callback on %s (%s: %s): no "
+                        "_oom.pickle dumps", api.device, type(err).__name__, err)
+            return
+        if not attached:
             log.warning("policy-engine: this torch cannot call back on out-of-memory "
                         "errors (%s): no _oom.pickle dumps", api.device)
 
-    def _out_of_memory(self, device: int, asked: int, allocated: int, free: int) -> None:
+    def _out_of_memory(self, device: int, asked: int, limit: int, free: int) -> None:
         """Called by the allocator (any thread) when it fails; never raises into it."""
         session = self.current
         if session is None or not session._settings["on_oom"]:
             return
         try:
-            session.out_of_memory(device, asked, allocated, free)
+            session.out_of_memory(device, asked, limit, free)
         except Exception as err:
             log.warning("policy-engine: could not write the out-of-memory snapshot: %s: %s",
                         type(err).__name__, err)
