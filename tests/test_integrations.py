@@ -114,6 +114,19 @@ def test_driver_opens_one_capture_per_profiled_step(tmp_path: Path) -> None:
     assert driver.prof is None and driver.step is None
 
 
+def test_driver_does_nothing_a_step_where_the_plan_is_off(tmp_path: Path) -> None:
+    driver = HookDriver("trainer", policy(tmp_path, ranks=[1]), None)  # this is rank 0
+    with recording_backend("torch") as rec:
+        driver.start(Topology(rank=0, world=2))
+        assert driver.live is False
+        driver.open_step(3)
+        assert driver.step is None  # no step block entered, nothing to close
+        driver.inner_step()
+        driver.close_step()
+        driver.finish()
+    assert rec.calls == []
+
+
 def test_driver_leaves_a_failed_step_partial(tmp_path: Path) -> None:
     driver = HookDriver("trainer", policy(tmp_path), None)
     with recording_backend("torch") as rec, pytest.raises(RuntimeError, match="step 3"):

@@ -24,7 +24,7 @@ output_dir: profiles             # relative to this file's folder unless absolut
 
 defaults:                        # merged under every role below
   enabled: false                 # roles are off unless they say otherwise
-  backend: torch                 # torch | mstx (Ascend NPU) | nsight
+  backend: torch                 # torch | mstx (Ascend NPU) | nsight | [torch, memory]
   ranks: [0]                     # profile the least unless asked
   steps: [2, 3]                  # outer training steps (training_step(n)) to capture
   schedule:                      # inner steps (prof.step()) within each capture

@@ -67,6 +67,7 @@ class HookDriver:
         self.policy = policy
         self.topology = topology
         self.prof: Profiler | None = None
+        self.live = False  # the run's plan profiles this process: the hooks do something
         self.step: int | None = None  # the outer step open now
         self._block: AbstractContextManager[None] | None = None
         self._replaced: list[tuple[object, str, object, object]] = []
@@ -78,12 +79,13 @@ class HookDriver:
         if self.prof is not None or self._replaced:
             self.finish(RunInterrupted("the previous run ended without its end hook"))
         self.prof = profile_session(self.policy, self.role, self.topology or topology)
+        self.live = self.prof.plan.enabled
         return self.prof
 
     def finish(self, error: BaseException | None = None) -> None:
         """End the run: the open step (``partial`` when ``error``), the methods replaced
         for it, then the profiler. Idempotent."""
-        prof, self.prof = self.prof, None
+        prof, self.prof, self.live = self.prof, None, False
         try:
             self.close_step(error)
         finally:
@@ -96,7 +98,10 @@ class HookDriver:
 
     # -- steps ----------------------------------------------------------------------
     def open_step(self, n: int) -> None:
-        """Enter outer step ``n`` (nothing when it is the step open already)."""
+        """Enter outer step ``n`` (nothing when it is the step open already, or when this
+        process profiles nothing: then the hooks cost an attribute test)."""
+        if not self.live:
+            return
         if self._block is not None:
             if n == self.step:
                 return
@@ -109,7 +114,7 @@ class HookDriver:
 
     def inner_step(self) -> None:
         """One inner step ended: ``prof.step()``."""
-        if self.prof is not None:
+        if self.live and self.prof is not None:
             self.prof.step()
 
     def close_step(self, error: BaseException | None = None) -> None:

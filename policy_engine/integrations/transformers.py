@@ -114,7 +114,7 @@ class PolicyCallback(TrainerCallback):
                             "exception inside a step leaves its capture open until the next "
                             "train() or the end of the process (then it is saved as partial)")
             return
-        if self._guard(trainer):  # added after the Trainer was made: this run is unguarded
+        if self._guard(trainer) and driver.live:  # added late: this run is unguarded
             driver.replace(trainer, "training_step", lambda fn: guarded(fn, self._failed))
         driver.wrap_regions(trainer, REGIONS if self.regions else ())
 
