@@ -456,3 +456,15 @@ def test_real_torch_captures_of_two_ranks_merge(tmp_path: Path) -> None:
         names = {e.get("name") for e in events}
         assert "update_actor" in names and any(str(n).startswith("aten::") for n in names)
     assert "baseTimeNanoseconds" in trace
+
+
+def test_merge_never_writes_over_one_of_its_inputs(tmp_path: Path,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "out"
+    two_ranks(out)
+    first = out / "t_actor_step2_rank0.pt.trace.json.gz"
+    before = first.read_bytes()
+    assert main(["merge", str(out), "--role", "actor", "--step", "2", "-o", str(first),
+                 "--force"]) == 2
+    assert "is one of the traces to merge" in capsys.readouterr().err
+    assert first.read_bytes() == before

@@ -367,6 +367,9 @@ def run(args: argparse.Namespace) -> int:
             shown = os.path.relpath(r["_file"], root) if r["_file"] else "(no file)"
             print(f"{_PROG}: skipped {shown} (rank {r.get('rank')}): {why}", file=sys.stderr)
     what = _describe(window[0]["_key"], 2)
+    target = os.path.realpath(out)
+    if any(r["_file"] and os.path.realpath(r["_file"]) == target for r in merged):
+        raise UsageError(f"{out} is one of the traces to merge: choose another file")
     if not merged:
         print(f"{_PROG}: error: no torch trace of {what} can be read", file=sys.stderr)
         return EXIT_BAD_DATA

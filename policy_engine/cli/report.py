@@ -4,8 +4,8 @@ The captures are those `policy-engine traces DIR` lists (captures that never clo
 included). Per role, a grid of ranks by steps coloured by outcome (ranks with the same
 outcome at every step share a row), then every capture with its size, plan hash and a
 link to its file; captures that need attention come first, with their errors. For torch
-traces (.pt.trace.json[.gz]) the operators with the most self time are listed, read as
-a stream so a huge trace never fills memory (see --ops and --max-trace-mb). The page
+traces (.pt.trace.json[.gz]) the operators with the most self time are listed; the file
+is read as a stream, and --ops and --max-trace-mb bound the work and the memory. The page
 fetches nothing and runs no script, so it opens where the cluster is.
 """
 

@@ -25,6 +25,10 @@ from policy_engine.runtime.manifest import scan_manifests
 from policy_engine.runtime.triggers import REQUESTS_DIR, write_request
 
 _POLL = 0.5  # seconds between two looks at the manifests under --wait
+#: --wait ends early only this long after the last new answer: processes notice a request
+#: at their own pace (poll_seconds, 5 by default, at a step boundary), so the first
+#: answers are not all of them.
+_SETTLE = 10.0
 
 
 def _step(text: str) -> int | None:
@@ -119,17 +123,20 @@ def _answered(note: dict[str, Any], captures: Any) -> bool:
 def _wait(output_dir: str, rid: str, seconds: float) -> int:
     deadline = time.monotonic() + seconds
     shown: set[tuple[str, Any]] = set()
+    last_new = time.monotonic()
     while True:
         notes, captures = _answers(output_dir, rid)
         for note in notes:
             key = (note.get("host", ""), note.get("pid"))
             if key not in shown:
                 shown.add(key)
+                last_new = time.monotonic()
                 what = note.get("message") or f"captures steps {note.get('captures')}"
                 print(f"rank {note.get('rank')} (pid {note.get('pid')}): {note.get('status')}: "
                       f"{what}")
         done = bool(notes) and all(_answered(note, captures.values()) for note in notes)
-        if done or time.monotonic() >= deadline:
+        now = time.monotonic()
+        if (done and now - last_new >= _SETTLE) or now >= deadline:
             break
         time.sleep(_POLL)
     for capture in captures.values():

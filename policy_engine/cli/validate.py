@@ -15,7 +15,7 @@ from policy_engine.cli._common import (
     analyze_file,
     print_json,
 )
-from policy_engine.cli.forecast import budget_problems, read_sizes
+from policy_engine.cli.forecast import Sizes, budget_problems, read_sizes
 from policy_engine.errors import PolicyError, Problem, json_path
 from policy_engine.language.checks import UNNAMED, origin
 from policy_engine.language.document import Document, PolicyFileError
@@ -36,7 +36,8 @@ def add_parser(sub: Any, name: str, help: str) -> None:
     parser.set_defaults(run=run)
 
 
-def _check_file(path: str, args: argparse.Namespace) -> tuple[int, list[Problem]]:
+def _check_file(path: str, args: argparse.Namespace,
+                sizes: Sizes | None = None) -> tuple[int, list[Problem]]:
     try:
         result = analyze_file(path, args)
     except PolicyFileError as err:
@@ -46,9 +47,9 @@ def _check_file(path: str, args: argparse.Namespace) -> tuple[int, list[Problem]
     problems = list(result.problems)
     if args.check_runtime and result.policy is not None:
         problems += _runtime_problems(result.document, result.policy)
-    if args.sizes_from and result.policy is not None:
+    if sizes is not None and result.policy is not None:
         doc = result.document
-        for role, field, message in budget_problems(result.policy, read_sizes(args.sizes_from)):
+        for role, field, message in budget_problems(result.policy, sizes):
             at = origin(doc.data, role, field)
             problems.append(Problem(message, json_path(at), doc.locate(at), "warning"))
     if args.strict:
@@ -86,8 +87,9 @@ def _runtime_problems(doc: Document, policy: Policy) -> list[Problem]:
 def run(args: argparse.Namespace) -> int:
     worst = 0
     report: list[dict[str, Any]] = []
+    sizes = read_sizes(args.sizes_from) if args.sizes_from else None  # once, for every file
     for path in args.files:
-        code, problems = _check_file(path, args)
+        code, problems = _check_file(path, args, sizes)
         worst = max(worst, code)
         report.append({"file": path, "valid": code == 0,
                        "problems": [p.to_json() for p in problems]})
