@@ -18,10 +18,7 @@ import inspect
 import os
 import pickle
 import re
-import shutil
-import subprocess
 import sys
-import tempfile
 import zipfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -73,45 +70,19 @@ MESSAGES = {
 # -- getting the sources -----------------------------------------------------------------
 
 
+def _strings(wheel: zipfile.ZipFile, root: Path) -> None:
+    """The symbols and messages of libtorch_npu.so that the checks read (the .so itself is
+    ~100 MB)."""
+    binary = wheel.read("torch_npu/lib/libtorch_npu.so")
+    found = {m.decode() for m in re.findall(rb"[\x20-\x7e]{6,}", binary)
+             if m.startswith((b"_npu_", b"expected "))}  # fmt: skip
+    (root / STRINGS).parent.mkdir(exist_ok=True)
+    (root / STRINGS).write_text("\n".join(sorted(found)) + "\n")
+
+
 def _download(version: str) -> Path:
-    """contract._download's files plus ours, in the same cache folder (it finds its own)."""
-    dest = contract._cache() / version / "torch_npu"
-    if all((dest / rel).is_file() for rel in (*FILES, STRINGS)):
-        return dest
-    with tempfile.TemporaryDirectory() as tmp:
-        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
-               "--python-version", "3.11", "--implementation", "cp", "--abi", "cp311",
-               "--platform", "manylinux_2_28_x86_64", "--platform", "manylinux_2_17_x86_64",
-               "--platform", "manylinux2014_x86_64", "--quiet", f"torch_npu=={version}",
-               "-d", tmp]  # fmt: skip
-        try:
-            done = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
-        except (OSError, subprocess.SubprocessError) as exc:
-            done = SimpleNamespace(returncode=1, stderr=str(exc))
-        wheels = list(Path(tmp).glob("torch_npu-*.whl"))
-        if done.returncode or not wheels:
-            reason = f"cannot download torch_npu=={version}: {done.stderr.strip()[-300:]}"
-            print(reason, file=sys.stderr)
-            pytest.skip(reason)
-        contract._cache().mkdir(parents=True, exist_ok=True)
-        staging = Path(tempfile.mkdtemp(dir=contract._cache()))  # same file system as dest
-        try:
-            with zipfile.ZipFile(wheels[0]) as wheel:
-                binary = wheel.read("torch_npu/lib/libtorch_npu.so")
-                for rel in FILES:
-                    target = staging / "torch_npu" / rel
-                    target.parent.mkdir(parents=True, exist_ok=True)
-                    target.write_bytes(wheel.read(f"torch_npu/{rel}"))
-            found = {m.decode() for m in re.findall(rb"[\x20-\x7e]{6,}", binary)
-                     if m.startswith((b"_npu_", b"expected "))}  # fmt: skip
-            (staging / "torch_npu" / STRINGS).parent.mkdir(exist_ok=True)
-            (staging / "torch_npu" / STRINGS).write_text("\n".join(sorted(found)) + "\n")
-            dest.parent.mkdir(parents=True, exist_ok=True)
-            shutil.rmtree(dest, ignore_errors=True)
-            os.replace(staging / "torch_npu", dest)  # whole or nothing, for concurrent runs
-        finally:
-            shutil.rmtree(staging, ignore_errors=True)
-    return dest
+    """contract._download's files plus ours, in the same cache folder."""
+    return contract._download(version, files=FILES, derived=(STRINGS,), derive=_strings)
 
 
 @pytest.fixture(scope="module", params=VERSIONS)

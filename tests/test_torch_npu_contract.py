@@ -22,7 +22,7 @@ import sys
 import tempfile
 import warnings
 import zipfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import ModuleType, SimpleNamespace
 from typing import Any
@@ -135,9 +135,13 @@ def _cache() -> Path:
     return root / "torch_npu"
 
 
-def _download(version: str) -> Path:
+def _download(version: str, files: tuple[str, ...] = FILES, derived: tuple[str, ...] = (),
+              derive: Callable[[zipfile.ZipFile, Path], None] | None = None) -> Path:
+    """The wheel's ``files`` (under torch_npu/) in the cache, downloaded once; ``derive``
+    writes the ``derived`` files from the wheel into the staging ``torch_npu`` folder.
+    Callers that need more files pass a superset of FILES, so the folder only grows."""
     dest = _cache() / version / "torch_npu"
-    if all((dest / rel).is_file() for rel in FILES):
+    if all((dest / rel).is_file() for rel in (*files, *derived)):
         return dest
     with tempfile.TemporaryDirectory() as tmp:
         # Pinned tags: the .py files are the same in every wheel, and any platform can fetch it.
@@ -158,10 +162,12 @@ def _download(version: str) -> Path:
         _cache().mkdir(parents=True, exist_ok=True)
         staging = Path(tempfile.mkdtemp(dir=_cache()))  # same file system: os.replace works
         with zipfile.ZipFile(wheels[0]) as wheel:
-            for rel in FILES:
+            for rel in files:
                 target = staging / "torch_npu" / rel
                 target.parent.mkdir(parents=True, exist_ok=True)
                 target.write_bytes(wheel.read(f"torch_npu/{rel}"))
+            if derive is not None:
+                derive(wheel, staging / "torch_npu")
     dest.parent.mkdir(parents=True, exist_ok=True)
     shutil.rmtree(dest, ignore_errors=True)
     os.replace(staging / "torch_npu", dest)  # whole or nothing, for concurrent runs
