@@ -45,3 +45,39 @@ def test_regions_show_on_the_gpu_timeline(tmp_path: Path) -> None:
     cats = {e.get("cat") for e in events if e.get("name") == "update_actor"}
     assert {"user_annotation", "gpu_user_annotation"} <= cats
     assert any(e.get("cat") == "kernel" for e in events)
+
+
+def test_history_always_dumps_an_oom_between_planned_steps(tmp_path: Path) -> None:
+    """memory: {history: always}: an out-of-memory error in a step no capture covers (plain
+    torch.empty past the free memory) writes <name>_oom.pickle with the history so far."""
+    import pickle
+
+    from policy_engine import profile_session
+    from policy_engine.runtime.manifest import read_manifests
+
+    policy = {"version": 1, "output_dir": str(tmp_path),
+              "roles": {"actor": {"enabled": True, "backend": "memory", "steps": [2],
+                                  "name": "<role>_step<step>",
+                                  "memory": {"history": "always", "max_entries": 10000}}}}
+    prof = profile_session(policy, "actor", Topology())
+    kept = []
+    for n in range(4):
+        with prof.training_step(n):
+            kept.append(torch.ones(1 << 20, device="cuda"))
+            if n == 1:
+                free, _ = torch.cuda.mem_get_info()
+                with pytest.raises(torch.cuda.OutOfMemoryError):
+                    torch.empty(free + (1 << 30), dtype=torch.uint8, device="cuda")
+            prof.step()
+    prof.close()
+    rows = {r["path"]: r for r in read_manifests(str(tmp_path))}
+    assert set(rows) == {"actor_step1_oom.pickle", "actor_step2.pickle"}
+    oom = rows["actor_step1_oom.pickle"]
+    assert (oom["status"], oom["steps"], oom["trigger"]) == ("oom", [1], "oom")
+    assert oom["extra"]["history"] is True and oom["extra"]["bytes_asked"] > free
+    with open(tmp_path / "actor_step1_oom.pickle", "rb") as f:
+        snapshot = pickle.load(f)
+    events = [e for trace in snapshot["device_traces"] for e in trace]
+    # the allocations of steps 0 and 1, recorded although no capture was open
+    assert sum(e["action"] == "alloc" and e["size"] == 4 << 20 for e in events) >= 2
+    assert any(e["action"] == "oom" for e in events)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -50,16 +51,19 @@ def test_coordinate_selectors_on_a_3d_mesh(capsys: pytest.CaptureFixture[str]) -
     assert first == {
         "rank": 0, "profiled": True, "coords": {"tp": 0, "pp": 0, "dp": 0},
         "local_rank": 0, "node": 0, "backend": "torch", "backends": ["torch"],
-        "steps": [10, 11, 12],
+        "steps": [10, 11, 12], "inner_steps": 10,  # prof.step() calls a step, assumed
         "actions": ["NONE", "WARMUP", "RECORD", "RECORD", "RECORD_AND_SAVE",
                     "NONE", "NONE", "NONE", "NONE", "NONE"],
         "name": "trainer/step10-12/cycle0/gpt-8b_rank0-of-8_tp0pp0dp0" + PLACEHOLDERS,
         "captures": [{"steps": [10, 11, 12], "region": None,
                       "name": "trainer/step10-12/cycle0/gpt-8b_rank0-of-8_tp0pp0dp0"
                       + PLACEHOLDERS}],
-        # Every trace file, as the run names it: one recorded cycle of the merged capture.
+        # Every trace, as the run names it: one recorded cycle of the merged capture, and
+        # its file with the backend's ending.
         "traces": [{"steps": [10, 11, 12], "region": None, "cycle": 0,
-                    "name": "trainer/step10-12/cycle0/gpt-8b_rank0-of-8_tp0pp0dp0" + PLACEHOLDERS}],
+                    "name": "trainer/step10-12/cycle0/gpt-8b_rank0-of-8_tp0pp0dp0" + PLACEHOLDERS,
+                    "files": [{"backend": "torch", "path": "trainer/step10-12/cycle0/gpt-8b_"
+                               "rank0-of-8_tp0pp0dp0" + PLACEHOLDERS + ".pt.trace.json.gz"}]}],
     }
     # Rank 5 is pp1 dp0 tp1 (the last dimension varies fastest) and is not profiled.
     assert data["ranks"][5] == {"rank": 5, "profiled": False,
@@ -167,6 +171,13 @@ def test_torchtitan_names_each_cycle_by_its_step(capsys: pytest.CaptureFixture[s
     assert [(t["name"], t["cycle"]) for t in entry["traces"]] == [
         (f"iteration_{n}/rank1_trace", cycle) for cycle, n in enumerate((100, 200, 300, 400))]
     assert entry["name"] == "iteration_100/rank1_trace"
+    # one prof.step() a training step is what explain assumes for such a plan untold
+    untold = explain_json(capsys, path, "--role", "trainer", "--world", "2", "--steps", "1-400")
+    assert untold["ranks"][1]["traces"] == entry["traces"]
+    assert untold["ranks"][1]["inner_steps"] == 1
+    assert main(["explain", path, "--role", "trainer", "--world", "2"]) == 0
+    assert "    traces assume 1 prof.step() per outer step (--inner-steps N for more)\n" in \
+        capsys.readouterr().out
     # a window that starts later: the capture opens there, its cycles count from there
     later = explain_json(capsys, path, "--role", "trainer", "--world", "2",
                          "--steps", "501-750", "--inner-steps", "1")
@@ -373,3 +384,103 @@ def test_json_output_parses_at_any_world(world: int, tmp_path: Path,
     data = json.loads(capsys.readouterr().out)
     assert [r["rank"] for r in data["ranks"]] == list(range(world))
     assert data["ranks"][-1]["name"].startswith(f"actor/step1/trace_rank{world - 1}-of-")
+
+
+# ---------------------------------------------------------------- files with endings
+
+FILES_POLICY = """\
+version: 1
+output_dir: out
+roles:
+  both: {enabled: true, backend: [torch, memory], steps: [2], torch: {gzip: false}}
+  nsys: {enabled: true, backend: nsight, steps: [2, 3]}
+  npu: {enabled: true, backend: mstx, steps: [2], schedule: {warmup: 1, active: 1, repeat: 2}}
+"""
+
+
+def files_of(data: dict[str, Any]) -> list[list[tuple[str, str, str | None]]]:
+    return [[(f["backend"], f["path"], f.get("when")) for f in t["files"]]
+            for t in data["ranks"][0]["traces"]]
+
+
+def test_json_names_every_file_with_its_ending(capsys: pytest.CaptureFixture[str],
+                                               tmp_path: Path) -> None:
+    path = write(tmp_path, FILES_POLICY)
+    both = explain_json(capsys, path, "--role", "both", "--world", "1")
+    stem = "both/step2/trace_rank0-of-1" + PLACEHOLDERS
+    oom = ("only if the process runs out of memory while this capture runs (at most one "
+           "per capture)")
+    assert files_of(both) == [[("torch", stem + ".pt.trace.json", None),
+                               ("memory", stem + ".pickle", None),
+                               ("memory", stem + "_oom.pickle", oom)]]
+    # nsys writes one report per capture range of the process, numbered from 1
+    nsys = explain_json(capsys, path, "--role", "nsys", "--world", "1")
+    assert files_of(nsys) == [[("nsight", f"nsys/trace_rank0-of-1_pid<pid>.{n}.nsys-rep", None)]
+                              for n in (1, 2)]
+    npu = explain_json(capsys, path, "--role", "npu", "--world", "1")
+    assert files_of(npu) == [[(
+        "mstx", f"npu/step2/cycle{c}/trace_rank0-of-1{PLACEHOLDERS}_<pid>_<npu_timestamp>"
+        "_ascend_pt/", None)] for c in (0, 1)]
+    # text output lists no files: it stays short
+    assert main(["explain", path, "--role", "both", "--world", "1"]) == 0
+    assert ".pickle" not in capsys.readouterr().out
+
+
+def _as_pattern(path: str) -> str:
+    return (re.escape(path.rstrip("/")).replace("<pid>", r"\d+")
+            .replace("<timestamp>", r"\d{17}").replace("<npu_timestamp>", r"\d{17}"))
+
+
+def _run_steps(policy_file: str, role: str, calls: int = 2) -> list[str]:
+    from policy_engine import profile_session
+    from policy_engine.runtime.manifest import scan_manifests
+
+    policy = load_policy(policy_file)
+    with profile_session(policy, role, Topology()) as prof:
+        for n in range(1, 4):
+            with prof.training_step(n):
+                for _ in range(calls):
+                    prof.step()
+    out = Path(policy.output_dir)
+    return [r["path"] for r in scan_manifests(str(out)).records
+            if r["event"] == "trace" and r["path"]]
+
+
+def test_explain_files_are_those_a_torch_run_writes(capsys: pytest.CaptureFixture[str],
+                                                    tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    path = write(tmp_path, FILES_POLICY.replace("[torch, memory]", "torch")
+                 .replace("torch: {gzip: false}", "torch: {gzip: false, activities: [cpu]}"))
+    predicted = [f["path"] for t in explain_json(capsys, path, "--role", "both", "--world",
+                                                 "1", "--steps", "1-3")["ranks"][0]["traces"]
+                 for f in t["files"]]
+    written = _run_steps(path, "both")
+    assert len(written) == len(predicted) == 1
+    assert re.fullmatch(_as_pattern(predicted[0]), written[0]), (predicted, written)
+
+
+def test_explain_files_are_those_an_ascend_run_writes(capsys: pytest.CaptureFixture[str],
+                                                      tmp_path: Path) -> None:
+    from npu_fixtures import installed_fake
+
+    path = write(tmp_path, FILES_POLICY)
+    predicted = [f["path"] for t in explain_json(capsys, path, "--role", "npu", "--world",
+                                                 "1", "--steps", "1-3", "--inner-steps",
+                                                 "4")["ranks"][0]["traces"]
+                 for f in t["files"]]
+    with installed_fake("2.13.0"):
+        written = _run_steps(path, "npu", calls=4)
+    assert len(written) == len(predicted) == 2
+    for want, got in zip(predicted, written, strict=True):
+        assert re.fullmatch(_as_pattern(want), got), (want, got)
+
+
+def test_memory_files_follow_on_oom_and_history() -> None:
+    from policy_engine.backends.files import name_files
+
+    def whens(**settings: Any) -> list[str | None]:
+        return [f.get("when") for f in name_files("memory", settings, "out", "a/x", 0)]
+
+    assert whens(on_oom=False) == [None]  # the snapshot only: nothing is dumped on OOM
+    assert whens(on_oom=True)[1] is not None and "always" not in str(whens(on_oom=True)[1])
+    assert "with history: always" in str(whens(on_oom=True, history="always")[1])

@@ -204,13 +204,14 @@ def lightning_module(fail_at: int | None = None) -> Any:
     return Tiny()
 
 
-def lightning_fit(out: Path, callback: Any, module: Any) -> Any:
-    """6 optimizer steps of 2 batches each on the CPU; returns the trainer."""
+def lightning_fit(out: Path, callback: Any, module: Any, micro: int = 2) -> Any:
+    """6 optimizer steps of ``micro`` batches each on the CPU; returns the trainer."""
     L = pytest.importorskip("lightning.pytorch")
     import torch
 
     data = torch.utils.data.TensorDataset(torch.randn(64, 8), torch.randn(64, 1))
-    trainer = L.Trainer(accelerator="cpu", devices=1, max_steps=6, accumulate_grad_batches=2,
+    trainer = L.Trainer(accelerator="cpu", devices=1, max_steps=6,
+                        accumulate_grad_batches=micro,
                         logger=False, enable_checkpointing=False, enable_progress_bar=False,
                         enable_model_summary=False, num_sanity_val_steps=0,
                         default_root_dir=str(out.parent), callbacks=[callback])
@@ -253,8 +254,8 @@ def test_lightning_exception_in_step_3_is_partial_and_propagates(
 
 # -- Hugging Face (slow: the real framework) -----------------------------------------
 def hf_trainer(out: Path, callbacks: list[Any], fail_at: int | None = None,
-               where: str = "forward") -> Any:
-    """6 optimizer steps of 2 micro-batches each of a tiny GPT-2 on the CPU; with
+               where: str = "forward", micro: int = 2) -> Any:
+    """6 optimizer steps of ``micro`` micro-batches each of a tiny GPT-2 on the CPU; with
     ``fail_at`` the model's forward (or the optimizer's step) raises in that step (kept in
     ``trainer.raised``)."""
     transformers = pytest.importorskip("transformers")
@@ -276,7 +277,7 @@ def hf_trainer(out: Path, callbacks: list[Any], fail_at: int | None = None,
 
     args = transformers.TrainingArguments(
         output_dir=str(out.parent / "hf"), max_steps=6, per_device_train_batch_size=2,
-        gradient_accumulation_steps=2, report_to=[], use_cpu=True, save_strategy="no",
+        gradient_accumulation_steps=micro, report_to=[], use_cpu=True, save_strategy="no",
         logging_strategy="no", eval_strategy="no", disable_tqdm=True,
         dataloader_num_workers=0)
     trainer = transformers.Trainer(model=model, args=args, train_dataset=Tokens(),

@@ -6,6 +6,7 @@ middle of writing a trace, then asks ``policy-engine traces`` what the folder ho
 
 from __future__ import annotations
 
+import gzip
 import json
 import signal
 import subprocess
@@ -26,7 +27,7 @@ import sys, time, torch
 from policy_engine import Topology, profile_session
 from policy_engine.backends import torch as torch_backend
 
-out, when, mode = sys.argv[1], sys.argv[2], sys.argv[3]
+out, when, mode, shape = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4]
 writer = torch_backend._write_trace
 
 def slow_write(finished, path, *, gz):
@@ -35,15 +36,14 @@ def slow_write(finished, path, *, gz):
     time.sleep(4)
 
 torch_backend._write_trace = slow_write
-policy = {"version": 1, "output_dir": out,
-          "roles": {"actor": {"enabled": True, "steps": [1], "ranks": [3],
-                              "schedule": {"active": 2, "repeat": 2},
-                              "name": "<role>_step<step>_c<cycle>",
-                              "torch": {"activities": ["cpu"]},
-                              "export": {"mode": mode}}}}
+role = {"enabled": True, "steps": [1], "ranks": [3], "name": "<role>_step<step>_c<cycle>",
+        "torch": {"activities": ["cpu"]}, "export": {"mode": mode}}
+if shape == "cycles":
+    role["schedule"] = {"active": 2, "repeat": 2}
+policy = {"version": 1, "output_dir": out, "roles": {"actor": role}}
 prof = profile_session(policy, "actor", Topology(rank=3, world=4))
-with prof.training_step(1):
-    for i in range(100000):
+with prof.training_step(1):  # "whole": saved as the step ends, in Capture.end()
+    for i in range(100000 if shape == "cycles" else 20):
         torch.ones(32, 32) @ torch.ones(32, 32)
         if i == 1 and when == "recording":
             print("recording", flush=True)
@@ -52,8 +52,9 @@ with prof.training_step(1):
 """
 
 
-def start(out: Path, when: str, mode: str = "background") -> subprocess.Popen[str]:
-    proc = subprocess.Popen([sys.executable, "-c", CHILD, str(out), when, mode],
+def start(out: Path, when: str, mode: str = "background",
+          shape: str = "cycles") -> subprocess.Popen[str]:
+    proc = subprocess.Popen([sys.executable, "-c", CHILD, str(out), when, mode, shape],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     assert proc.stdout is not None
     deadline = time.time() + 120
@@ -129,3 +130,20 @@ def test_sigterm_while_the_export_thread_saves_flushes_it(tmp_path: Path,
         "complete", "partial")
     assert data["interrupted"] == [] and data["leftovers"] == []
     assert (tmp_path / "actor_step1_c0.pt.trace.json.gz").stat().st_size > 100
+
+
+@pytest.mark.parametrize("mode", ["sync", "background"])
+def test_sigterm_while_the_capture_is_being_stopped_keeps_its_trace(
+        tmp_path: Path, capsys: Any, mode: str) -> None:
+    """The save that ends a capture (``training_step`` returning) is under way when SIGTERM
+    comes: the capture has left its slot, and its trace is still published whole."""
+    proc = start(tmp_path, "save", mode, "whole")
+    proc.send_signal(signal.SIGTERM)
+    proc.wait(timeout=120)
+    assert proc.returncode == -signal.SIGTERM
+    data, _ = traces(tmp_path, capsys)
+    assert [(t["path"], t["status"]) for t in data["traces"]] == [
+        ("actor_step1_c.pt.trace.json.gz", "complete")]  # no schedule: no cycle
+    assert data["interrupted"] == [] and data["leftovers"] == []
+    with gzip.open(tmp_path / "actor_step1_c.pt.trace.json.gz") as f:
+        assert json.load(f)["traceEvents"]

@@ -159,6 +159,12 @@ BAD_LINES: list[tuple[bytes, str]] = [
     (b'{"event": "open", "capture": 1}', "capture: expected a string, got 1"),
     (b'{"event": "close", "capture": "1", "status": "complete", "traces": -2}',
      "traces: expected a count, got -2"),
+    (b'{"event": "close", "capture": "1", "status": "complete", "thread_waits": 1.0}',
+     "thread_waits: expected a count, got 1.0"),
+    (b'{"event": "close", "capture": "1", "status": "complete", "deferred": "1"}',
+     'deferred: expected a count, got "1"'),
+    (b'{"event": "close", "capture": "1", "status": "partial", "stopped_by": 15}',
+     "stopped_by: expected a string or null, got 15"),
     (b'{"status": "complete", "coords": [0]}', "coords: expected an object or null, got [0]"),
 ]
 
@@ -232,3 +238,15 @@ def test_files_that_cannot_be_read_are_reported(out: Path, tmp_path: Path) -> No
 def test_a_missing_folder_reads_as_nothing(tmp_path: Path) -> None:
     scan = scan_manifests(str(tmp_path / "nope"))
     assert scan.records == ()
+
+
+def test_close_lines_old_and_new_read_back(out: Path) -> None:
+    """``thread_waits`` is written; ``deferred`` (its older name) still reads."""
+    close = {"event": "close", "capture": "1", "status": "partial", "end": 2.0, "traces": 1}
+    write_manifest(out, json.dumps({**close, "deferred": 2}).encode() + b"\n",
+                   json.dumps({**close, "thread_waits": 2,
+                               "stopped_by": "SIGTERM arrived"}).encode() + b"\n")
+    scan = scan_manifests(str(out))
+    assert scan.problems == ()
+    assert [(r.get("deferred"), r.get("thread_waits"), r.get("stopped_by"))
+            for r in scan.records] == [(2, None, None), (None, 2, "SIGTERM arrived")]

@@ -261,6 +261,12 @@ def test_no_cuda_leaves_memory_out_of_a_torch_capture(tmp_path: Path,
     assert "memory is left out of the captures of role 'actor' on rank 0" in left[0]
     assert [(r["path"], r["status"]) for r in traces(out)] == [
         ("actor_step2_rank0.rec", "complete"), ("actor_step3_rank0.rec", "complete")]
+    # the manifest says so too, once
+    notes = [r for r in scan_manifests(str(out)).records if r["event"] == "note"]
+    assert [(n["note"], n["backend"], n["role"], n["rank"]) for n in notes] == [
+        ("left_out", "memory", "actor", 0)]
+    assert "allocator history cannot be recorded" in notes[0]["message"]
+    assert "CUDA" in notes[0]["message"]
 
 
 def test_no_cuda_raises_under_on_error_raise(tmp_path: Path) -> None:
@@ -444,3 +450,127 @@ def test_an_observer_that_cannot_attach_is_reported(tmp_path: Path,
         prof.close()
     assert "no out-of-memory callback on cuda (RuntimeError: cudaMallocAsync" in caplog.text
     assert [r["status"] for r in traces(tmp_path / "out")] == ["complete"]
+
+
+# -- history: always ---------------------------------------------------------------------
+
+def records(out: Path, event: str) -> list[dict[str, Any]]:
+    return [r for r in scan_manifests(str(out)).records if r["event"] == event]
+
+
+def test_history_always_is_on_from_the_start_and_dumps_an_oom_between_planned_steps(
+        tmp_path: Path, cuda: FakeCudaMemory, caplog: pytest.LogCaptureFixture) -> None:
+    out = tmp_path / "out"
+    prof = profile_session(policy(out, memory={"history": "always", "max_entries": 500}),
+                           "actor", Topology())
+    # on before the first step, with the role's settings, the observer attached
+    assert cuda.calls == [("record", {"enabled": "all", "context": "all", "stacks": "python",
+                                      "max_entries": 500}), ("attach", None)]
+    for n in range(5):
+        with prof.training_step(n):
+            cuda.allocate(1000 + n)
+            if n == 1:  # no capture is open in step 1 (steps: [2, 3])
+                with caplog.at_level(logging.WARNING):
+                    cuda.out_of_memory(8 << 30)
+                    cuda.out_of_memory(4 << 30)  # a retry in the same step: no second file
+            prof.step()
+    # a planned capture dumps the history and leaves it on
+    assert cuda.enabled and [c[0] for c in cuda.calls].count("record") == 1
+    prof.close()
+    assert cuda.calls[-1] == ("record", {"enabled": None, "context": "all", "stacks": "all",
+                                         "max_entries": 1 << 62})
+    assert not cuda.enabled
+    rows = traces(out)
+    assert [(r["path"], r["status"]) for r in rows] == [
+        ("actor_step1_rank0_oom.pickle", "oom"), ("actor_step2_rank0.pickle", "complete"),
+        ("actor_step3_rank0.pickle", "complete")]
+    oom = rows[0]
+    assert oom["steps"] == [1] and oom["trigger"] == "oom" and oom["backend"] == "memory"
+    assert oom["extra"] == {"device": "cuda", "device_index": 0, "bytes_asked": 8 << 30,
+                            "device_limit": 70 << 30, "device_free": 1 << 20, "history": True}
+    assert oom["role"] == "actor" and oom["rank"] == 0 and oom["bytes"] > 0
+    with open(out / "actor_step1_rank0_oom.pickle", "rb") as f:  # the history from step 0
+        assert [e["size"] for e in pickle.load(f)["device_traces"][0]] == [1000, 1001]
+    with open(out / "actor_step3_rank0.pickle", "rb") as f:  # bounded by max_entries only
+        assert [e["size"] for e in pickle.load(f)["device_traces"][0]] == [
+            1000, 1001, 1002, 1003]
+    assert "outside a capture: allocator history written to" in caplog.text
+    assert "one is written per step" in caplog.text
+    # traces lists the dump as a file of the run, and nothing as interrupted or unlisted
+    listed = collect(str(out))
+    assert listed["unlisted"] == [] and listed["interrupted"] == []
+    assert listed["bad_lines"] == [] and listed["missing"] == [] and len(listed["traces"]) == 3
+    assert main(["report", str(out), "-o", str(tmp_path / "report.html")]) == 0
+    assert "actor_step1_rank0_oom.pickle" in (tmp_path / "report.html").read_text()
+
+
+def test_history_always_oom_outside_any_step_and_after_close(
+        tmp_path: Path, cuda: FakeCudaMemory) -> None:
+    out = tmp_path / "out"
+    data = policy(out, memory={"history": "always"}, name="<role>[_step<step>]_rank<rank>")
+    prof = profile_session(data, "actor", Topology())
+    with prof.training_step(0):
+        pass
+    cuda.out_of_memory(1 << 30)  # between steps: the name has no step
+    prof.close()
+    cuda.out_of_memory(1 << 30)  # the role closed: nothing
+    assert [(r["path"], r["steps"]) for r in traces(out)] == [("actor_rank0_oom.pickle", [])]
+
+
+def test_history_always_inside_a_capture_dumps_as_before(tmp_path: Path,
+                                                          cuda: FakeCudaMemory) -> None:
+    out = tmp_path / "out"
+    prof = profile_session(policy(out, memory={"history": "always"},
+                                  schedule={"wait": 1, "active": 1, "repeat": 1}),
+                           "actor", Topology())
+    with prof.training_step(2):
+        cuda.out_of_memory(1 << 30)  # waiting: no cycle records, history is on all the same
+    prof.close()
+    (row,) = [r for r in traces(out) if r["status"] == "oom"]
+    assert row["path"] == "actor_step2_rank0_oom.pickle" and row["trigger"] == "plan"
+    assert row["extra"]["history"] is True
+
+
+def test_history_always_without_on_oom_writes_no_dump(tmp_path: Path,
+                                                     cuda: FakeCudaMemory) -> None:
+    out = tmp_path / "out"
+    prof = profile_session(policy(out, memory={"history": "always", "on_oom": False}),
+                           "actor", Topology())
+    assert cuda.enabled and cuda.observers == []
+    with prof.training_step(1):
+        cuda.out_of_memory(1)
+    prof.close()
+    assert traces(out) == []
+
+
+def test_history_always_without_cuda_leaves_a_note(tmp_path: Path,
+                                                   caplog: pytest.LogCaptureFixture) -> None:
+    out = tmp_path / "out"
+    with caplog.at_level(logging.WARNING), recording_backend("torch"):
+        run(policy(out, backend=["torch", "memory"], memory={"history": "always"}), None)
+    notes = records(out, "note")
+    assert [(n["note"], n["backend"]) for n in notes] == [
+        ("left_out", "memory"), ("left_out", "memory")]
+    assert notes[0]["message"].startswith("history: always: allocator history cannot be "
+                                          "recorded: no CUDA device")
+    assert "CUDA" in notes[1]["message"] and notes[1]["role"] == "actor"
+    assert "memory history: always is off for role 'actor' on rank 0" in caplog.text
+    assert [r["status"] for r in traces(out)] == ["complete", "complete"]
+
+
+def test_history_always_without_cuda_raises_under_on_error_raise(tmp_path: Path) -> None:
+    with pytest.raises(ProfilingError, match=r"history: always is off .* CUDA"):
+        profile_session(policy(tmp_path / "out", on_error="raise",
+                               memory={"history": "always"}), "actor", Topology())
+
+
+def test_a_role_that_only_keeps_history_profiles_something(tmp_path: Path) -> None:
+    """steps: [] with history: always watches for out-of-memory errors: no warning."""
+    assert load_policy(policy(tmp_path, steps=[], memory={"history": "always"})).warnings == ()
+    (found,) = load_policy(policy(tmp_path, steps=[])).warnings
+    assert "steps: [] selects no step" in found.message
+
+
+def test_history_setting_is_checked(tmp_path: Path) -> None:
+    found = problems(policy(tmp_path, memory={"history": "forever"}))
+    assert any("history must be one of capture, always" in p for p in found), found

@@ -334,12 +334,18 @@ def test_reader_agrees_with_json_across_every_chunk_boundary(
             assert reader.meta == {"trace_id": "x", "baseTimeNanoseconds": BASE}
 
 
-def test_reader_takes_a_bare_array_and_turns_nan_into_null(tmp_path: Path) -> None:
+def test_reader_takes_a_bare_array_and_refuses_nan(tmp_path: Path) -> None:
     path = tmp_path / "t.json"
-    path.write_text('[{"ph": "C", "ts": NaN, "args": {"v": Infinity}}, 3, ]')
+    path.write_text('[{"ph": "C", "ts": 1}, 3, ]')
     with TraceReader(str(path)) as reader:
-        assert list(reader.events()) == [{"ph": "C", "ts": None, "args": {"v": None}}]
+        assert list(reader.events()) == [{"ph": "C", "ts": 1}]
         assert reader.not_objects == 1
+    # Not JSON, and no viewer reads it: said where, not silently changed.
+    path.write_text('[{"ph": "C", "ts": 1}, {"ph": "C", "args": {"v": Infinity}}]')
+    with TraceReader(str(path)) as reader, pytest.raises(
+            TraceError, match=r"^Infinity is not a JSON number in event 2 of traceEvents, at "
+                              r"or after character 23$"):
+        list(reader.events())
 
 
 def test_reader_refuses_an_event_larger_than_the_limit(tmp_path: Path,

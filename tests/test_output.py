@@ -277,3 +277,78 @@ def test_leftovers_are_found_recursively(out: Path) -> None:
     assert find_leftovers(str(out)) == [
         ".policy-engine-12-abc.tmp.json",
         os.path.join("sub", ".policy-engine-13-140.tmp.pt.trace.json.gz")]
+
+
+# -- full disks ---------------------------------------------------------------------------
+
+def derived_writer(path: str) -> None:
+    """Like kineto: write beside the temporary file (its name plus a suffix), swallow the
+    write error and report only that the expected file is missing."""
+    try:
+        with open(path + ".json.tmp", "wb") as f:
+            for _ in range(64):
+                f.write(b"x" * (64 << 10))
+    except OSError:
+        pass
+    raise FileNotFoundError(errno.ENOENT, "No such file or directory", path + ".json")
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Any:
+    """A real 1 MiB file system (tmpfs; needs the right to mount, else the test skips)."""
+    import subprocess
+
+    mount = tmp_path / "disk"
+    mount.mkdir()
+    made = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mount)],
+                          capture_output=True, check=False)
+    if made.returncode != 0:
+        pytest.skip("cannot mount a small tmpfs here (needs root)")
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", str(mount)], check=False)
+
+
+def test_a_full_disk_is_reported_as_full_and_leaves_no_temporary_file(
+        small_disk: Path) -> None:
+    with pytest.raises(output.DiskFullError) as caught:
+        write_atomic(str(small_disk), "run/t", ".json", text_writer("x" * (4 << 20)))
+    assert caught.value.errno == errno.ENOSPC
+    message = str(caught.value)
+    assert f"disk full: {small_disk / 'run'} has no room for t.json" in message
+    assert "No space left on device" in message
+    assert tree(small_disk) == ["run"] and find_leftovers(str(small_disk)) == []
+
+
+def test_a_writer_that_hides_the_full_disk_is_still_reported_as_full(
+        small_disk: Path) -> None:
+    with pytest.raises(output.DiskFullError, match=r"disk full: .* \(no space left on device"):
+        write_atomic(str(small_disk), "t", ".pt.trace.json.gz", derived_writer)
+    assert tree(small_disk) == []  # the file it wrote beside the temporary one too
+
+
+def test_a_full_quota_is_reported_and_derived_files_are_removed(out: Path) -> None:
+    """Without a real full disk: a writer that fails with EDQUOT after writing beside
+    the temporary file (a quota cannot be set up here)."""
+    def writer(path: str) -> None:
+        Path(path + ".json").write_text("half")
+        raise OSError(errno.EDQUOT, "Disk quota exceeded")
+
+    with pytest.raises(output.DiskFullError) as caught:
+        write_atomic(str(out), "sub/t", ".json", writer)
+    assert caught.value.errno == errno.EDQUOT
+    assert str(caught.value).startswith(
+        f"[Errno {errno.EDQUOT}] disk full: {out / 'sub'} has no room for t.json "
+        "(quota exceeded")
+    assert tree(out) == ["sub"]
+
+
+def test_a_writer_failing_on_a_disk_with_room_keeps_its_own_error(out: Path) -> None:
+    def writer(path: str) -> None:
+        Path(path + ".part").write_text("half")
+        raise FileNotFoundError(errno.ENOENT, "No such file or directory", path + ".x")
+
+    with pytest.raises(FileNotFoundError):
+        write_atomic(str(out), "t", ".json", writer)
+    assert tree(out) == []

@@ -5,23 +5,31 @@ schedules with skip_first, warm-up and repeat 0..2, discrete regions with schedu
 their own, colocated roles, names with and without <cycle>)
 and call patterns (a window of outer steps, inner steps per step); every rank then runs
 the pattern through the recording backend, and the names it saved must equal, in order,
-the ``traces`` explain lists for that rank.
+the ``traces`` explain lists for that rank. The loop runs bare or inside
+``with profile_session(...) as prof:`` (the torchtitan way): the block's whole-session
+capture gives way to the training steps and writes nothing explain does not list.
+Explain's own default (``--inner-steps`` not given) is checked against a real run of
+policies/torchtitan.yaml.
 """
 
 from __future__ import annotations
 
+import contextlib
+from pathlib import Path
 from typing import Any
 from unittest import mock
 
+import pytest
 from hypothesis import HealthCheck, assume, event, given, settings
 from hypothesis import strategies as st
 
 from policy_engine import PolicyError, Topology, load_policy, profile_session
 from policy_engine.plan.predict import explain
-from policy_engine.runtime import manifest
+from policy_engine.runtime import manifest, state
 from policy_engine.runtime.profiler import RoleProfiler
 from policy_engine.testing import recording_backend
 
+ROOT = Path(__file__).resolve().parent.parent
 NAME = "<role>[_<region>][_step<step>][_c<cycle>]_r<rank>[_<tp><dp>]"
 #: Without <cycle>: merged captures whose schedule repeats tell their cycles apart by
 #: <step>, which then renders each cycle's own outer step.
@@ -87,9 +95,14 @@ def cases(draw: Any, merged_cycles: bool = False
     return policy, world, mesh, lo, hi, draw(st.integers(1 if merged_cycles else 0, 6))
 
 
-def run(prof: RoleProfiler, lo: int, hi: int, inner: int) -> None:
+def run(prof: RoleProfiler, lo: int, hi: int, inner: int, in_with: bool = False) -> None:
     """The call pattern explain assumes: every step of the window, ``inner`` prof.step()
-    calls in each (in each region call, in discrete mode), then close()."""
+    calls in each (in each region call, in discrete mode), then close() (or the end of
+    a ``with prof:`` block around it all, ``in_with``)."""
+    if in_with:
+        with prof:
+            run(prof, lo, hi, inner)
+        return
     regions = [r.name for r in prof.plan.regions if r.enabled]
     for n in range(lo, hi + 1):
         with prof.training_step(n):
@@ -111,9 +124,10 @@ def _appending_to(lines: list[dict[str, Any]]) -> Any:
 
 @settings(max_examples=300, deadline=None,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
-@given(st.one_of(cases(), cases(merged_cycles=True)))
+@given(st.one_of(cases(), cases(merged_cycles=True)), st.booleans())
 def test_explain_lists_exactly_the_files_each_rank_writes(
-        case: tuple[dict[str, Any], int, dict[str, int] | None, int, int, int]) -> None:
+        case: tuple[dict[str, Any], int, dict[str, int] | None, int, int, int],
+        in_with: bool) -> None:
     policy_data, world, _, lo, hi, inner = case  # the mesh is in the policy
     try:
         policy = load_policy(policy_data)
@@ -128,10 +142,15 @@ def test_explain_lists_exactly_the_files_each_rank_writes(
             prof = profile_session(policy, "actor", Topology(rank=rank, world=world,
                                                               local_rank=rank))
             if isinstance(prof, RoleProfiler):
-                run(prof, lo, hi, inner)
+                run(prof, lo, hi, inner, in_with)
+        state.reset()  # each rank is a process of its own (limits count per process)
         saved = [call[1] for call in rec.calls if call[0] == "save"]
         expected = [t["name"] for t in predicted[rank].get("traces", [])]
-        assert saved == expected, (rank, policy_data, lo, hi, inner)
+        assert saved == expected, (rank, policy_data, lo, hi, inner, in_with)
+        # and the manifest lists the same, no more (a dropped session capture: no line)
+        written = [line for line in lines if line.get("event") == "trace"
+                   and line["path"] is not None]
+        assert len(written) == len(saved)
         if isinstance(prof, RoleProfiler) and prof.plan.step_per_cycle:
             # each trace line lists its cycle's own steps, as explain does
             listed = [line["steps"] for line in lines
@@ -144,3 +163,35 @@ def test_explain_lists_exactly_the_files_each_rank_writes(
             event("several traces on one rank")
             if isinstance(prof, RoleProfiler) and prof.plan.step_per_cycle:
                 event("several cycles of merged captures named by their own step")
+
+
+@pytest.mark.parametrize("in_with", [False, True], ids=["bare loop", "inside with prof"])
+def test_torchtitan_policy_explained_by_default_as_it_runs(tmp_path: Path,
+                                                          in_with: bool) -> None:
+    """policies/torchtitan.yaml, explained with no --inner-steps, lists the traces a
+    torchtitan loop (one prof.step() per training step, steps 1-400) writes:
+    iteration_100 ... iteration_400 on each rank, and the manifest says the same."""
+    policy = load_policy(ROOT / "policies" / "torchtitan.yaml",
+                         overrides=[f"output_dir={tmp_path}"])
+    entry = explain(policy, "trainer", world=2, lo=1, hi=400)["ranks"][1]
+    assert entry["inner_steps"] == 1  # derived from the plan: cycles named by their step
+    predicted = [t["name"] for t in entry["traces"]]
+    assert predicted == [f"iteration_{n}/rank1_trace" for n in (100, 200, 300, 400)]
+    with recording_backend("torch") as rec:
+        prof = profile_session(policy, "trainer", Topology(rank=1, world=2))
+        assert isinstance(prof, RoleProfiler)
+        block = prof if in_with else contextlib.nullcontext()
+        with block:
+            for step in range(1, 401):
+                with prof.training_step(step):
+                    prof.step()
+        prof.close()
+    assert [c[1] for c in rec.calls if c[0] == "save"] == predicted
+    scan = manifest.scan_manifests(str(tmp_path))
+    paths = [r["path"] for r in scan.records if r["event"] == "trace"]
+    assert paths == [name + ".rec" for name in predicted]
+    closes = [r for r in scan.records if r["event"] == "close"]
+    if in_with:  # the block's session capture gave way to the steps, and says so
+        assert closes[0]["traces"] == 0 and "training_step(1)" in closes[0]["reason"]
+        closes = closes[1:]
+    assert [c["status"] for c in closes] == ["complete"]

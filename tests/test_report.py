@@ -23,7 +23,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from policy_engine.cli import report
+from policy_engine.cli import chrome_trace, report
 from policy_engine.cli.main import main
 from policy_engine.cli.report_page import ranges
 from policy_engine.cli.traces import _cell, _roles, collect
@@ -187,9 +187,11 @@ def test_manifest_text_is_escaped_and_the_page_fetches_nothing(
     assert {tag for tag, _ in page.tags} <= {
         "html", "head", "meta", "title", "style", "body", "h1", "h2", "h3", "p", "span",
         "code", "table", "tr", "th", "td", "a", "details", "summary", "section", "div",
-        "ul", "li"}
-    assert all(k in ("class", "title", "href", "charset", "lang") or k.startswith("data-")
-               for _, attrs in page.tags for k in attrs)
+        "ul", "li", "svg", "rect", "text"}  # the analysis section's bars: inline SVG
+    assert all(k in ("class", "title", "href", "charset", "lang")
+               or k.startswith("data-")
+               or (tag in ("svg", "rect", "text") and k in ("x", "y", "width", "height"))
+               for tag, attrs in page.tags for k in attrs)
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in html_text
     assert "./run/javascript%3Aalert%281%29" in page.hrefs  # a relative path, no scheme
     assert ("<script>alert(1)</script>", 0, "2") in page.covered()
@@ -279,27 +281,68 @@ def test_traces_are_read_as_a_stream_in_small_chunks(tmp_path: Path, packed: boo
     path = tmp_path / "t.pt.trace.json.gz"
     path.write_bytes(gzip.compress(data) if packed else data)
     whole = report.read_ops(str(path), top=10, limit=1 << 20)
-    monkeypatch.setattr(report, "_CHUNK", 7)  # the key and every event cross chunks
+    monkeypatch.setattr(chrome_trace, "_CHUNK", 7)  # the key and every event cross chunks
     assert report.read_ops(str(path), top=10, limit=1 << 20) == whole
     assert whole.rows[0] == ("aten::addmm", "cpu_op", 65.0, 2) and whole.why is None
+
+
+def test_only_the_top_level_trace_events_are_read(tmp_path: Path) -> None:
+    """Another top-level key that nests a traceEvents list is not the trace's events."""
+    path = tmp_path / "t.pt.trace.json"
+    path.write_text(json.dumps({"distributedInfo": {"traceEvents": [x("decoy", 0, 999)]},
+                                "traceEvents": NESTED}))
+    assert report.read_ops(str(path), top=1, limit=1 << 20).rows == (
+        ("aten::addmm", "cpu_op", 65.0, 2),)
 
 
 def test_a_trace_too_large_or_broken_says_why(tmp_path: Path) -> None:
     path = tmp_path / "t.pt.trace.json"
     path.write_bytes(chrome(*NESTED))
     big = report.read_ops(str(path), top=5, limit=100)
-    assert big.rows == () and big.why is not None and "over 100 B" in big.why
-    for content, why in ((chrome(*NESTED)[:-40], "not JSON, or cut short"),
-                         (chrome(*NESTED)[:-4], "never ends"),
-                         (b'{"traceEvents": [{"ph": "X",}]}', "not JSON"),
-                         (b'{"other": 1}', "no traceEvents"),
-                         (gzip.compress(chrome(*NESTED))[:-30], "operators not read")):
+    assert big.rows == () and big.why == (
+        "operators not read: the trace is over 100 B uncompressed (--max-trace-mb)")
+    packed = tmp_path / "p.pt.trace.json.gz"
+    packed.write_bytes(gzip.compress(chrome(*NESTED)))
+    assert report.read_ops(str(packed), top=5, limit=100).why == (
+        "operators not read: its gzip trailer says it inflates to 1.1 KiB, over 100 B "
+        "(--max-trace-mb)")
+    for content, why in (
+            (chrome(*NESTED)[:-40], "truncated: the file ends inside event 10 of traceEvents"),
+            (chrome(*NESTED)[:-4], "truncated: the file ends inside traceEvents (after 10 "
+                                   "events)"),
+            (b'{"traceEvents": [{"ph": "X",}]}', "not valid JSON: Expecting property name "
+             "enclosed in double quotes in event 1 of traceEvents, at character 28"),
+            (b'{"other": 1}', "not a Chrome trace: it has no traceEvents array"),
+            (b'{"traceEvents": [{"ts": NaN}]}',
+             "NaN is not a JSON number in event 1 of traceEvents, at or after character 17"),
+            (b'{"traceEvents": [{"ts": 1e400}]}', "the number 1e400 is out of range in event "
+             "1 of traceEvents, at or after character 17"),
+            (b'{"traceEvents": [{"ts": ' + b"9" * 5000 + b"}]}",
+             "a number has too many digits in event 1 of traceEvents, at or after character "
+             "17"),
+            (gzip.compress(chrome(*NESTED))[:-30], "truncated: the gzip data ends early")):
         path.write_bytes(content)
         found = report.read_ops(str(path), top=5, limit=1 << 20)
-        assert found.why is not None and why in found.why, found
+        assert found.why == f"operators not read: {why}", found
     os.mkfifo(tmp_path / "fifo")
     assert report.read_ops(str(tmp_path / "fifo"), top=5, limit=100).why == \
-        "not a regular file"
+        "operators not read: not a regular file"
+    os.symlink(packed, tmp_path / "link.pt.trace.json.gz")
+    assert report.read_ops(str(tmp_path / "link.pt.trace.json.gz"), top=5,
+                           limit=1 << 20).why == ("operators not read: cannot open it: Too "
+                                                  "many levels of symbolic links")
+
+
+def test_what_all_traces_read_together_is_bounded(tmp_path: Path) -> None:
+    path = tmp_path / "t.pt.trace.json"
+    path.write_bytes(chrome(*NESTED))
+    size = len(chrome(*NESTED))
+    used: list[int] = []
+    assert report.read_ops(str(path), top=1, limit=1 << 20, budget=size + 10,
+                           used=used).why is None
+    assert used == [size]
+    assert report.read_ops(str(path), top=1, limit=1 << 20, budget=10, used=used).why == (
+        "operators not read: the traces read before it used up --max-total-mb")
 
 
 def test_the_page_says_which_traces_it_read_operators_from(run: Path, tmp_path: Path) -> None:
@@ -311,7 +354,7 @@ def test_the_page_says_which_traces_it_read_operators_from(run: Path, tmp_path: 
     assert text.count("top 3 operators") + text.count("top 5 operators") == 3
     make_report(run, tmp_path / "s.html", "--max-trace-mb", "0")
     text = (tmp_path / "s.html").read_text()
-    assert "the trace is over 0 B uncompressed (--max-trace-mb)" in text
+    assert "over 0 B (--max-trace-mb)" in text
 
 
 def test_operators_of_a_real_torch_capture(tmp_path: Path) -> None:

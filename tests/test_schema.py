@@ -166,12 +166,14 @@ def test_schedule_fields_match_the_code() -> None:
     ({"version": 1, "prefix": 7}, [("$.prefix", "prefix must be a string, got an integer 7")]),
     # enum suggestions: spelling, short words, and synonyms
     (role(backend="nsight-systems"), [
-        ("$.roles.actor.backend", "backend must be one of torch, mstx, nsight, memory, npu, nsys, "
+        ("$.roles.actor.backend", "backend must be one of torch, mstx, nsight, memory, "
+                                  "vllm, sglang, npu, nsys, "
                                   "torch_memory, got "
                                   "'nsight-systems' (did you mean 'nsight'?)"),
     ]),
     (role(backend="pytorch"), [
-        ("$.roles.actor.backend", "backend must be one of torch, mstx, nsight, memory, npu, nsys, "
+        ("$.roles.actor.backend", "backend must be one of torch, mstx, nsight, memory, "
+                                  "vllm, sglang, npu, nsys, "
                                   "torch_memory, got "
                                   "'pytorch' (did you mean 'torch'?)"),
     ]),

@@ -194,11 +194,12 @@ def test_a_close_that_says_interrupted_shows_its_error(out: Path, capsys: Any) -
 def test_traces_a_close_counts_that_never_reached_the_manifest(out: Path, capsys: Any) -> None:
     write_manifest(out, AWAY, opened("1", 0, [8], 80.0),
                    trace("1", 0, [8], 80.0, trace_file(out, 0, 8)), closed("1", traces=2),
-                   opened("2", 0, [9], 90.0), closed("2", traces=0, deferred=1))
+                   opened("2", 0, [9], 90.0), closed("2", traces=0, deferred=1),
+                   opened("3", 0, [9], 91.0), closed("3", traces=0, thread_waits=2))
     data = run_json(out, capsys)
+    # deferred (older manifests) and thread_waits count waits for a thread, not files.
     assert [(r["capture"], r["reason"]) for r in data["interrupted"]] == [
-        ("1", "1 of its 2 trace(s) never reached the manifest"),
-        ("2", "1 of its 1 trace(s) never reached the manifest")]
+        ("1", "1 of its 2 trace(s) never reached the manifest")]
 
 
 def test_leftover_temporary_files_are_listed_not_unlisted(out: Path, capsys: Any) -> None:
@@ -250,7 +251,7 @@ def test_unreadable_manifests_are_reported(out: Path, capsys: Any) -> None:
 
 _FIELDS = ["event", "capture", "role", "roles", "region", "rank", "world", "cycle", "pid",
            "path", "bytes", "steps", "inner_steps", "joined", "start", "end", "status",
-           "error", "traces", "deferred", "coords", "extra", "local_rank"]
+           "error", "traces", "deferred", "thread_waits", "coords", "extra", "local_rank"]
 _scalars = (st.none() | st.booleans() | st.integers() | st.integers(-2**70, 2**70)
             | st.floats(allow_nan=True, allow_infinity=True) | st.text(max_size=8)
             | st.sampled_from(["\ud800", "a\udfffb", "\x1b[2J", "open", "trace", "close",

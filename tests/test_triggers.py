@@ -62,8 +62,8 @@ def test_request_captures_the_step_asked_for(make_policy: Any, out: Path,
         run(prof, range(10), ask)
     [note] = records(out, "note")
     rid = note["request"]
-    assert (note["note"], note["status"], note["captures"], note["at"]) == (
-        "trigger", "accepted", [7, 8], 4)
+    assert (note["note"], note["status"], note["first"], note["last"], note["at"]) == (
+        "trigger", "accepted", 7, 8, 4)
     assert opened(out) == [([2], "plan", None), ([7], "on_demand", rid),
                            ([8], "on_demand", rid)]
     assert main(["traces", str(out)]) == 0
@@ -103,7 +103,7 @@ def test_requests_for_other_roles_ranks_or_from_before_are_ignored(
                                                  step=None, count=1)}
         run(prof, range(5), ask)
     [note] = records(out, "note")  # only the last request is for rank 1 (of 4)
-    assert note["request"] != old["id"] and note["captures"] == [3]
+    assert note["request"] != old["id"] and (note["first"], note["last"]) == (3, 3)
     assert opened(out) == [([3], "on_demand", note["request"])]
 
 

@@ -14,6 +14,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 from typing import Any
 
@@ -81,6 +82,7 @@ class Child:
 
     def finish(self) -> None:
         _, err = self.proc.communicate(timeout=TIMEOUT)
+        self.err = err
         assert self.proc.returncode == 0, err
 
     def records(self, event: str) -> list[dict[str, Any]]:
@@ -150,3 +152,54 @@ def test_a_budget_of_three_stops_at_three(tmp_path: Path) -> None:
     assert note["note"] == "limit" and "limits.captures: 3" in note["message"]
     listed = cli("traces", str(child.out))
     assert listed.returncode == 0 and listed.stdout.count("complete") >= 3
+
+
+def test_wait_ends_when_the_plan_captures_the_step_asked_for(tmp_path: Path) -> None:
+    child = Child(tmp_path, "steps: [8]\ntriggers: {on_demand: true, poll_seconds: 0}\n",
+                  steps=12, pause=[3])
+    child.wait_for(3)
+    waiting = subprocess.Popen(
+        [sys.executable, "-m", "policy_engine", "trigger", str(child.out), "--role",
+         "trainer", "--steps", "8", "--wait", "90"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert waiting.stdout is not None and waiting.stdout.readline().startswith("request ")
+    child.go()
+    child.finish()
+    report, err = waiting.communicate(timeout=TIMEOUT)
+    assert waiting.returncode == 0, (report, err)
+    assert child.captures() == [([8], "plan")]
+    assert "accepted: captures step 8" in report and "trainer_step8" in report
+
+
+def test_hostile_request_files_neither_crash_nor_stall_training(tmp_path: Path) -> None:
+    from policy_engine.runtime.requests import write_request
+
+    child = Child(tmp_path, "steps: []\ntriggers: {on_demand: true, poll_seconds: 0}\n",
+                  steps=10, pause=[3])
+    child.wait_for(3)
+    folder = child.out / "triggers"
+    os.mkfifo(folder / "fifo.json")
+    (folder / "zero.json").symlink_to("/dev/zero")
+    (folder / "array.json").write_text("[]")
+    (folder / "deep.json").write_text("[" * 100_000 + "]" * 100_000)
+    (folder / "nan.json").write_text('{"role": "trainer", "count": NaN}')
+    (folder / "cut.json").write_text('{"role": "trai')  # half-written: read again later
+    write_request(str(child.out), role="trainer", ranks=None, step=None, count=1)
+    began = time.monotonic()
+    child.go()
+    child.finish()
+    assert time.monotonic() - began < TIMEOUT / 2
+    assert child.captures() == [([4], "on_demand")]  # the good request still works
+    refused = sorted(r["request"] for r in child.records("note") if r["status"] == "refused")
+    assert refused == ["array", "deep", "fifo", "nan", "zero"]
+    for name in refused:  # one warning each, never one per poll
+        assert child.err.count(f"ignoring trigger request {folder / name}.json") == 1
+    assert "cut.json" not in child.err and "Traceback" not in child.err
+
+
+def test_an_absurd_count_is_refused_at_the_command(tmp_path: Path) -> None:
+    (tmp_path / "out" / "triggers").mkdir(parents=True)
+    asked = cli("trigger", str(tmp_path / "out"), "--role", "trainer", "--count",
+                "1000000000")
+    assert asked.returncode == 2 and "at most 10000 steps per request" in asked.stderr
+    assert os.listdir(tmp_path / "out" / "triggers") == []

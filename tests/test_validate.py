@@ -60,8 +60,9 @@ INVALID_CASES: dict[str, tuple[tuple[str, ...], list[str]]] = {
     ]),
     # ---- schema: values
     "backend.yaml": ((), [
-        "backend.yaml:3:12: error: backend must be one of torch, mstx, nsight, memory, npu, nsys, "
-        "torch_memory, got 'torh' (did you mean 'torch'?) (at $.defaults.backend)",
+        "backend.yaml:3:12: error: backend must be one of torch, mstx, nsight, memory, "
+        "vllm, sglang, npu, nsys, torch_memory, got 'torh' (did you mean 'torch'?) "
+        "(at $.defaults.backend)",
     ]),
     "enabled_type.yaml": ((), [
         "enabled_type.yaml:4:14: error: enabled must be a boolean, got a string 'yes' "
@@ -292,8 +293,9 @@ INVALID_CASES: dict[str, tuple[tuple[str, ...], list[str]]] = {
         "(an empty list never means all) (at $.roles.critic.torch.activities)",
     ]),
     "several.toml": ((), [
-        "several.toml:6:11: error: backend must be one of torch, mstx, nsight, memory, npu, nsys, "
-        "torch_memory, got 'torh' (did you mean 'torch'?) (at $.defaults.backend)",
+        "several.toml:6:11: error: backend must be one of torch, mstx, nsight, memory, "
+        "vllm, sglang, npu, nsys, torch_memory, got 'torh' (did you mean 'torch'?) "
+        "(at $.defaults.backend)",
         "several.toml:11:1: error: unknown key 'rnaks' (did you mean 'ranks'?) "
         "(at $.roles.actor.rnaks)",
         "several.toml:7:12: error: active must be >= 1, got 0 (at $.defaults.schedule.active)",
@@ -302,8 +304,9 @@ INVALID_CASES: dict[str, tuple[tuple[str, ...], list[str]]] = {
         "component (names stay under output_dir) (at $.roles.actor.name)",
     ]),
     "several.json": ((), [
-        "several.json:3:27: error: backend must be one of torch, mstx, nsight, memory, npu, nsys, "
-        "torch_memory, got 'torh' (did you mean 'torch'?) (at $.defaults.backend)",
+        "several.json:3:27: error: backend must be one of torch, mstx, nsight, memory, "
+        "vllm, sglang, npu, nsys, torch_memory, got 'torh' (did you mean 'torch'?) "
+        "(at $.defaults.backend)",
         "several.json:7:7: error: unknown key 'rnaks' (did you mean 'ranks'?) "
         "(at $.roles.actor.rnaks)",
         "several.json:3:71: error: active must be >= 1, got 0 (at $.defaults.schedule.active)",
@@ -321,6 +324,23 @@ INVALID_CASES: dict[str, tuple[tuple[str, ...], list[str]]] = {
         "true (each region call is its own capture) (at $.roles.ref.merge_steps)",
         "semantic_several.yaml:18:12: warning: ranks: [] selects no rank: nothing is profiled "
         "for role 'rollout' (at $.roles.rollout.ranks)",
+    ]),
+    # ---- every problem at once: world-dependent problems beside those of the schema and
+    # the values, in roles (and defaults) that hold a refused value
+    "world_beside_schema.yaml": ((), [
+        "world_beside_schema.yaml:4:11: error: unknown key 'activites' (did you mean "
+        "'activities'?) (at $.defaults.torch.activites)",
+        "world_beside_schema.yaml:10:5: error: unknown key 'bogus' (at $.roles.actor.bogus)",
+        "world_beside_schema.yaml:14:24: error: active must be >= 1, got 0 "
+        "(at $.roles.critic.schedule.active)",
+        "world_beside_schema.yaml:18:11: error: bad name template at character 8: "
+        "unclosed '<' (at $.roles.ref.name)",
+        "world_beside_schema.yaml:8:16: error: rank 9 is out of range for world 8 "
+        "(at $.roles.actor.ranks[1])",
+        "world_beside_schema.yaml:13:17: error: tp 7 is out of range (tp has 4) "
+        "(at $.roles.critic.ranks.tp)",
+        "world_beside_schema.yaml:17:11: error: mesh dp=3 of role 'ref' has 3 ranks but the "
+        "world has 8 (the size of the top-level mesh dp=2,tp=4) (at $.roles.ref.mesh)",
     ]),
 }
 
@@ -744,3 +764,34 @@ def test_the_no_mesh_warning_has_a_code_the_runtime_filters_on() -> None:
     [warning] = analyze(document_from_mapping(data)).warnings
     assert warning.code == COORDINATES_WITHOUT_MESH
     assert "code" not in warning.to_json()  # not part of the output
+
+
+# ---------------------------------------------------------------- every problem at once
+
+
+def test_world_problems_are_reported_beside_the_others() -> None:
+    """A role with a refused value is still checked against the world on what it holds
+    that is sound, and the problems of a whole role are not repeated."""
+    data = {"version": 1, "roles": {
+        "actor": {"enabled": True, "ranks": [9], "steps": [2], "bogus": 1},
+        "critic": {"enabled": True, "ranks": "0-3", "steps": "3-1"}}}
+    result = analyze(document_from_mapping(data), world=8)
+    assert [(p.json_path, p.message) for p in result.problems] == [
+        ("$.roles.actor.bogus", "unknown key 'bogus'"),
+        ("$.roles.critic.steps", "range 3-1 is reversed"),
+        ("$.roles.actor.ranks[0]", "rank 9 is out of range for world 8"),
+    ]
+    # once the other problems are fixed, the same world problem (and nothing new) is left
+    del data["roles"]["actor"]["bogus"]  # type: ignore[attr-defined]
+    data["roles"]["critic"]["steps"] = "1-3"  # type: ignore[index]
+    result = analyze(document_from_mapping(data), world=8)
+    assert [(p.json_path, p.message) for p in result.problems] == [
+        ("$.roles.actor.ranks[0]", "rank 9 is out of range for world 8")]
+
+
+def test_a_refused_ranks_or_mesh_is_not_checked_against_the_world() -> None:
+    data = {"version": 1, "defaults": {"ranks": "x"}, "roles": {
+        "actor": {"enabled": True, "mesh": {"dp": 0}, "ranks": {"dp": 5}},
+        "ref": {"enabled": True}}}
+    result = analyze(document_from_mapping(data), world=4)
+    assert all("out of range" not in p.message for p in result.problems), result.problems

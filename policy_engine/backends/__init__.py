@@ -14,6 +14,8 @@ Each backend names two modules:
   list[(message, sub-path)]``, what the schema cannot express about a block merged over
   those defaults; ``check_runtime(settings) -> list[str]``, what stops the backend from
   running here (package missing, no device), for ``validate --check-runtime``;
+  optionally ``check_role(spec, mesh) -> list[(message, role key, severity)]``, what the
+  tool cannot do of a role as a whole (the engines: schedule, ranks, mesh);
 * its ``session`` module, imported when a capture opens: ``BACKEND``, the Backend class
   (see :mod:`policy_engine.backends.base`), and optionally ``session_settings(plan)``.
   Settings arrive merged over the defaults: sessions read them without fallbacks.
@@ -44,6 +46,9 @@ BACKENDS: Mapping[str, Entry] = {
                     "policy_engine.backends.nsight.session"),
     "memory": Entry("policy_engine.backends.memory.checks",
                     "policy_engine.backends.memory.session"),
+    "vllm": Entry("policy_engine.backends.vllm.checks", "policy_engine.backends.vllm.session"),
+    "sglang": Entry("policy_engine.backends.sglang.checks",
+                    "policy_engine.backends.sglang.session"),
 }
 ALIASES: Mapping[str, str] = {"npu": "mstx", "nsys": "nsight", "torch_memory": "memory"}
 
@@ -61,6 +66,20 @@ _APART = {
     frozenset({"mstx", "nsight"}): "mstx records Ascend NPUs and nsight CUDA GPUs: no "
                                    "process has both",
 }
+
+
+#: Backends whose captures run inside an inference engine's processes, driven by
+#: policy_engine.integrations.engines.
+ENGINES = frozenset({"vllm", "sglang"})
+
+
+def _apart(first: str, second: str) -> str:
+    found = _APART.get(frozenset({first, second}))
+    if found is not None:
+        return found
+    engine = first if first in ENGINES else second
+    return (f"{engine} records inside an inference engine's processes, "
+            f"{second if engine == first else first} in the process that runs it")
 
 
 def canonical(name: str) -> str:
@@ -84,7 +103,7 @@ def combination(names: list[str]) -> tuple[tuple[str, ...], list[tuple[str, int]
         timeline = [n for n in found if n not in BESIDE]
         if real not in BESIDE and timeline:
             problems.append((f"{timeline[0]} and {real} cannot record the same capture: "
-                             f"{_APART[frozenset({timeline[0], real})]}; profile them in "
+                             f"{_apart(timeline[0], real)}; profile them in "
                              "different roles", index))
             continue
         found.append(real)
@@ -114,6 +133,15 @@ def check_settings(
     """Problems in a backend's settings block (merged over its defaults) that the schema
     cannot see."""
     return list(checks(name).check_settings(settings))
+
+
+def check_role(name: str, spec: Any,
+               mesh: Mapping[str, int] | None) -> list[tuple[str, str, str]]:
+    """What backend ``name`` cannot do of an enabled role as a whole (its schedule, ranks,
+    mesh): (message, the role key at fault, severity). Backends without ``check_role``
+    can do all of it."""
+    hook = getattr(checks(name), "check_role", None)
+    return [] if hook is None else list(hook(spec, mesh))
 
 
 def check_runtime(name: str, settings: Mapping[str, Any]) -> list[str]:

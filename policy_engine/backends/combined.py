@@ -7,8 +7,9 @@ the policy's order, timeline tool first, and stop in reverse, so the allocator h
 covers what the trace covers and not its export.
 
 A part that cannot run in this process (no CUDA for memory) is left out at open, with a
-warning naming role, rank and reason, when the role says ``on_error: warn``; the other
-parts go on. Under ``on_error: raise``, or when no part is left, the open fails.
+warning naming role, rank and reason and a manifest ``note`` line (``left_out``, naming
+the part and why), when the role says ``on_error: warn``; the other parts go on. Under
+``on_error: raise``, or when no part is left, the open fails.
 """
 
 from __future__ import annotations
@@ -147,11 +148,13 @@ class Combined:
     name = "combined"
     extension = ""
 
-    def __init__(self, parts: list[tuple[str, Any]], settings: Mapping[str, Mapping[str, Any]]
-                 ) -> None:
+    def __init__(self, parts: list[tuple[str, Any]], settings: Mapping[str, Mapping[str, Any]],
+                 note: Callable[..., None] | None = None) -> None:
         self.parts = parts
         self.settings = settings
         self._left_out: set[str] = set()  # parts already reported
+        # writes a manifest note line (the runtime's; backends never write the manifest)
+        self._note = note
 
     def open(self, info: CaptureInfo) -> CombinedSession:
         opened: list[tuple[str, Session]] = []
@@ -168,6 +171,11 @@ class Combined:
                     self._left_out.add(name)
                     log.warning("policy-engine: %s is left out of the captures of role %r on "
                                 "rank %d: %s", name, info.role, info.rank, err)
+                    if self._note is not None:
+                        try:
+                            self._note("left_out", backend=name, message=str(err))
+                        except Exception as failed:  # the warning above says it already
+                            log.debug("left_out note: %r", failed)
         except Exception:
             for _, session in opened:
                 try:

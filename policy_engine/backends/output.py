@@ -24,7 +24,7 @@ import re
 import secrets
 import stat
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import IO, Any
 
 from policy_engine.language.naming import MAX_COMPONENT_BYTES, shorten
 
@@ -148,7 +148,9 @@ def write_atomic(output_dir: str, stem: str, ext: str, writer: Callable[[str], A
     when given, raises to say the result is unusable. The file is then synced and published
     under its final name, which is never an existing file: a clash takes ``stem.1+ext``,
     ``stem.2+ext``... with a warning. On any error nothing is left under the final name
-    and the temporary file is removed; the error propagates.
+    and the temporary file is removed, with any file the writer derived from its name; the
+    error propagates, as :class:`DiskFullError` naming the folder when the disk (or quota)
+    was full.
     """
     rel_folder, base = posixpath.split(stem)
     if not base or base in (".", ".."):
@@ -157,21 +159,73 @@ def write_atomic(output_dir: str, stem: str, ext: str, writer: Callable[[str], A
     folder_path = os.path.join(output_dir, *_components(rel_folder))
     with folder(output_dir, rel_folder) as dir_fd:
         temp = f"{TEMP_PREFIX}{os.getpid()}-{secrets.token_hex(16)}.tmp{ext}"
-        os.close(os.open(temp, _NEW_FILE_FLAGS, 0o644, dir_fd=dir_fd))
         try:
+            os.close(os.open(temp, _NEW_FILE_FLAGS, 0o644, dir_fd=dir_fd))
             writer(os.path.join(folder_path, temp))
             if check is not None:
                 check(os.path.join(folder_path, temp))
             info = _sync_written(dir_fd, temp, os.path.join(folder_path, temp))
             name = _publish(dir_fd, temp, base, ext, info)
-        finally:
-            with contextlib.suppress(OSError):
-                os.unlink(temp, dir_fd=dir_fd)
+        except BaseException as err:
+            full = _disk_full(dir_fd, err, folder_path, base + ext)
+            _remove_temps(dir_fd, temp)
+            if full is not None:
+                raise full from err
+            raise
+        _remove_temps(dir_fd, temp, derived=False)
     final = os.path.join(folder_path, name)
     if name != base + ext:
         log.warning("policy-engine: %s already exists; this trace is %s",
                     os.path.join(folder_path, base + ext), final)
     return final, info.st_size
+
+
+class DiskFullError(OSError):
+    """The output folder's file system (or the user's quota there) has no room left."""
+
+
+# Free space below which a failed write is taken for a full disk: some writers (kineto)
+# report a failed write only as a missing file, and what they left has been removed.
+_NEARLY_FULL = 1 << 20
+
+
+def _disk_full(dir_fd: int, err: BaseException, folder_path: str,
+               name: str) -> DiskFullError | None:
+    """``err`` as a full disk, naming the folder, when that is what it was: ENOSPC or
+    EDQUOT anywhere in its chain, or any failed write with (almost) no space left."""
+    if isinstance(err, (DiskFullError, UnsafePathError)) or not isinstance(err, Exception):
+        return None
+    seen: BaseException | None = err
+    code = None
+    for _ in range(16):  # the chain of causes, not forever
+        if seen is None or code is not None:
+            break
+        if isinstance(seen, OSError) and seen.errno in (errno.ENOSPC, errno.EDQUOT):
+            code = seen.errno
+        seen = seen.__cause__ or seen.__context__
+    free = None
+    with contextlib.suppress(OSError):
+        found = os.statvfs(dir_fd)
+        free = found.f_bavail * found.f_frsize
+    if code is None and (free is None or free >= _NEARLY_FULL):
+        return None
+    what = "quota exceeded" if code == errno.EDQUOT else "no space left on device"
+    left = "" if free is None else f", {free} bytes free"
+    return DiskFullError(code or errno.ENOSPC,
+                         f"disk full: {folder_path} has no room for {name} ({what}{left}; "
+                         f"{type(err).__name__}: {err})")
+
+
+def _remove_temps(dir_fd: int, temp: str, *, derived: bool = True) -> None:
+    """Remove the temporary file and, after a failure, every file a writer derived from
+    its name (kineto writes ``<temp>.json.tmp`` and leaves it on a full disk)."""
+    names = [temp]
+    if derived:
+        with contextlib.suppress(OSError):
+            names += [n for n in os.listdir(dir_fd) if n.startswith(temp) and n != temp]
+    for name in names:
+        with contextlib.suppress(OSError):
+            os.unlink(name, dir_fd=dir_fd)
 
 
 def _sync_written(dir_fd: int, temp: str, shown: str) -> os.stat_result:
@@ -257,3 +311,55 @@ def find_leftovers(root: str) -> list[str]:
         rel = os.path.relpath(here, root)
         found.extend(os.path.normpath(os.path.join(rel, f)) for f in files if is_temp_name(f))
     return sorted(found)
+
+
+def publish(path: str, write: Callable[[IO[bytes]], object], *, force: bool = False) -> int:
+    """Write the file ``path`` whole or not at all; its size. For tools given a file name
+    by the user (``report -o``, ``merge -o``, ``memory-plot -o``).
+
+    ``write(f)`` writes the bytes to ``f``, a new hidden temporary file (a name
+    :func:`find_leftovers` knows, made with ``O_EXCL | O_NOFOLLOW``) in ``path``'s folder.
+    The file is synced, then named ``path`` by a hard link, which never replaces a file:
+    FileExistsError when ``path`` exists, unless ``force``, which replaces it (a link at
+    ``path`` is replaced, never followed). The temporary file is removed whatever happens.
+    """
+    where, name = os.path.split(os.path.abspath(path))
+    dir_fd = os.open(where, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    temp = f"{TEMP_PREFIX}{os.getpid()}-{secrets.token_hex(16)}.tmp"
+    try:
+        fd = os.open(temp, _NEW_FILE_FLAGS, 0o644, dir_fd=dir_fd)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                write(f)
+                f.flush()
+                _fsync(f.fileno())
+                size = os.fstat(f.fileno()).st_size
+            if force:
+                os.replace(temp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+            else:
+                _link_new(dir_fd, temp, name)
+            _fsync(dir_fd)  # the new name survives a machine crash
+        finally:
+            with contextlib.suppress(OSError):
+                os.unlink(temp, dir_fd=dir_fd)
+    finally:
+        os.close(dir_fd)
+    return size
+
+
+def _link_new(dir_fd: int, temp: str, name: str) -> None:
+    """Name ``temp`` also ``name``, which must not exist (FileExistsError)."""
+    try:
+        os.link(temp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd, follow_symlinks=False)
+        return
+    except OSError as err:
+        if err.errno not in _NO_HARD_LINKS:
+            raise
+    # No hard links here: claim the name exclusively, then move the file onto it.
+    os.close(os.open(name, _NEW_FILE_FLAGS, 0o644, dir_fd=dir_fd))
+    try:
+        os.replace(temp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(name, dir_fd=dir_fd)
+        raise

@@ -25,6 +25,7 @@ from contextlib import AbstractContextManager
 from typing import Any, ClassVar
 
 from policy_engine.backends.base import Artifact, BackendUnavailable, CaptureInfo
+from policy_engine.backends.files import torch_extension
 from policy_engine.backends.output import write_atomic
 
 log = logging.getLogger("policy_engine")
@@ -221,7 +222,7 @@ class TorchSession:
         self._stop()
         finished = self._prof.profiler
         extra = self._memory_timeline(stem) if self._timeline else {}
-        ext = ".pt.trace.json.gz" if self._gzip else ".pt.trace.json"
+        ext = torch_extension(self._gzip)  # as explain names it (backends.files)
         gz = self._gzip
         output_dir = self._info.output_dir
 

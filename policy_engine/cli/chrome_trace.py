@@ -1,9 +1,12 @@
-"""Chrome trace JSON (torch's ``.pt.trace.json[.gz]``), read as a stream and rewritten.
+"""Chrome trace JSON (torch's ``.pt.trace.json[.gz]``), read as a stream.
 
-:class:`TraceReader` hands out the events of ``traceEvents`` one at a time: it holds one
-chunk of the file and one event, never the whole trace, and keeps every other top-level
-key in ``meta``. :class:`ProcessMap` rewrites the events of one input as one process of
-a merged trace.
+:class:`TraceReader` is the one reader of ``traceEvents`` (``report`` and ``merge`` use
+it): it hands out the events one at a time, holding one chunk of the file and one event,
+never the whole trace, and keeps every other top-level key in ``meta``. A trace is
+untrusted input, so everything it can make the reader hold or do is bounded: the bytes
+read (a small gzip can inflate to gigabytes), the size of one event and of the other
+top-level keys, the nesting, and the numbers (NaN, infinities and integers of thousands
+of digits are refused, with their position, rather than carried on).
 """
 
 from __future__ import annotations
@@ -16,23 +19,86 @@ import os
 import re
 import stat
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 _CHUNK = 1 << 20
-#: The largest single value (one event, or one other top-level key) read.
-MAX_VALUE = 64 << 20
+#: The largest single event read (in characters); a larger one makes the trace unreadable.
+MAX_VALUE = 8 << 20
+#: The most the top-level keys other than ``traceEvents`` may hold together (characters).
+MAX_META = 16 << 20
 _WS = re.compile(r"[ \t\n\r]*")
 _GZIP_MAGIC = b"\x1f\x8b"
-# NaN and Infinity are not JSON, though Python reads them: they become null.
-_DECODER = json.JSONDecoder(parse_constant=lambda _name: None)
 _EVENTS = object()  # marks where the traceEvents array begins
 # A decode error this close to the end of what is read may be the data running out.
 _NEAR_END = 10
 
 
+class _BadNumber(ValueError):
+    pass
+
+
+def _constant(name: str) -> Any:
+    raise _BadNumber(f"{name} is not a JSON number")
+
+
+def _float(text: str) -> float:
+    value = float(text)
+    if value - value != 0:  # inf - inf is nan
+        raise _BadNumber(f"the number {text[:24]} is out of range")
+    return value
+
+
+_DECODER = json.JSONDecoder(parse_constant=_constant, parse_float=_float)
+_SCAN: Callable[[str, int], tuple[Any, int]] = _DECODER.scan_once  # type: ignore[attr-defined]
+_SPACE = " \t\n\r"
+
+
 class TraceError(Exception):
     """A trace that cannot be read: the message says what is wrong, and where."""
+
+
+class TraceTooLarge(TraceError):
+    """More than the reader's ``max_bytes`` of (uncompressed) text."""
+
+    def __init__(self, limit: int, gzipped: bool) -> None:
+        super().__init__(f"{'it inflates to' if gzipped else 'it is'} more than "
+                         f"{_bytes(limit)} of text (the most read of one trace)")
+        self.limit, self.gzipped = limit, gzipped
+
+
+class GzipBomb(TraceError):
+    """A gzip that inflates out of all proportion to its size (``max_ratio``)."""
+
+    def __init__(self, ratio: int) -> None:
+        super().__init__(f"it inflates to more than {ratio} times its size on disk "
+                         "(a gzip bomb?)")
+        self.ratio = ratio
+
+
+#: Inflated text below which the ratio is not checked.
+RATIO_FLOOR = 1 << 20
+_RAW_READ = 8 << 10  # compressed bytes read at a time: the ratio is known this finely
+
+
+class _Counted(io.RawIOBase):
+    """The compressed file as gzip reads it, a block at a time, counting the bytes."""
+
+    def __init__(self, raw: io.BufferedReader) -> None:
+        self.raw, self.consumed = raw, 0
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        data = self.raw.read(min(len(buffer), _RAW_READ))
+        buffer[:len(data)] = data
+        self.consumed += len(data)
+        return len(data)
+
+
+def _bytes(n: int) -> str:
+    return f"{n} B" if n < 1 << 20 else f"{n / (1 << 20):.0f} MiB"
 
 
 class TraceReader:
@@ -42,10 +108,14 @@ class TraceReader:
     ``header()`` for the keys before ``traceEvents`` (torch writes ``baseTimeNanoseconds``
     there), then iterate ``events()``; afterwards ``meta`` holds every top-level key but
     ``traceEvents``. A trace that is only an array of events is accepted too. Raises
-    TraceError for anything that is not a whole trace.
+    TraceError for anything that is not a whole trace, TraceTooLarge past ``max_bytes``
+    of text (counted after inflating), GzipBomb when the text grows past ``max_ratio``
+    times the compressed bytes read (torch traces inflate 10 to 20 times). A link is not
+    followed; only a regular file is read.
     """
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, *, max_bytes: int | None = None,
+                 max_ratio: int | None = None) -> None:
         self.meta: dict[str, Any] = {}
         self.count = 0  # entries of traceEvents read
         self.not_objects = 0  # entries that are not objects (left out)
@@ -54,23 +124,30 @@ class TraceReader:
         self._offset = 0  # characters dropped before _buf
         self._eof = False
         self._saw_events = False
+        self._read = 0  # bytes of text read (inflated)
+        self._max_bytes = max_bytes
+        self._max_ratio = max_ratio
+        self._meta_left = MAX_META
         self._utf8 = codecs.getincrementaldecoder("utf-8")()
         try:  # never blocking on a FIFO planted under the name
-            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
         except OSError as err:
             raise TraceError(f"cannot open it: {err.strerror or err}") from None
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            raise TraceError("not a regular file")
         self._file = os.fdopen(fd, "rb")
         try:
-            if not stat.S_ISREG(os.fstat(fd).st_mode):
-                raise TraceError("not a regular file")
             gzipped = self._file.read(2) == _GZIP_MAGIC
             self._file.seek(0)
         except BaseException:
             self._file.close()
             raise
         self._stream: io.BufferedIOBase = self._file
+        self.gzipped = gzipped
+        self._counted = _Counted(self._file)
         if gzipped:
-            self._stream = gzip.GzipFile(fileobj=self._file, mode="rb")
+            self._stream = gzip.GzipFile(fileobj=self._counted, mode="rb")
         self._walk = self._document()
 
     def __enter__(self) -> TraceReader:
@@ -82,6 +159,16 @@ class TraceReader:
     def close(self) -> None:
         self._stream.close()
         self._file.close()
+
+    @property
+    def bytes_read(self) -> int:
+        """Bytes of text read so far (after inflating)."""
+        return self._read
+
+    @property
+    def position(self) -> int:
+        """The character the reader has reached."""
+        return self._offset + self._pos
 
     def header(self) -> dict[str, Any]:
         """The top-level keys that come before ``traceEvents``."""
@@ -123,7 +210,8 @@ class TraceReader:
         while True:
             if self._peek() != '"':
                 raise self._unexpected("a key in double quotes", "the trace object")
-            key = self._value("a top-level key")
+            key = self._value("a top-level key", self._meta_left)
+            self._meta_left -= len(key)
             if self._peek() != ":":
                 raise self._unexpected(f"':' after {key!r}", "the trace object")
             self._pos += 1
@@ -136,7 +224,11 @@ class TraceReader:
                 yield from self._array()
             else:
                 self._peek()
-                self.meta[key] = self._value(f"the value of {key!r}")
+                start = self._offset + self._pos
+                self.meta[key] = self._value(f"the top-level key {key!r}", self._meta_left,
+                                             "the top-level keys but traceEvents are "
+                                             f"larger than {_bytes(MAX_META)} together")
+                self._meta_left -= self._offset + self._pos - start
             found = self._peek()
             if found == "}":
                 self._pos += 1
@@ -153,12 +245,16 @@ class TraceReader:
                 return
             if not found:
                 raise self._unexpected("an event", "traceEvents")
-            item = self._value(f"event {self.count + 1} of traceEvents")
+            item = self._value(None, MAX_VALUE)
             self.count += 1
             if isinstance(item, dict):
                 yield item
             else:
                 self.not_objects += 1
+            buf, pos = self._buf, self._pos
+            if pos < len(buf) and buf[pos] == ",":  # the usual case, without a regex
+                self._pos = pos + 1
+                continue
             found = self._peek()
             if found == ",":
                 self._pos += 1
@@ -178,6 +274,9 @@ class TraceReader:
 
     def _peek(self) -> str:
         """The next character that is not white space ('' at the end), not consumed."""
+        buf, pos = self._buf, self._pos
+        if pos < len(buf) and buf[pos] not in _SPACE:
+            return buf[pos]
         while True:
             match = _WS.match(self._buf, self._pos)
             self._pos = match.end() if match else self._pos
@@ -187,12 +286,21 @@ class TraceReader:
                 return ""
             self._more(_CHUNK)
 
-    def _value(self, what: str) -> Any:
-        """The JSON value at the current position (after ``_peek``)."""
+    def _value(self, what: str | None, limit: int, too_large: str = "") -> Any:
+        """The JSON value at the current position (after ``_peek``), of at most ``limit``
+        characters. ``what`` it is, for errors (None: the next event)."""
         while True:
             try:
-                value, end = _DECODER.raw_decode(self._buf, self._pos)
+                try:  # the decoder's own step, without raw_decode's wrapping
+                    value, end = _SCAN(self._buf, self._pos)
+                except StopIteration as stop:
+                    raise json.JSONDecodeError("Expecting value", self._buf,
+                                               stop.value) from None
+            except _BadNumber as err:
+                what = what or f"event {self.count + 1} of traceEvents"
+                raise TraceError(f"{err} in {what}, at or after {self._where()}") from None
             except json.JSONDecodeError as err:
+                what = what or f"event {self.count + 1} of traceEvents"
                 rest = self._buf[err.pos:].rstrip()
                 if self._eof and (err.msg.startswith("Unterminated") or (
                         len(rest) < _NEAR_END and not any(c in rest for c in '{}[],:"'))):
@@ -201,14 +309,23 @@ class TraceReader:
                                      or err.pos >= len(self._buf) - _NEAR_END):
                     raise TraceError(f"not valid JSON: {err.msg} in {what}, at character "
                                      f"{self._offset + err.pos}") from None
-                if len(self._buf) - self._pos > MAX_VALUE:
-                    raise TraceError(f"{what} is larger than {MAX_VALUE >> 20} MiB "
-                                     f"(at {self._where()})") from None
+                if len(self._buf) - self._pos > limit:
+                    raise TraceError((too_large or f"{what} is larger than {_bytes(limit)}")
+                                     + f" (at {self._where()})") from None
                 self._more(max(_CHUNK, len(self._buf) - self._pos))  # grows geometrically
                 continue
             except RecursionError:
-                raise TraceError(f"{what} is nested too deeply") from None
+                what = what or f"event {self.count + 1} of traceEvents"
+                raise TraceError(f"{what} is nested too deeply, at {self._where()}") from None
+            except ValueError as err:  # an integer of thousands of digits
+                what = what or f"event {self.count + 1} of traceEvents"
+                why = "a number has too many digits" if "digits" in str(err) else str(err)
+                raise TraceError(f"{why} in {what}, at or after {self._where()}") from None
             if end < len(self._buf) or self._eof:  # a number may go on in the next chunk
+                if end - self._pos > limit:
+                    what = what or f"event {self.count + 1} of traceEvents"
+                    raise TraceError((too_large or f"{what} is larger than {_bytes(limit)}")
+                                     + f" (at {self._where()})")
                 self._pos = end
                 return value
             self._more(_CHUNK)
@@ -225,147 +342,15 @@ class TraceReader:
             raise TraceError("truncated: the gzip data ends early") from None
         except (OSError, zlib.error) as err:
             raise TraceError(f"cannot read it: {err}") from None
+        self._read += len(data)
+        if self._max_bytes is not None and self._read > self._max_bytes:
+            raise TraceTooLarge(self._max_bytes, self.gzipped)
+        if (self._max_ratio and self.gzipped and self._read > RATIO_FLOOR
+                and self._read > self._max_ratio * self._counted.consumed):
+            raise GzipBomb(self._max_ratio)
         try:
             self._buf += self._utf8.decode(data, final=not data)
         except UnicodeDecodeError as err:
             raise TraceError(f"not UTF-8 text: byte {err.object[err.start]:#04x} near "
                              f"character {self._offset + len(self._buf)}") from None
         self._eof = not data
-
-
-#: Phases whose ``id`` ties events together (flows, async slices, objects).
-_ID_PHASES = frozenset("stfbenSTpFNOD")
-_PROCESS_META = {"process_name": "name", "process_labels": "labels",
-                 "process_sort_index": "sort_index"}
-_THREAD_META = {"thread_name": "name", "thread_sort_index": "sort_index"}
-
-
-def _key(value: Any) -> Any:
-    """A pid or tid as a dictionary key (JSON lets them be anything)."""
-    if value is None or isinstance(value, (str, int, float)):
-        return value
-    return json.dumps(value, sort_keys=True)
-
-
-def _number(value: Any) -> float:
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        return value
-    return float("inf")
-
-
-def _named(value: Any, kind: str, ident: Any) -> str:
-    """A process's or thread's name: its own, else its id (torch uses names as ids)."""
-    if isinstance(value, str) and value:
-        return value
-    if isinstance(ident, str) or ident is None:
-        return ident or ""
-    return f"{kind} {ident}"
-
-
-class ProcessMap:
-    """The events of one input trace as the one process ``pid`` of a merged trace.
-
-    - each (pid, tid) of the input becomes a thread whose id comes from ``tids``, shared
-      by every input, so no two threads of the merged trace share an id (Perfetto names
-      threads by tid alone);
-    - ``ts`` moves by ``shift`` microseconds;
-    - ids that pair events (flows, async slices) move by ``id_base``, so pairs never
-      cross inputs; global instants become instants of this process;
-    - the input's process and thread names are held back: ``metadata()`` writes them,
-      the threads of the main process (``main``, else the first pid seen) under their
-      own names, the others after their process's name (``GPU 0 stream 7``).
-    """
-
-    def __init__(self, pid: int, *, shift: float, id_base: int, tids: Iterator[int],
-                 main: Any = None) -> None:
-        self.pid = pid
-        self._shift = shift
-        self._id_base = id_base
-        self._tids = tids
-        self._main = main
-        self._threads: dict[tuple[Any, Any], int] = {}
-        self._procs: dict[Any, dict[str, Any]] = {}
-        self._names: dict[int, dict[str, Any]] = {}
-
-    def event(self, event: dict[str, Any]) -> dict[str, Any] | None:
-        """``event`` rewritten in place, or None for a name held back."""
-        pid = _key(event.get("pid"))
-        if self._main is None and pid is not None:
-            self._main = pid
-        ph = event.get("ph")
-        ph = ph if isinstance(ph, str) else None
-        if ph == "M":
-            name, args = event.get("name"), event.get("args")
-            args = args if isinstance(args, dict) else {}
-            if isinstance(name, str) and name in _PROCESS_META:
-                self._procs.setdefault(pid, {})[name] = args.get(_PROCESS_META[name])
-                return None
-            if isinstance(name, str) and name in _THREAD_META:
-                tid = self._tid(pid, event.get("tid"))
-                self._names.setdefault(tid, {})[name] = args.get(_THREAD_META[name])
-                return None
-        event["pid"] = self.pid
-        event["tid"] = self._tid(pid, event.get("tid"))
-        ts = event.get("ts")
-        if self._shift and isinstance(ts, (int, float)) and not isinstance(ts, bool):
-            event["ts"] = ts + self._shift
-        if self._id_base:
-            if ph in _ID_PHASES and "id" in event:
-                event["id"] = self._id(event["id"])
-            if "bind_id" in event:
-                event["bind_id"] = self._id(event["bind_id"])
-            id2 = event.get("id2")
-            if isinstance(id2, dict) and "global" in id2:
-                id2["global"] = self._id(id2["global"])
-        if ph in ("i", "I", "R") and event.get("s") == "g":
-            event["s"] = "p"
-        return event
-
-    def _tid(self, pid: Any, tid: Any) -> int:
-        key = (pid, _key(tid))
-        new = self._threads.get(key)
-        if new is None:
-            new = self._threads[key] = next(self._tids)
-        return new
-
-    def _id(self, value: Any) -> Any:
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value + self._id_base
-        if isinstance(value, str):
-            try:  # Perfetto reads string ids as hexadecimal
-                number = int(value, 16)
-            except ValueError:
-                return f"{value}@{self._id_base:x}"
-            return f"0x{number + self._id_base:x}" if number >= 0 else value
-        return value
-
-    def metadata(self, name: str, sort_index: int, args: dict[str, Any],
-                 labels: str = "") -> list[dict[str, Any]]:
-        """The process's name, labels and place, and a name and place for each thread."""
-        pid = self.pid
-        out: list[dict[str, Any]] = [
-            {"ph": "M", "name": "process_name", "pid": pid, "args": {"name": name, **args}},
-            {"ph": "M", "name": "process_sort_index", "pid": pid,
-             "args": {"sort_index": sort_index}}]
-        if labels:
-            out.append({"ph": "M", "name": "process_labels", "pid": pid,
-                        "args": {"labels": labels}})
-        seen = {p: n for n, p in enumerate(dict.fromkeys(p for p, _ in self._threads))}
-
-        def place(item: tuple[tuple[Any, Any], int]) -> tuple[Any, ...]:
-            (opid, _otid), tid = item
-            proc = self._procs.get(opid, {})
-            return (opid != self._main, _number(proc.get("process_sort_index")), seen[opid],
-                    _number(self._names.get(tid, {}).get("thread_sort_index")), tid)
-
-        for index, ((opid, otid), tid) in enumerate(sorted(self._threads.items(), key=place)):
-            thread = _named(self._names.get(tid, {}).get("thread_name"), "thread", otid)
-            if opid != self._main:
-                process = _named(self._procs.get(opid, {}).get("process_name"), "process", opid)
-                thread = f"{process} {thread}".strip()
-            thread = thread or "untitled"
-            out.append({"ph": "M", "name": "thread_name", "pid": pid, "tid": tid,
-                        "args": {"name": thread}})
-            out.append({"ph": "M", "name": "thread_sort_index", "pid": pid, "tid": tid,
-                        "args": {"sort_index": index}})
-        return out

@@ -6,9 +6,11 @@ import argparse
 import json
 import re
 import sys
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
+from policy_engine import backends
+from policy_engine.backends.files import name_files
 from policy_engine.cli._common import (
     add_format_option,
     add_layout_options,
@@ -18,6 +20,7 @@ from policy_engine.cli._common import (
 from policy_engine.cli.forecast import Sizes, forecast, read_sizes
 from policy_engine.cli.traces import _size
 from policy_engine.cli.usage import UsageError
+from policy_engine.plan.plan import Plan
 from policy_engine.plan.predict import iter_ranks
 
 
@@ -30,7 +33,10 @@ def add_parser(sub: Any, name: str, help: str) -> None:
     parser.add_argument("--steps", default="0-20", metavar="A-B",
                         help="outer steps to show (default 0-20)")
     parser.add_argument("--inner-steps", type=positive_int, metavar="N",
-                        help="inner steps of the schedule to show")
+                        help="prof.step() calls per outer step (per region call, discrete); "
+                             "default: 1 when each cycle of a merged capture is named by its "
+                             "own step (torchtitan-like), else enough to run the schedule "
+                             "through")
     parser.add_argument("--local-world", type=positive_int, metavar="N",
                         help="processes per node (for <node>/<local_rank>)")
     parser.add_argument("--region-calls", type=positive_int, default=1, metavar="N",
@@ -58,7 +64,8 @@ def run(args: argparse.Namespace) -> int:
     lo, hi = _window(args.steps)
     ranks = iter_ranks(policy, args.role, world=world, mesh=policy.mesh_for(args.role),
                        lo=lo, hi=hi, inner=args.inner_steps, local_world=args.local_world,
-                       region_calls=args.region_calls)
+                       region_calls=args.region_calls,
+                       files=plan_files if args.format == "json" else None)
     total: dict[str, Any] | None = None
     if args.sizes_from:
         sizes = read_sizes(args.sizes_from)
@@ -71,6 +78,20 @@ def run(args: argparse.Namespace) -> int:
         if total is not None:
             print(_total_line(total, lo, hi))
     return 0
+
+
+def plan_files(plan: Plan) -> Callable[[str, int], list[dict[str, Any]]]:
+    """What lists the files of one trace of ``plan`` (by name and index among the
+    process's traces): each backend of the role, with the settings the runtime gives its
+    captures, names them as its session does (:mod:`policy_engine.backends.files`)."""
+    parts = [(name, backends.session_settings(name, plan) if name == plan.backend
+              else plan.spec.blocks[name]) for name in plan.backends]
+    output_dir = plan.output_dir
+
+    def files(name: str, index: int) -> list[dict[str, Any]]:
+        return [found for backend, settings in parts
+                for found in name_files(backend, settings, output_dir, name, index)]
+    return files
 
 
 def _with_forecast(ranks: Iterable[dict[str, Any]], sizes: Sizes, role: str,
@@ -176,6 +197,8 @@ def _print_text(role: str, world: int, lo: int, hi: int,
                       f"{' '.join(acts)}")
         else:
             print(f"    actions per inner step: {' '.join(first['actions'])}")
+        if first["inner_steps"] == 1:
+            print("    traces assume 1 prof.step() per outer step (--inner-steps N for more)")
         for line in _beyond_plan(first):
             print(f"    {line}")
         found = first.get("forecast")

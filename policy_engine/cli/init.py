@@ -15,7 +15,7 @@ STARTER = """\
 # yaml-language-server: $schema=./{schema}
 # A profiling policy: which roles, ranks and steps of the job are profiled.
 # Check it with `policy-engine validate {name}` and preview it per rank with
-# `policy-engine explain {name} --role actor --world 8`. Editors complete and check
+# `policy-engine explain {name} --role trainer --world 8`. Editors complete and check
 # keys from {schema} beside this file (line 1); after upgrading policy-engine,
 # `policy-engine schema > {schema}` refreshes it.
 version: 1
@@ -27,18 +27,20 @@ defaults:                        # merged under every role below
   backend: torch                 # torch | mstx (Ascend NPU) | nsight | [torch, memory]
   ranks: [0]                     # profile the least unless asked
   steps: [2, 3]                  # outer training steps (training_step(n)) to capture
-  schedule:                      # inner steps (prof.step()) within each capture
-    wait: 0
-    warmup: 1
-    active: 2
-    repeat: 1
+  # No schedule: each captured step is recorded whole, however many prof.step() calls
+  # it makes (none, one per optimizer step as the Lightning and Hugging Face callbacks
+  # make, or one per mini-batch). A schedule counts prof.step() calls within a capture,
+  # so it needs at least wait + warmup + active of them in each step, for example:
+  # schedule: {{wait: 0, warmup: 1, active: 2, repeat: 1}}
   torch:
     activities: [cpu, cuda]      # cuda is dropped with a warning where there is no GPU
     record_shapes: false
     with_stack: false
 
 roles:
-  actor:
+  trainer:                       # PolicyCallback(role="trainer") (Lightning, Hugging Face)
+    enabled: true                # or profile_session("{name}", role="trainer")
+  actor:                         # apply_policy(worker, role="actor") in a worker class
     enabled: true
     ranks: [0, -1]               # first and last rank
     regions: [update_actor]      # methods wrapped as ranges inside the capture

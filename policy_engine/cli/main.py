@@ -21,8 +21,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "report": ("report", "write a static HTML page of a run's captures"),
     "demo": ("demo", "profile a small CPU training run"),
     "nsys-args": ("nsys_args", "print the nsys profile arguments for a role"),
+    "engine-args": ("engine_args", "print a rollout engine's launch profiler settings"),
     "memory-plot": ("memory_plot", "draw a memory snapshot as a self-contained HTML page"),
     "merge": ("merge", "join the per-rank traces of one capture window"),
+    "analyze": ("analyze", "per window and rank: step time, compute, communication, straggler"),
     "trigger": ("trigger", "ask running processes to capture their next steps"),
 }
 

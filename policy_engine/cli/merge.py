@@ -6,30 +6,30 @@ process per rank, named ``rank N (role, coords)`` and sorted by rank, with the c
 all ranks aligned on each trace's baseTimeNanoseconds. Traces are read and written as
 streams, so memory stays small however large they are. Only torch traces
 (.pt.trace.json[.gz]) are merged; the other files of the window are listed as skipped.
-OUT ending in .gz is gzipped.
+OUT ending in .gz is gzipped. A trace that cannot be merged (not JSON, a number JSON
+cannot carry, too many threads or too large a top-level key) stops the merge with exit
+1, naming the file and where; files a manifest names outside DIR are not read, and OUT
+may never be a manifest or a file the manifests name.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
-import errno
 import gzip
-import io
 import itertools
 import json
 import os
-import secrets
 import sys
 from collections.abc import Iterable
-from typing import Any
+from typing import IO, Any
 
-from policy_engine.backends.output import TEMP_PREFIX
+from policy_engine.backends.output import publish
 from policy_engine.cli._common import whole_number
-from policy_engine.cli.chrome_trace import ProcessMap, TraceError, TraceReader
+from policy_engine.cli.chrome_trace import TraceError, TraceReader
+from policy_engine.cli.trace_process import ProcessMap
 from policy_engine.cli.usage import UsageError
 from policy_engine.errors import did_you_mean
-from policy_engine.runtime.manifest import scan_manifests
+from policy_engine.runtime.manifest import file_of, scan_manifests
 
 _PROG = "policy-engine merge"
 TORCH_SUFFIXES = (".pt.trace.json", ".pt.trace.json.gz")
@@ -38,9 +38,6 @@ EXIT_BAD_DATA = 1  # a trace of the window cannot be read
 _ID_SHIFT = 36
 _CHUNK = 1 << 20
 _ENCODE = json.JSONEncoder(ensure_ascii=True, separators=(",", ":"), allow_nan=False).encode
-# link() errors that mean "this file system has no hard links".
-_NO_LINKS = frozenset({errno.EPERM, errno.EXDEV, errno.EMLINK, errno.ENOSYS, errno.ENOTSUP,
-                       errno.EOPNOTSUPP})
 
 
 def add_parser(sub: Any, name: str, help: str) -> None:
@@ -88,23 +85,33 @@ def _span(values: Iterable[Any]) -> str:
     return ", ".join(parts + ["?"] * any(not isinstance(v, int) for v in values)) or "-"
 
 
-def _records(root: str) -> list[dict[str, Any]]:
-    """Every trace line under ``root`` with its ``_file`` (absolute) and ``_key``."""
+def _warn(where: str, why: str) -> None:
+    print(f"{_PROG}: warning: manifest {where}: {why}", file=sys.stderr)
+
+
+def _records(root: str) -> tuple[list[dict[str, Any]], set[str]]:
+    """Every trace line under ``root`` with its ``_file`` and ``_key``; and every file
+    the merged trace must never replace (the manifests, and every file they name)."""
     scan = scan_manifests(root)
     for problem in scan.problems:
-        where = f"{problem.path}:{problem.line}" if problem.line else problem.path
-        print(f"{_PROG}: warning: manifest {where}: {problem.why}", file=sys.stderr)
+        _warn(f"{problem.path}:{problem.line}" if problem.line else problem.path, problem.why)
     if not scan.records:
         raise UsageError(f"no manifests under {root} (a policy-engine output folder has "
                          "manifests/*.manifest.jsonl)")
+    inputs = {r["_manifest"] for r in scan.records} | {p.path for p in scan.problems}
     rows = []
     for r in scan.records:
         if r["event"] != "trace":
             continue
         record = dict(r)
-        path = record.get("path")
-        base = os.path.dirname(os.path.dirname(r["_manifest"]))
-        record["_file"] = os.path.normpath(os.path.join(base, path)) if path else None
+        record["_file"] = None
+        if record.get("path"):
+            try:  # never read outside DIR
+                record["_file"] = file_of(r, record["path"])
+            except ValueError as err:
+                _warn(f"{r['_manifest']}:{r['_line']}", str(err))
+                continue
+            inputs.add(record["_file"])
         record["_label"] = _label(record)
         rows.append(record)
     if not rows:
@@ -117,7 +124,7 @@ def _records(root: str) -> list[dict[str, Any]]:
         who = (*key, r.get("rank"), repr(r.get("backend")), _is_torch(r))
         nth[who] = nth.get(who, 0) + 1
         r["_key"] = (*key, nth[who])
-    return rows
+    return rows, inputs
 
 
 def _describe(key: tuple[Any, ...], labels: int) -> str:
@@ -180,38 +187,14 @@ def choose(rows: list[dict[str, Any]], args: argparse.Namespace) -> list[dict[st
 
 # -- the merged file -------------------------------------------------------------------
 
-class TraceWriter:
-    """A Chrome trace written event by event (gzipped when ``out`` ends with .gz) under a
-    hidden temporary name beside ``out`` (a leftover to ``policy-engine traces``), named in
-    ``finish`` by a hard link that never replaces a file, unless ``force``. Leaving the
-    ``with`` block without ``finish`` removes it."""
+class _Events:
+    """A Chrome trace written event by event to ``stream``, a chunk at a time."""
 
-    def __init__(self, out: str) -> None:
-        self.out = out
+    def __init__(self, stream: IO[bytes]) -> None:
         self.count = 0
-        gz = out.endswith(".gz")
-        name = f"{TEMP_PREFIX}{os.getpid()}-{secrets.token_hex(16)}.tmp.json{'.gz' if gz else ''}"
-        self._temp = os.path.join(os.path.dirname(os.path.abspath(out)), name)
-        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-        self._file = os.fdopen(os.open(self._temp, flags, 0o644), "wb")
-        self._stream: io.BufferedIOBase = self._file
-        if gz:
-            self._stream = gzip.GzipFile(filename="", fileobj=self._file, mode="wb",
-                                         compresslevel=6, mtime=0)
+        self._stream = stream
         self._parts: list[str] = ['{"displayTimeUnit":"ms","traceEvents":[\n']
         self._size = 0
-        self._done = False
-
-    def __enter__(self) -> TraceWriter:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if not self._done:
-            with contextlib.suppress(OSError):
-                self._stream.close()
-                self._file.close()
-            with contextlib.suppress(OSError):
-                os.unlink(self._temp)
 
     def event(self, event: dict[str, Any]) -> None:
         text = _ENCODE(event)
@@ -226,34 +209,13 @@ class TraceWriter:
         self._parts.clear()
         self._size = 0
 
-    def finish(self, tail: dict[str, Any], force: bool) -> None:
-        """End the events, add the top-level keys of ``tail`` after them (viewers that
-        stop at a key they do not know have read every event by then), and publish.
-        FileExistsError when ``out`` exists and not ``force``."""
+    def finish(self, tail: dict[str, Any]) -> None:
+        """End the events, then add the top-level keys of ``tail`` after them (viewers
+        that stop at a key they do not know have read every event by then)."""
         self._parts.append("\n]")
         self._parts.extend(f",{_ENCODE(key)}:{_ENCODE(value)}" for key, value in tail.items())
         self._parts.append("}\n")
         self._flush()
-        if self._stream is not self._file:
-            self._stream.close()  # the gzip trailer; the file stays open
-        self._file.flush()
-        with contextlib.suppress(OSError):  # not every file system syncs
-            os.fsync(self._file.fileno())
-        self._file.close()
-        if force:
-            os.replace(self._temp, self.out)
-        else:
-            try:
-                os.link(self._temp, self.out)  # never replaces a file
-            except OSError as err:
-                if err.errno not in _NO_LINKS:
-                    raise
-                if os.path.lexists(self.out):
-                    raise FileExistsError(errno.EEXIST, "File exists", self.out) from None
-                os.rename(self._temp, self.out)
-        self._done = True
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(self._temp)
 
 
 # -- merging ---------------------------------------------------------------------------
@@ -284,9 +246,8 @@ def _base_time(record: dict[str, Any], root: str) -> int | None:
     after the events); None when the trace has none."""
     with TraceReader(record["_file"]) as reader:
         meta = reader.header()
-        if "baseTimeNanoseconds" not in meta:
-            for _ in reader.events():
-                pass
+        if "baseTimeNanoseconds" not in meta:  # so the events are read twice: bound both
+            _feed(reader, ProcessMap(0, shift=0, id_base=0, tids=itertools.count()), None)
             meta = reader.meta
     base = meta.get("baseTimeNanoseconds")
     if isinstance(base, int) and not isinstance(base, bool):
@@ -303,9 +264,32 @@ def _pids(records: list[dict[str, Any]]) -> list[int]:
     return [r["rank"] + 1 if isinstance(r.get("rank"), int) else next(spare) for r in records]
 
 
+def _feed(reader: TraceReader, proc: ProcessMap, writer: _Events | None) -> None:
+    """The events of ``reader`` through ``proc`` into ``writer`` (if any)."""
+    for event in reader.events():
+        try:
+            kept = proc.event(event)
+        except TraceError as err:
+            raise TraceError(f"{err}, at event {reader.count} of traceEvents (before "
+                             f"character {reader.position})") from None
+        if kept is not None and writer is not None:
+            writer.event(kept)
+
+
+def _copy(r: dict[str, Any], rel: str, proc: ProcessMap, writer: _Events) -> dict[str, Any]:
+    """The events of one trace into ``writer``; the trace's other top-level keys."""
+    with TraceReader(r["_file"]) as reader:
+        _feed(reader, proc, writer)
+    if reader.not_objects:
+        print(f"{_PROG}: note: {rel}: {reader.not_objects} entries of traceEvents "
+              "are not objects; left out", file=sys.stderr)
+    return reader.meta
+
+
 def merge(records: list[dict[str, Any]], root: str, out: str, force: bool) -> int:
     """Write the traces of ``records`` (one window, sorted by rank) as one; the number of
-    events written. TraceError (with the file in front) for a trace that cannot be read."""
+    events written. TraceError (with the file in front) for a trace that cannot be read;
+    FileExistsError when ``out`` exists and not ``force``."""
     bases = []
     for r in records:
         try:
@@ -315,7 +299,15 @@ def merge(records: list[dict[str, Any]], root: str, out: str, force: bool) -> in
     ref = min(bases)
     pids = _pids(records)
     tids = itertools.count(1000 * (max(pids) // 1000 + 1))
-    with TraceWriter(out) as writer:
+    written = 0
+
+    def write(f: IO[bytes]) -> None:
+        nonlocal written
+        stream: IO[bytes] = f
+        if out.endswith(".gz"):
+            stream = gzip.GzipFile(  # type: ignore[assignment]  # a binary file all the same
+                filename="", fileobj=f, mode="wb", compresslevel=6, mtime=0)
+        writer = _Events(stream)
         for index, (r, base, pid) in enumerate(zip(records, bases, pids, strict=True)):
             rel = os.path.relpath(r["_file"], root)
             delta = base - ref  # nanoseconds; microseconds in the trace
@@ -323,18 +315,12 @@ def merge(records: list[dict[str, Any]], root: str, out: str, force: bool) -> in
             proc = ProcessMap(pid, shift=shift, id_base=index << _ID_SHIFT, tids=tids,
                               main=r.get("pid"))
             try:
-                with TraceReader(r["_file"]) as reader:
-                    for event in reader.events():
-                        if proc.event(event) is not None:
-                            writer.event(event)
+                meta = _copy(r, rel, proc, writer)
             except TraceError as err:
                 raise TraceError(f"{rel}: {err}") from None
-            if reader.not_objects:
-                print(f"{_PROG}: note: {rel}: {reader.not_objects} entries of traceEvents "
-                      "are not objects; left out", file=sys.stderr)
             args = {"rank": r.get("rank"), "role": r["_label"], "coords": r.get("coords"),
-                    "trace": rel, "status": r.get("status"), "metadata": reader.meta}
-            labels = [str(reader.meta.get("host_name") or ""), r.get("status") or ""]
+                    "trace": rel, "status": r.get("status"), "metadata": meta}
+            labels = [str(meta.get("host_name") or ""), r.get("status") or ""]
             rank = r.get("rank")
             for event in proc.metadata(_name(r), rank if isinstance(rank, int) else pid, args,
                                        ", ".join(x for x in labels if x not in ("", "complete"))):
@@ -344,8 +330,34 @@ def merge(records: list[dict[str, Any]], root: str, out: str, force: bool) -> in
             "role": first["_label"], "region": first.get("region"),
             "steps": first.get("steps"), "cycle": first.get("cycle"),
             "ranks": [r.get("rank") for r in records],
-            "traces": [os.path.relpath(r["_file"], root) for r in records]}}, force)
-        return writer.count
+            "traces": [os.path.relpath(r["_file"], root) for r in records]}})
+        if stream is not f:
+            stream.close()  # the gzip trailer; publish closes the file
+        written = writer.count
+
+    publish(out, write, force=force)
+    return written
+
+
+def _refuse_inputs(out: str, window: list[dict[str, Any]], inputs: set[str]) -> None:
+    """UsageError when ``out`` is (or is a link to, or another name of) a file of the
+    window, a manifest, or a file a manifest names: inputs are never replaced."""
+    try:
+        target = os.stat(out)
+    except OSError:
+        return  # nothing there (or nothing readable) to replace
+
+    def same(path: str | None) -> bool:
+        try:
+            return bool(path) and os.path.samestat(os.stat(str(path)), target)
+        except OSError:
+            return False
+
+    if any(same(r["_file"]) for r in window):
+        raise UsageError(f"{out} is one of the traces to merge: choose another file")
+    if any(same(p) for p in inputs):
+        raise UsageError(f"{out} is a manifest or a file the manifests under the folder "
+                         "name: choose another file")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -356,7 +368,9 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"{out} is a folder: give the merged trace's file name")
     if os.path.lexists(out) and not args.force:
         raise UsageError(f"{out} exists (--force replaces it)")
-    window = choose(_records(root), args)
+    rows, inputs = _records(root)
+    window = choose(rows, args)
+    _refuse_inputs(out, window, inputs)
     merged = []
     for r in sorted(window, key=lambda r: (not isinstance(r.get("rank"), int),
                                            r.get("rank") or 0)):
@@ -367,9 +381,6 @@ def run(args: argparse.Namespace) -> int:
             shown = os.path.relpath(r["_file"], root) if r["_file"] else "(no file)"
             print(f"{_PROG}: skipped {shown} (rank {r.get('rank')}): {why}", file=sys.stderr)
     what = _describe(window[0]["_key"], 2)
-    target = os.path.realpath(out)
-    if any(r["_file"] and os.path.realpath(r["_file"]) == target for r in merged):
-        raise UsageError(f"{out} is one of the traces to merge: choose another file")
     if not merged:
         print(f"{_PROG}: error: no torch trace of {what} can be read", file=sys.stderr)
         return EXIT_BAD_DATA

@@ -4,27 +4,24 @@ The captures are those `policy-engine traces DIR` lists (captures that never clo
 included). Per role, a grid of ranks by steps coloured by outcome (ranks with the same
 outcome at every step share a row), then every capture with its size, plan hash and a
 link to its file; captures that need attention come first, with their errors. For torch
-traces (.pt.trace.json[.gz]) the operators with the most self time are listed; the file
-is read as a stream, and --ops and --max-trace-mb bound the work and the memory. The page
-fetches nothing and runs no script, so it opens where the cluster is.
+traces (.pt.trace.json[.gz]) the operators with the most self time are listed; each file
+is read as a stream, and --ops, --max-trace-mb and --max-total-mb bound the work and the
+memory (a gzip that inflates past the limit is stopped, and the page says so). Files a
+manifest names outside DIR are not read. The page fetches nothing and runs no script,
+so it opens where the cluster is.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
-import gzip
-import io
-import json
 import os
-import re
-import stat
-import tempfile
-import zlib
+import struct
 from collections.abc import Iterator
-from typing import IO, Any
+from typing import Any
 
+from policy_engine.backends.output import publish
 from policy_engine.cli._common import whole_number
+from policy_engine.cli.chrome_trace import TraceError, TraceReader, TraceTooLarge
 from policy_engine.cli.report_page import Capture, Ops, captures, render
 from policy_engine.cli.traces import _size, collect
 from policy_engine.cli.usage import UsageError
@@ -34,11 +31,12 @@ from policy_engine.cli.usage import UsageError
 OP_CATEGORIES = frozenset({"cpu_op", "kernel", "gpu_memcpy", "gpu_memset", "cuda_runtime",
                            "cuda_driver"})
 TRACE_SUFFIXES = (".pt.trace.json", ".pt.trace.json.gz")
-_CHUNK = 1 << 20
-#: The longest single event read; a longer one makes the trace unreadable here.
-_MAX_EVENT = 1 << 20
-_EVENTS_KEY = re.compile(r'"traceEvents"\s*:\s*\[')
-_NEXT = re.compile(r"[^\s,]")
+#: The most timed events whose self times one trace's table is computed from (memory
+#: grows with them: about 150 bytes each).
+MAX_OP_EVENTS = 1_000_000
+#: A gzipped trace whose text grows past this many times its compressed size is left
+#: unread (torch traces inflate 10 to 20 times; a gzip bomb, hundreds).
+MAX_RATIO = 100
 
 
 def add_parser(sub: Any, name: str, help: str) -> None:
@@ -52,69 +50,30 @@ def add_parser(sub: Any, name: str, help: str) -> None:
     parser.add_argument("--ops", type=whole_number, default=32, metavar="N",
                         help="torch traces to read operators from, those that need "
                              "attention first (default: 32; 0 reads none)")
-    parser.add_argument("--max-trace-mb", type=whole_number, default=256, metavar="MB",
+    parser.add_argument("--max-trace-mb", type=whole_number, default=128, metavar="MB",
                         help="skip the operators of a trace longer than this, "
-                             "uncompressed (default: 256)")
+                             "uncompressed (default: 128)")
+    parser.add_argument("--max-total-mb", type=whole_number, default=512, metavar="MB",
+                        help="read at most this much trace text for operators in all, "
+                             "uncompressed (default: 512)")
     parser.set_defaults(run=run)
 
 
 # -- operators by self time ---------------------------------------------------------
 
-class _TooLarge(Exception):
+class _TooMany(Exception):
     pass
 
 
-def _events(stream: IO[str], limit: int) -> Iterator[Any]:
-    """The items of the trace's ``traceEvents`` list, one at a time: memory holds a
-    chunk and one event, never the trace. _TooLarge past ``limit`` characters;
-    ValueError when the text is not a Chrome trace."""
-    decoder = json.JSONDecoder()
-    buf, pos, read, eof = "", 0, 0, False
-
-    def more() -> None:
-        nonlocal buf, pos, read, eof
-        chunk = stream.read(_CHUNK)
-        read += len(chunk)
-        if read > limit:
-            raise _TooLarge
-        eof = not chunk
-        buf, pos = buf[pos:] + chunk, 0
-
-    while (found := _EVENTS_KEY.search(buf)) is None:
-        if eof:
-            raise ValueError("no traceEvents list")
-        buf, pos = buf[-64:], 0  # the key may straddle two chunks
-        more()
-    pos = found.end()
-    while True:
-        found = _NEXT.search(buf, pos)
-        pos = found.start() if found is not None else len(buf)
-        if pos == len(buf):
-            if eof:
-                raise ValueError("the traceEvents list never ends")
-            more()
-            continue
-        if buf[pos] == "]":
-            return
-        try:
-            value, pos = decoder.raw_decode(buf, pos)
-        except json.JSONDecodeError as err:
-            if eof:
-                raise ValueError(f"not JSON, or cut short: {err.msg}") from None
-            if len(buf) - pos > _MAX_EVENT:
-                raise ValueError(f"not JSON, or an event over {_MAX_EVENT >> 20} MiB: "
-                                 f"{err.msg}") from None
-            more()
-            continue
-        yield value
-
-
-def self_times(events: Iterator[Any], top: int) -> tuple[tuple[str, str, float, int], ...]:
+def self_times(events: Iterator[Any], top: int, *, max_events: int = MAX_OP_EVENTS
+               ) -> tuple[tuple[str, str, float, int], ...]:
     """The ``top`` operators by self time: (name, category, self µs, calls). An event's
     self time is its duration less that of the events directly inside it on the same
-    (pid, tid), found with a stack over the thread's events in time order."""
+    (pid, tid), found with a stack over the thread's events in time order. _TooMany past
+    ``max_events`` timed events."""
     threads: dict[tuple[str, str], list[tuple[int, int, int]]] = {}
     kinds: dict[tuple[str, str], int] = {}
+    held = 0
     for e in events:
         if not isinstance(e, dict) or e.get("ph") != "X":
             continue
@@ -128,6 +87,9 @@ def self_times(events: Iterator[Any], top: int) -> tuple[tuple[str, str, float, 
             start, length = round(ts * 1000), max(round(dur * 1000), 0)
         except (OverflowError, ValueError):
             continue
+        held += 1
+        if held > max_events:
+            raise _TooMany
         thread = (str(e.get("pid")), str(e.get("tid")))
         threads.setdefault(thread, []).append((start, -length, kind))
     totals = [0] * len(kinds)
@@ -154,26 +116,54 @@ def self_times(events: Iterator[Any], top: int) -> tuple[tuple[str, str, float, 
     return tuple((names[i][0], names[i][1], totals[i] / 1000, calls[i]) for i in best)
 
 
-def read_ops(path: str, *, top: int, limit: int) -> Ops:
-    """The top operators of the trace at ``path``, or why they could not be read."""
+def _declared_size(path: str) -> int | None:
+    """The size a gzip file says it inflates to (its last four bytes: exact for a file of
+    one member under 4 GiB), or None for a file that is not gzip. Read before inflating,
+    so a gzip bomb is refused at once; one that lies is still stopped by the reader."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError as err:
-        return Ops(why=f"cannot read it: {err.strerror or err}")
-    with os.fdopen(fd, "rb") as raw:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            return Ops(why="not a regular file")
-        try:
-            packed = raw.read(2) == b"\x1f\x8b"
-            raw.seek(0)
-            with (gzip.open(raw, "rt", encoding="utf-8", errors="replace") if packed
-                  else io.TextIOWrapper(raw, encoding="utf-8", errors="replace")) as text:
-                return Ops(rows=self_times(_events(text, limit), top))
-        except _TooLarge:
-            return Ops(why=f"operators not read: the trace is over {_size(limit)} "
-                           "uncompressed (--max-trace-mb)")
-        except (ValueError, OSError, EOFError, zlib.error, RecursionError) as err:
-            return Ops(why=f"operators not read: {type(err).__name__}: {err}")
+    except OSError:
+        return None  # the reader says why
+    try:
+        size = os.fstat(fd).st_size
+        if size < 18 or os.pread(fd, 2, 0) != b"\x1f\x8b":
+            return None
+        declared = int(struct.unpack("<I", os.pread(fd, 4, size - 4))[0])
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    # deflate inflates at most ~1032 times: more is the trailer of a cut or damaged file
+    return declared if declared <= 1032 * size else None
+
+
+def read_ops(path: str, *, top: int, limit: int, budget: int | None = None,
+             used: list[int] | None = None) -> Ops:
+    """The top operators of the trace at ``path``, or why they could not be read: at
+    most ``limit`` bytes of text (--max-trace-mb), and ``budget`` (what is left of
+    --max-total-mb; the bytes read are added to ``used``)."""
+    declared = _declared_size(path)
+    if declared is not None and declared > limit:
+        return Ops(why=f"operators not read: its gzip trailer says it inflates to "
+                       f"{_size(declared)}, over {_size(limit)} (--max-trace-mb)")
+    cap = limit if budget is None else min(limit, budget)
+    reader = None
+    try:
+        with TraceReader(path, max_bytes=cap, max_ratio=MAX_RATIO) as reader:
+            return Ops(rows=self_times(reader.events(), top))
+    except TraceTooLarge:
+        if cap < limit:
+            return Ops(why="operators not read: the traces read before it used up "
+                           "--max-total-mb")
+        return Ops(why=f"operators not read: the trace is over {_size(limit)} "
+                       "uncompressed (--max-trace-mb)")
+    except _TooMany:
+        return Ops(why=f"operators not read: more than {MAX_OP_EVENTS:,} timed events")
+    except TraceError as err:
+        return Ops(why=f"operators not read: {err}")
+    finally:
+        if used is not None and reader is not None:
+            used.append(reader.bytes_read)
 
 
 def _is_trace(c: Capture) -> bool:
@@ -181,13 +171,16 @@ def _is_trace(c: Capture) -> bool:
 
 
 def read_all_ops(entries: list[Capture], root: str, *, count: int, top: int,
-                 limit: int) -> tuple[dict[int, Ops], list[str]]:
-    """Operators of up to ``count`` torch traces, those needing attention first; and
-    notes for the page."""
+                 limit: int, total: int) -> tuple[dict[int, Ops], list[str]]:
+    """Operators of up to ``count`` torch traces, those needing attention first, reading
+    at most ``limit`` bytes of text of each and ``total`` of all; and notes for the
+    page."""
     traces = [c for c in entries if _is_trace(c)]
     traces.sort(key=lambda c: (c.status == "complete", c.role,
                                -1 if c.rank is None else c.rank, c.column))
-    ops = {id(c): read_ops(os.path.join(root, c.path or ""), top=top, limit=limit)
+    used: list[int] = []
+    ops = {id(c): read_ops(os.path.join(root, c.path or ""), top=top, limit=limit,
+                           budget=total - sum(used), used=used)
            for c in traces[:count]}
     notes = []
     if len(traces) > count:
@@ -201,30 +194,6 @@ def read_all_ops(entries: list[Capture], root: str, *, count: int, top: int,
 
 # -- the command --------------------------------------------------------------------
 
-def _write(page: str, out: str, force: bool) -> None:
-    """``page`` into ``out``, whole or not at all; an existing ``out`` only with force."""
-    fd, temp = tempfile.mkstemp(prefix=".policy-engine-report-", suffix=".tmp",
-                                dir=os.path.dirname(os.path.abspath(out)))
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(page)
-        os.chmod(temp, 0o644)
-        if force:
-            os.replace(temp, out)
-            return
-        try:
-            os.link(temp, out)  # fails, rather than replaces, when out exists
-        except FileExistsError:
-            raise UsageError(f"{out} exists (--force replaces it)") from None
-        except OSError:  # a file system without hard links
-            if os.path.lexists(out):
-                raise UsageError(f"{out} exists (--force replaces it)") from None
-            os.rename(temp, out)
-    finally:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(temp)
-
-
 def run(args: argparse.Namespace) -> int:
     if not os.path.isdir(args.dir):
         raise UsageError(f"{args.dir} is not a folder")
@@ -236,11 +205,16 @@ def run(args: argparse.Namespace) -> int:
     data = collect(args.dir)
     entries = captures(data, args.dir, os.path.dirname(os.path.abspath(out)))
     ops, notes = read_all_ops(entries, args.dir, count=args.ops, top=args.top,
-                              limit=args.max_trace_mb << 20)
+                              limit=args.max_trace_mb << 20, total=args.max_total_mb << 20)
     title = f"Captures under {os.path.abspath(args.dir)}"
-    page = render(data, entries, ops, title=title, notes=notes)
+    from policy_engine.cli.report_analysis import section  # per window: steps, straggler, why
+
+    page = render(data, entries, ops, title=title, notes=notes,
+                  extra=[section(args.dir, jobs=os.cpu_count() or 1)])
     try:
-        _write(page, out, args.force)
+        publish(out, lambda f: f.write(page.encode("utf-8")), force=args.force)
+    except FileExistsError:
+        raise UsageError(f"{out} exists (--force replaces it)") from None
     except OSError as err:
         raise UsageError(f"{out}: cannot write: {err.strerror or err}") from None
     bad = sum(1 for c in entries if c.troubled)

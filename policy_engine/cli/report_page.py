@@ -85,12 +85,14 @@ def _column(record: dict[str, Any]) -> tuple[Any, ...]:
 def captures(data: dict[str, Any], root: str, page_dir: str) -> list[Capture]:
     """Every trace line and every capture that never closed, as page entries."""
     out = []
+    # Paths are relative to root and stay inside it: one relpath serves every link.
+    up = os.path.relpath(os.path.abspath(root), page_dir)
     for r in [*data["traces"], *data["interrupted"]]:
         rank = r.get("rank")
         path = r.get("path") if r.get("event") != "capture" else None
         href = None
         if path:
-            rel = os.path.relpath(os.path.join(os.path.abspath(root), path), page_dir)
+            rel = os.path.normpath(os.path.join(up, path))
             href = "./" + quote(rel.replace(os.sep, "/"), safe="/")
         message = r.get("reason") if r.get("event") == "capture" else r.get("error")
         out.append(Capture(
@@ -296,8 +298,9 @@ table.ops td{border:0;padding:0 6px} summary{cursor:pointer}
 
 
 def render(data: dict[str, Any], entries: list[Capture], ops: dict[int, Ops], *,
-           title: str, notes: Sequence[str]) -> str:
-    """The whole page."""
+           title: str, notes: Sequence[str], extra: Sequence[str] = ()) -> str:
+    """The whole page. ``extra``: more sections of HTML (escaped by whoever made them),
+    placed after the roles' sections."""
     roles: dict[str, list[Capture]] = {}
     for c in entries:
         roles.setdefault(c.role, []).append(c)
@@ -331,6 +334,7 @@ def render(data: dict[str, Any], entries: list[Capture], ops: dict[int, Ops], *,
 <p class="legend">{legend}<span class="lost">dashed: file missing</span>
 &#215;N: N captures per rank in the cell. Hover a cell for sizes.</p>
 {"".join(sections)}
+{"".join(extra)}
 {_files(data)}
 </body></html>
 """

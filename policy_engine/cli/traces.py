@@ -23,9 +23,11 @@ from policy_engine.runtime.manifest import (
     MANIFEST_DIR,
     MANIFEST_SUFFIX,
     Scan,
+    file_of,
     host_name,
     scan_manifests,
 )
+from policy_engine.runtime.triggers import REQUESTS_DIR
 
 # Folders written whole by a tool (torch_npu) are one trace, not many files.
 _TRACE_DIR_SUFFIXES = ("_ascend_pt",)
@@ -58,7 +60,9 @@ def _on_disk(root: str) -> set[str]:
             dirs[:] = []
             continue
         for d in list(dirs):
-            if d.endswith(_TRACE_DIR_SUFFIXES):
+            if d == REQUESTS_DIR:  # trigger requests (policy-engine trigger), not traces
+                dirs.remove(d)
+            elif d.endswith(_TRACE_DIR_SUFFIXES):
                 found.add(os.path.normpath(os.path.join(rel, d)))
                 dirs.remove(d)
         found.update(os.path.normpath(os.path.join(rel, f)) for f in files
@@ -132,15 +136,14 @@ def _interrupted(scan: Scan, root: str, alive: dict[str, bool]) -> list[dict[str
         elif closed["status"] == "interrupted":
             status, why = "interrupted", closed.get("error") or "interrupted"
         else:
-            expected = closed.get("traces", 0) + closed.get("deferred", 0)
+            # The close line comes after the capture's trace lines, background exports
+            # included; `thread_waits` (`deferred` in older manifests) counts waits, not files.
+            expected = closed.get("traces", 0)
             if traces >= expected:
                 continue
             lost = expected - traces
-            if alive[key[0]] and closed.get("deferred"):
-                status, why = "running", f"{lost} trace(s) still being written"
-            else:
-                status, why = "interrupted", (
-                    f"{lost} of its {expected} trace(s) never reached the manifest")
+            status, why = "interrupted", (
+                f"{lost} of its {expected} trace(s) never reached the manifest")
         row = {k: v for k, v in opened.items() if not k.startswith("_")}
         if closed is not None and "steps" in closed:
             row["steps"] = closed["steps"]
@@ -162,24 +165,28 @@ def collect(root: str) -> dict[str, Any]:
     scan = scan_manifests(root)
     rows: list[dict[str, Any]] = []
     named: set[str] = set()
+    refused: list[dict[str, Any]] = []
     for r in scan.records:
         if r["event"] != "trace":
             continue
         record = {k: v for k, v in r.items() if not k.startswith("_")}
-        base = os.path.dirname(os.path.dirname(r["_manifest"]))
-        path = record.get("path")
-        if path:
-            full = os.path.normpath(os.path.join(base, path))
-            rel = os.path.relpath(full, root)
-            record["path"] = _text(rel)
-            record["exists"] = os.path.exists(full)
-            named.add(rel)
+        if record.get("path"):
+            try:  # a path out of DIR is reported, never looked at
+                full = file_of(r, record["path"])
+            except ValueError as err:
+                refused.append({"manifest": _text(r["_manifest"]), "line": r["_line"],
+                                "why": str(err)})
+                record["path"] = None
+            else:
+                rel = os.path.relpath(full, root)
+                record["path"] = _text(rel)
+                record["exists"] = os.path.exists(full)
+                named.add(rel)
         extra = record.get("extra")
         companions = [extra.get(key) for key in COMPANIONS] if isinstance(extra, dict) else []
         for rel_path in companions:
-            if isinstance(rel_path, str):
-                named.add(os.path.relpath(os.path.normpath(os.path.join(base, rel_path)),
-                                          root))
+            with contextlib.suppress(ValueError):
+                named.add(os.path.relpath(file_of(r, rel_path), root))
         rows.append(record)
     rows.sort(key=_rank)
     alive = {m: _alive(m) for m in {r["_manifest"] for r in scan.records}}
@@ -199,7 +206,7 @@ def collect(root: str) -> dict[str, Any]:
         "leftovers": leftovers,
         "writing": writing,
         "bad_lines": [{"manifest": _text(p.path), "line": p.line, "why": p.why}
-                      for p in scan.problems if p.line is not None],
+                      for p in scan.problems if p.line is not None] + refused,
         "unreadable": [{"path": _text(p.path), "why": p.why}
                        for p in scan.problems if p.line is None],
     }

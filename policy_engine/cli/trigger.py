@@ -4,7 +4,8 @@ Writes a request under OUTPUT_DIR/triggers/. Every process of ROLE that writes u
 OUTPUT_DIR and listens (its policy says ``triggers: {on_demand: true}``) notices it at a
 training-step boundary within ``poll_seconds``, and captures the steps asked for once,
 with the role's backend, schedule and names. ``--wait`` reports which processes accepted
-it and the traces they write.
+it and the traces they write. A request asks for at most 10000 steps (--count); a
+triggers/ folder that is a symbolic link is refused, never followed.
 """
 
 from __future__ import annotations
@@ -17,12 +18,18 @@ from typing import Any
 
 import yaml
 
-from policy_engine.cli._common import positive_int
+from policy_engine.backends.output import UnsafePathError, open_folder
 from policy_engine.cli.usage import UsageError
 from policy_engine.language.ranks import RankSelector
 from policy_engine.language.selector import SelectorError
 from policy_engine.runtime.manifest import scan_manifests
-from policy_engine.runtime.triggers import REQUESTS_DIR, write_request
+from policy_engine.runtime.requests import (
+    MAX_COUNT,
+    MAX_STEP,
+    MAX_TEXT,
+    REQUESTS_DIR,
+    write_request,
+)
 
 _POLL = 0.5  # seconds between two looks at the manifests under --wait
 #: --wait ends early only this long after the last new answer: processes notice a request
@@ -34,8 +41,21 @@ _SETTLE = 10.0
 def _step(text: str) -> int | None:
     if text == "next":
         return None
-    if not text.isdigit():
-        raise argparse.ArgumentTypeError(f"expected a step number or 'next', got {text!r}")
+    digits = text.lstrip("0") or "0"
+    if not text.isdigit() or len(digits) > 13 or int(digits) > MAX_STEP:
+        raise argparse.ArgumentTypeError(
+            f"expected a step number (0 to {MAX_STEP}) or 'next', got {text!r}")
+    return int(text)
+
+
+def _count(text: str) -> int:
+    digits = text.lstrip("0")
+    if not text.isdigit() or not digits:
+        raise argparse.ArgumentTypeError(f"expected a positive number of steps, got {text!r}")
+    if len(digits) > 6 or int(digits) > MAX_COUNT:
+        raise argparse.ArgumentTypeError(
+            f"at most {MAX_COUNT} steps per request, got {text}: ask for fewer steps, "
+            "or for a window later with --steps N")
     return int(text)
 
 
@@ -61,8 +81,9 @@ def add_parser(sub: Any, name: str, help: str) -> None:
     parser.add_argument("--steps", type=_step, default=None, metavar="N|next",
                         help="the first step to capture (default: next, the next step "
                              "each process starts)")
-    parser.add_argument("--count", type=positive_int, default=1, metavar="K",
-                        help="how many consecutive steps (default: 1)")
+    parser.add_argument("--count", type=_count, default=1, metavar="K",
+                        help=f"how many consecutive steps, 1 to {MAX_COUNT} (default: 1); "
+                             "a process captures at most what its role's limits allow")
     parser.add_argument("--wait", type=_seconds, default=0.0, metavar="SECONDS",
                         help="wait up to this long for the processes to answer and their "
                              "captures to close, and report them")
@@ -74,6 +95,8 @@ def _ranks(text: str | None) -> Any:
     refuse it."""
     if text is None:
         return None
+    if len(text) > MAX_TEXT:
+        raise UsageError(f"--ranks: at most {MAX_TEXT} characters, got {len(text)}")
     value: Any = text
     if text.lstrip().startswith(("{", "[")):
         try:
@@ -87,86 +110,163 @@ def _ranks(text: str | None) -> Any:
     return text if value is text else value
 
 
-def _answers(output_dir: str, rid: str) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    """The notes about request ``rid``, and its captures by id (their last line)."""
-    notes: list[dict[str, Any]] = []
-    captures: dict[str, Any] = {}
-    ours: set[str] = set()
-    for record in scan_manifests(output_dir).records:
-        if record["event"] == "note" and record.get("request") == rid:
-            notes.append(record)
-        elif record["event"] == "open" and record.get("request") == rid:
-            ours.add(record["capture"])
-            captures[record["capture"]] = record
-        elif record.get("capture") in ours and record["event"] in ("trace", "close"):
-            if record["event"] == "trace" and record.get("path"):
-                captures[record["capture"]].setdefault("paths", []).append(record["path"])
-            if record["event"] == "close":
-                captures[record["capture"]].update(closed=record["status"],
-                                                   steps=record.get("steps"))
-    return notes, captures
+class _Process:
+    """One process's answer to the request, and its captures of the role."""
+
+    def __init__(self, note: dict[str, Any]) -> None:
+        self.note = note
+        self.status = note.get("status")
+        first, last = note.get("first"), note.get("last")
+        if not isinstance(first, int) or not isinstance(last, int):
+            listed = [s for s in note.get("captures") or () if isinstance(s, int)]
+            first, last = (min(listed), max(listed)) if listed else (0, -1)
+        self.first, self.last = first, last
+        self.captures: dict[Any, dict[str, Any]] = {}  # capture id -> open line + more
+        self.limited = False  # its role's limits stopped new captures
+
+    def covered(self) -> set[int]:
+        return {s for c in self.captures.values() if "closed" in c
+                for s in c.get("covered") or () if isinstance(s, int)}
+
+    def ours(self) -> list[dict[str, Any]]:
+        """Its captures of the steps it accepted, whatever opened them (the plan too)."""
+        return [c for c in self.captures.values()
+                if any(isinstance(s, int) and self.first <= s <= self.last
+                       for s in (c.get("covered") or c.get("steps") or ()))]
+
+    def missing(self) -> int:
+        """Accepted steps no closed capture covers yet."""
+        if self.status != "accepted":
+            return 0
+        inside = sum(1 for s in self.covered() if self.first <= s <= self.last)
+        return max(0, self.last - self.first + 1 - inside)
+
+    def done(self) -> bool:
+        return self.missing() == 0
+
+    def settled(self) -> bool:
+        """Nothing more will come: done, or its limits stop further captures."""
+        return self.done() or self.limited
+
+    def why_not(self) -> str:
+        still = [c for c in self.ours() if "closed" not in c]
+        shown = f"{self.first}" if self.first == self.last else f"{self.first}-{self.last}"
+        what = f"{self.missing()} of the accepted steps {shown} not captured"
+        if self.limited:
+            return what + " (its role's limits stopped new captures: see its note: limit)"
+        if still:
+            return what + f" (a capture of step {still[0].get('steps')} is still open)"
+        return what + " (the process has not reached them, or ended first)"
 
 
-def _answered(note: dict[str, Any], captures: Any) -> bool:
-    """Whether the process of ``note`` is done with the request: it missed it, or its
-    closed captures cover every step it accepted."""
-    if note.get("status") != "accepted":
-        return True
-    covered: set[Any] = set()
-    for capture in captures:
-        if (capture.get("host"), capture.get("pid")) == (note.get("host"), note.get("pid")) \
-                and "closed" in capture:
-            covered.update(capture.get("steps") or ())
-    return set(note.get("captures") or ()) <= covered
+def _answers(output_dir: str, rid: str, role: str) -> dict[Any, _Process]:
+    """The processes that answered request ``rid``, with their captures of ``role``."""
+    records = scan_manifests(output_dir).records
+    found: dict[Any, _Process] = {}
+    for record in records:
+        if record.get("event") == "note" and record.get("request") == rid:
+            key = (record.get("host"), record.get("pid"))
+            found.setdefault(key, _Process(record))
+    by_id: dict[Any, dict[str, Any]] = {}  # (manifest file, capture id) -> its open line
+    for record in records:
+        event = record.get("event")
+        if event in ("trace", "close"):  # these lines carry no host or pid
+            known = by_id.get((record.get("_manifest"), record.get("capture")))
+            if known is None:
+                continue
+            if event == "trace" and record.get("path"):
+                known.setdefault("paths", []).append(record["path"])
+            elif event == "close":
+                known.update(closed=record.get("status"), covered=record.get("steps"))
+            continue
+        process = found.get((record.get("host"), record.get("pid")))
+        if process is None:
+            continue
+        if event == "note" and record.get("note") == "limit" and record.get("role") == role:
+            process.limited = True
+        elif event == "open" and role in (record.get("roles") or [record.get("role")]):
+            capture = dict(record)
+            process.captures[record.get("capture")] = capture
+            by_id[(record.get("_manifest"), record.get("capture"))] = capture
+    return found
 
 
-def _wait(output_dir: str, rid: str, seconds: float) -> int:
+def _say(note: dict[str, Any]) -> str:
+    what = note.get("message")
+    if note.get("status") == "accepted":
+        first, last = note.get("first"), note.get("last")
+        steps = f"step {first}" if first == last else f"steps {first}-{last}"
+        what = f"captures {steps}" + (f" ({what})" if what else "")
+    return f"rank {note.get('rank')} (pid {note.get('pid')}): {note.get('status')}: {what}"
+
+
+def _wait(output_dir: str, rid: str, role: str, seconds: float) -> int:
     deadline = time.monotonic() + seconds
-    shown: set[tuple[str, Any]] = set()
+    shown: set[Any] = set()
     last_new = time.monotonic()
     while True:
-        notes, captures = _answers(output_dir, rid)
-        for note in notes:
-            key = (note.get("host", ""), note.get("pid"))
+        found = _answers(output_dir, rid, role)
+        for key, process in found.items():
             if key not in shown:
                 shown.add(key)
                 last_new = time.monotonic()
-                what = note.get("message") or f"captures steps {note.get('captures')}"
-                print(f"rank {note.get('rank')} (pid {note.get('pid')}): {note.get('status')}: "
-                      f"{what}")
-        done = bool(notes) and all(_answered(note, captures.values()) for note in notes)
+                print(_say(process.note))
+        settled = bool(found) and all(p.settled() for p in found.values())
         now = time.monotonic()
-        if (done and now - last_new >= _SETTLE) or now >= deadline:
+        if (settled and now - last_new >= _SETTLE) or now >= deadline:
             break
         time.sleep(_POLL)
-    for capture in captures.values():
-        status = capture.get("closed", "still open")
-        for path in capture.get("paths") or ["(no file)"]:
-            print(f"  rank {capture.get('rank')} steps {capture.get('steps')}: {status}: {path}")
-    if not notes:
+    for process in found.values():
+        for capture in process.ours():
+            status = capture.get("closed", "still open")
+            steps = capture.get("covered") or capture.get("steps")
+            for path in capture.get("paths") or ["(no file)"]:
+                print(f"  rank {capture.get('rank')} steps {steps}: {status}: {path}")
+    if not found:
         print(f"policy-engine trigger: no process answered within {seconds:g} s (processes "
               "of the role listen with triggers: {on_demand: true}, at their next "
               "training_step after poll_seconds)", file=sys.stderr)
         return 1
-    return 0 if done else 1
+    if all(p.done() for p in found.values()):
+        return 0
+    for process in found.values():
+        if not process.done():
+            print(f"policy-engine trigger: rank "
+                  f"{process.note.get('rank')} (pid {process.note.get('pid')}): "
+                  f"{process.why_not()}", file=sys.stderr)
+    return 1
 
 
 def run(args: argparse.Namespace) -> int:
     root = args.output_dir
-    if not os.path.isdir(os.path.join(root, REQUESTS_DIR)):
+    try:
+        os.close(open_folder(root, REQUESTS_DIR, create=False))
+    except FileNotFoundError:
         raise UsageError(
             f"{root}: no process listens for requests here (no {REQUESTS_DIR}/ folder): a "
-            "role listens with triggers: {on_demand: true} and creates it when it starts")
+            "role listens with triggers: {on_demand: true} and creates it when it starts"
+        ) from None
+    except UnsafePathError as err:
+        raise UsageError(f"refused: {err}") from None
+    except OSError as err:
+        raise UsageError(f"{root}: cannot open {REQUESTS_DIR}/: {err.strerror or err}") \
+            from None
+    if len(args.role) > MAX_TEXT:
+        raise UsageError(f"--role: at most {MAX_TEXT} characters")
     ranks = _ranks(args.ranks)
     try:
         request = write_request(root, role=args.role, ranks=ranks, step=args.steps,
                                 count=args.count)
+    except UnsafePathError as err:
+        raise UsageError(f"refused: {err}") from None
     except OSError as err:
         raise UsageError(f"{root}: cannot write the request: {err.strerror or err}") from None
+    except ValueError as err:
+        raise UsageError(str(err)) from None
     steps = "the next step" if args.steps is None else f"step {args.steps}"
     more = f" and the {args.count - 1} after it" if args.count > 1 else ""
     print(f"request {request['id']}: role {args.role!r}, ranks {ranks or 'all listening'}, "
-          f"{steps}{more}")
+          f"{steps}{more}", flush=True)
     if args.wait:
-        return _wait(root, request["id"], args.wait)
+        return _wait(root, request["id"], args.role, args.wait)
     return 0

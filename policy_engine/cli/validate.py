@@ -16,6 +16,7 @@ from policy_engine.cli._common import (
     print_json,
 )
 from policy_engine.cli.forecast import Sizes, budget_problems, read_sizes
+from policy_engine.cli.schema_link import schema_problems
 from policy_engine.errors import PolicyError, Problem, json_path
 from policy_engine.language.checks import UNNAMED, origin
 from policy_engine.language.document import Document, PolicyFileError
@@ -44,7 +45,7 @@ def _check_file(path: str, args: argparse.Namespace,
         return 2, list(err.problems)
     except PolicyError as err:
         return 1, list(err.problems)
-    problems = list(result.problems)
+    problems = [*result.problems, *schema_problems(result.document)]
     if args.check_runtime and result.policy is not None:
         problems += _runtime_problems(result.document, result.policy)
     if sizes is not None and result.policy is not None:

@@ -4,7 +4,9 @@ Mesh against world size, each enabled role's selectors against the mesh, whether
 names tell apart every rank and capture, mode conflicts, and colocation
 (:mod:`policy_engine.language.colocation`). They run on the roles
 :func:`policy_engine.language.model.build` could build, so a value the schema or a parse
-refused is reported once, by them. A problem that several roles share (a value in
+refused is reported once, by them. A role with a refused value is still checked on what
+it holds that is sound (its ranks against the world and the mesh, at least): every
+problem is reported in one run. A problem that several roles share (a value in
 ``defaults``) is reported once, naming every role it affects.
 """
 
@@ -15,6 +17,7 @@ from typing import Any
 
 import attrs
 
+from policy_engine import backends
 from policy_engine.errors import Problem, Severity, json_path
 from policy_engine.language import clash, colocation
 from policy_engine.language.document import Document
@@ -186,10 +189,11 @@ def _check_role(sink: _Sink, data: Mapping[str, Any], role: str, spec: RoleSpec,
                 sink.add(f"region {region.name!r} has its own schedule, which only applies "
                          "with discrete: true", (*regions_at, region.name, "schedule"),
                          "warning")
+    _check_ranks(sink, data, role, spec, world, mesh)
+    for message, key, severity in backends.check_role(spec.backend, spec, mesh):
+        sink.add(message.replace("{", "{{").replace("}", "}}"), origin(data, role, key),
+                 "error" if severity == "error" else "warning", role=role)
     ranks_at = origin(data, role, "ranks")
-    problems = spec.ranks.check(world, dict(mesh) if mesh else None)
-    for err in problems:
-        sink.add(err.message, (*ranks_at, *err.path))
     coord_dims = sorted({axis.dim for axes in spec.ranks.clauses for axis in axes}
                         & {"tp", "pp", "dp", "cp", "ep"})
     if coord_dims and not mesh:
@@ -206,7 +210,7 @@ def _check_role(sink: _Sink, data: Mapping[str, Any], role: str, spec: RoleSpec,
                  "warning", role=role)
     steps_at = origin(data, role, "steps")
     if spec.steps.is_empty:
-        if not spec.triggers.any:
+        if not spec.triggers.any and not _keeps_history(spec):
             sink.add("steps: [] selects no step: nothing is profiled for {who}", steps_at,
                      "warning", role=role)
     elif spec.steps.every_step_from() is not None and spec.limits.captures is None and not (
@@ -224,8 +228,25 @@ def _check_role(sink: _Sink, data: Mapping[str, Any], role: str, spec: RoleSpec,
                  "covers every step (a capture whose schedule waits records nothing when "
                  "triggered); list the steps to plan, e.g. {{every: 100, from: 100}}",
                  origin(data, role, "triggers"), "warning", role=role)
-    if not (spec.ranks.selects_nothing or (spec.steps.is_empty and not spec.triggers.any)):
+    if not (spec.ranks.selects_nothing or (
+            spec.steps.is_empty and not spec.triggers.any and not _keeps_history(spec))):
         _check_names(sink, data, spec, role, world, mesh)
+
+
+def _keeps_history(spec: RoleSpec) -> bool:
+    """Whether the role records allocator history from its first step (``memory:
+    {history: always}``): with no step planned, its out-of-memory snapshots are output."""
+    return any(spec.blocks[name].get("history") == "always" for name in spec.backends)
+
+
+def _check_ranks(sink: _Sink, data: Mapping[str, Any], role: str, spec: RoleSpec,
+                 world: int | None, mesh: Mapping[str, int] | None) -> None:
+    """Each rank and coordinate the selector names against the world and the mesh."""
+    if not spec.enabled:
+        return
+    ranks_at = origin(data, role, "ranks")
+    for err in spec.ranks.check(world, dict(mesh) if mesh else None):
+        sink.add(err.message, (*ranks_at, *err.path))
 
 
 def _check_budget(sink: _Sink, data: Mapping[str, Any], spec: RoleSpec, role: str) -> None:
@@ -298,6 +319,28 @@ def _role_layout(sink: _Sink, data: Mapping[str, Any], role: str, spec: RoleSpec
     return world, mesh
 
 
+#: The keys of a role (or of ``defaults``) that the world-dependent checks read: its
+#: mesh against the world, its ranks against both.
+_WORLD_KEYS = frozenset({"enabled", "ranks", "mesh"})
+#: The keys :func:`_check_role` reads, besides each backend's block: a role with a refused
+#: key outside these (an unknown key, ``export``) is checked in full, beside the refused
+#: key's own problem.
+_ROLE_KEYS = _WORLD_KEYS | {"backend", "steps", "merge_steps", "schedule", "discrete",
+                            "regions", "name", "triggers", "limits"}
+
+
+def _in_file_order(built: Built, named: Mapping[str, Any]
+                   ) -> list[tuple[str, RoleSpec, frozenset[str]]]:
+    """Every role built whole (nothing left out) or in part (:attr:`Built.partial`), the
+    unnamed roles first, then as ``roles:`` lists them."""
+    found: dict[str, tuple[RoleSpec, frozenset[str]]] = {
+        name: (spec, dropped) for name, spec, dropped in built.partial}
+    if built.unnamed is not None:
+        found[UNNAMED] = (built.unnamed, frozenset())
+    found.update((name, (spec, frozenset())) for name, spec in built.roles.items())
+    return [(name, *found[name]) for name in (UNNAMED, *named) if name in found]
+
+
 def check(doc: Document, built: Built, *, world: int | None = None,
           mesh: Mapping[str, int] | None = None) -> list[Problem]:
     """Problems across values, in the built roles. ``mesh`` (the CLI's ``--mesh``)
@@ -307,14 +350,19 @@ def check(doc: Document, built: Built, *, world: int | None = None,
     data = doc.data
     world_given = world is not None
     world, top = _check_mesh(sink, data, built, world, mesh)
-    built_roles = ([(UNNAMED, built.unnamed)] if built.unnamed is not None else []) \
-        + list(built.roles.items())
-    for role, spec in built_roles:
-        layout = _role_layout(sink, data, role, spec, world, top, mesh, world_given)
-        if layout is not None:
-            _check_role(sink, data, role, spec, *layout)
     roles = data.get("roles")
     named = roles if isinstance(roles, Mapping) else {}
+    for role, spec, dropped in _in_file_order(built, named):
+        if dropped & _WORLD_KEYS:
+            continue  # what the checks would read was refused (and reported) already
+        layout = _role_layout(sink, data, role, spec, world, top, mesh, world_given)
+        if layout is None:
+            continue
+        if dropped & _ROLE_KEYS or not dropped.isdisjoint(backends.BACKENDS):
+            # a partial role: only what its sound keys decide
+            _check_ranks(sink, data, role, spec, *layout)
+        else:
+            _check_role(sink, data, role, spec, *layout)
 
     def spec_of(name: str) -> RoleSpec | None:
         """The role's settings with the mesh its checks used (colocation compares them)."""

@@ -201,6 +201,11 @@ class Built:
     roles: Mapping[str, RoleSpec]
     #: What a role the policy does not name gets; None when ``defaults`` is unsound.
     unnamed: RoleSpec | None
+    #: Each role that holds something refused (``""``: the unnamed roles, when
+    #: ``defaults`` does), built from its sound keys, with the keys left out (theirs or
+    #: ``defaults``'): the checks that need none of those keys still run on it, so that
+    #: a world-dependent problem is reported beside the others, not after they are fixed.
+    partial: tuple[tuple[str, RoleSpec, frozenset[str]], ...] = ()
 
 
 def _blocks(data: Mapping[str, Any]) -> Iterator[tuple[Path, Mapping[str, Any]]]:
@@ -253,13 +258,45 @@ def build(doc: Document, refused: Refused) -> Built:
     defaults = doc.data.get("defaults") or {}
     named = doc.data.get("roles")
     roles: dict[str, RoleSpec] = {}
+    partial: list[tuple[str, RoleSpec, frozenset[str]]] = []
     unnamed = None
-    if sound.sound(("defaults",)):
+    kept_defaults, dropped = _sound_keys(defaults, ("defaults",), sound)
+    if kept_defaults is None:  # nothing is built on a refused defaults block
+        return Built(tuple(problems), sound, roles, unnamed)
+    if not dropped:
         unnamed = build_role("", defaults)
-        for name, body in (named.items() if isinstance(named, Mapping) else ()):
-            if sound.sound(("roles", name)):
-                roles[name] = build_role(name, defaults, body or {})
-    return Built(tuple(problems), sound, roles, unnamed)
+    else:
+        _add_partial(partial, "", kept_defaults, None, dropped)
+    for name, body in (named.items() if isinstance(named, Mapping) else ()):
+        if not dropped and sound.sound(("roles", name)):
+            roles[name] = build_role(name, defaults, body or {})
+            continue
+        kept, own = _sound_keys(body or {}, ("roles", name), sound)
+        if kept is not None:
+            _add_partial(partial, name, kept_defaults, kept, dropped | own)
+    return Built(tuple(problems), sound, roles, unnamed, tuple(partial))
+
+
+def _sound_keys(body: Any, path: Path, sound: Refused
+                ) -> tuple[dict[str, Any] | None, frozenset[str]]:
+    """The keys of block ``body`` at ``path`` that hold nothing refused, and the others;
+    None when the block itself (or what holds it) was refused."""
+    if not isinstance(body, Mapping) or any(path[:i] in sound.paths
+                                            for i in range(1, len(path) + 1)):
+        return None, frozenset()
+    kept = {k: v for k, v in body.items() if sound.sound((*path, k))}
+    return kept, frozenset(body) - frozenset(kept)
+
+
+def _add_partial(out: list[tuple[str, RoleSpec, frozenset[str]]], name: str,
+                 defaults: Mapping[str, Any], body: Mapping[str, Any] | None,
+                 dropped: frozenset[str]) -> None:
+    """Role ``name`` from its sound keys (the others fall back to the defaults below)."""
+    try:
+        spec = build_role(name, defaults, body)
+    except Exception:  # a mix of sound keys that does not build: not checked
+        return
+    out.append((name, spec, dropped))
 
 
 # ------------------------------------------------------------------ the policy

@@ -27,12 +27,14 @@ class Trace:
     """One trace file a rank writes: its name without the backend's extension, the outer
     steps its capture covers (under ``Plan.step_per_cycle``, its cycle's own: from its
     ``<step>`` to its save, as the manifest lists them), its schedule cycle (None: no
-    schedule), its region (discrete mode)."""
+    schedule), its region (discrete mode), and its place among the traces the process
+    writes from its first step (``index``, from 0: an nsys report's number)."""
 
     name: str
     steps: tuple[int, ...]
     cycle: int | None
     region: str | None
+    index: int = 0
 
     def to_json(self) -> dict[str, Any]:
         return {"name": self.name, "steps": list(self.steps), "cycle": self.cycle,
@@ -99,9 +101,13 @@ def traces(plan: Plan, lo: int, hi: int, *, inner: int, region_calls: int = 1) -
     """
     limit = plan.spec.limits.captures
     if limit is None:
-        return list(_traces(plan, lo, hi, inner, region_calls))
+        return [_at(t, i) for i, t in enumerate(_traces(plan, lo, hi, inner, region_calls))]
     first_n = itertools.islice(_traces(plan, 0, hi, inner, region_calls), limit)
-    return [t for t in first_n if not t.steps or t.steps[-1] >= lo]
+    return [_at(t, i) for i, t in enumerate(first_n) if not t.steps or t.steps[-1] >= lo]
+
+
+def _at(trace: Trace, index: int) -> Trace:
+    return Trace(trace.name, trace.steps, trace.cycle, trace.region, index)
 
 
 def _traces(plan: Plan, lo: int, hi: int, inner: int, region_calls: int) -> Iterator[Trace]:

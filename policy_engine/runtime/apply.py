@@ -54,8 +54,9 @@ def _resolve(policy: PolicyArg) -> Policy | None:
     except PolicyError as err:
         if not _from_environment(given, err.problems):
             raise
-        for problem in err.problems:
-            log.error("policy-engine: %s", problem.render())
+        for problem in err.problems:  # warnings come with the errors: each at its level
+            log.log(logging.ERROR if problem.severity == "error" else logging.WARNING,
+                    "policy-engine: %s", problem.render())
         warn_once(("broken-env-policy",),
                   "policy-engine: the policy from %s is invalid (errors above): profiling "
                   "is off in this process; `policy-engine validate` with the same %s shows "

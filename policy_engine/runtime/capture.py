@@ -23,10 +23,11 @@ from typing import Any
 
 from policy_engine.backends.base import Session
 from policy_engine.language.schedule import Action, Schedule
+from policy_engine.runtime import shortfall
 from policy_engine.runtime.export import Exporter
 from policy_engine.runtime.ranges import Region, RegionRanges
 from policy_engine.runtime.records import CaptureRecords, Recorded, timestamp
-from policy_engine.runtime.state import STATE, Slot, warn_once
+from policy_engine.runtime.state import Slot, warn_once
 from policy_engine.runtime.transitions import NONE, RECORD, SAVE, TABLE, WARMUP, starts_recording
 from policy_engine.runtime.triggers import Budget
 
@@ -92,10 +93,13 @@ class Capture(RegionRanges, CaptureRecords):
         self.phase = "open"  # the backend call under way, for failure messages
         self.busy = 0  # ident of the thread inside a transition
         self.ended = False
+        self.dropped = False  # drop(): ends without a trace
+        self.reason: str | None = None  # why it recorded less than planned (close line)
+        self.stopped_by: str | None = None  # SIGTERM or exit ended it (close line)
         # work other threads left for the home thread
         self.pending = False
         self.wanted = 0
-        self.deferred = 0
+        self.thread_waits = 0  # transitions that waited for the home thread
         self.end_requested: str | None = None
         self._wanted_lock = threading.Lock()
         self.failure: tuple[BaseException, str] | None = None
@@ -148,7 +152,7 @@ class Capture(RegionRanges, CaptureRecords):
                 self.wanted = n
             if not self.pending:
                 self.pending = True
-                self.deferred += 1
+                self.thread_waits += 1
         warn_once(("deferred", self.slot.name, self.owner),
                   "policy-engine: prof.step() from thread %r reached a schedule transition of "
                   "the %s capture of role %r, which belongs to thread %r: %s starts and stops "
@@ -191,7 +195,6 @@ class Capture(RegionRanges, CaptureRecords):
             self.busy = 0
         self.action = new
         self.quiet_until = self._next_change(n, new)
-        _deliver_pending_signal()
         return False
 
     def _run(self, old: Action | None, new: Action) -> None:
@@ -260,13 +263,15 @@ class Capture(RegionRanges, CaptureRecords):
         """A merged capture goes on into outer step ``n``."""
         self.steps.append(n)
 
-    def end(self, status: str = "complete") -> None:
+    def end(self, status: str = "complete", stopped_by: str | None = None) -> None:
         """Stop the capture: save a cycle that is recording, discard a warm-up.
 
         On a home-only session from another thread, the end is left to the home thread.
         Every capture leaves manifest lines: one that never reached a recorded step says
         so (status partial, no file); one whose save fails is recorded as failed.
         Raises what the backend raised (the owner decides: warn or raise).
+        ``stopped_by``: what ended it from outside (SIGTERM, exit), for its close line.
+        All under the slot's lock, which a SIGTERM handler waits for (runtime.signals).
         """
         if not self.any_thread and _get_ident() != self.home:
             self.end_requested = status
@@ -286,6 +291,7 @@ class Capture(RegionRanges, CaptureRecords):
             if self.ended:
                 return
             self.ended = True
+            self.stopped_by = stopped_by
             if self.slot.capture is self:
                 self.slot.capture = None
             self.busy = _get_ident()
@@ -293,21 +299,26 @@ class Capture(RegionRanges, CaptureRecords):
                 self._finish(status)
             finally:
                 self.busy = 0
-        _deliver_pending_signal()
 
     def _finish(self, status: str) -> None:
         try:
-            if self.recording:
+            if self.recording and not self.dropped:
                 cut_short = self.schedule is not None and self.action is not SAVE
+                if cut_short and status == "complete":
+                    self.reason = shortfall.check(self, recorded=True)
                 self._save("partial" if status != "complete" or cut_short else "complete")
             else:
-                if self.warming:
+                if self.warming or self.recording:  # a dropped capture discards its recording
                     self.phase = "discard"
-                    self.warming = False
+                    self._close_ranges()
+                    self.warming = self.recording = False
                     self.session.discard()
-                if not self.saved and not self.traces and not self.exhausted:
-                    self._trace(None, "partial",
-                                error="the capture ended before its schedule recorded a step")
+                if not self.dropped and not self.saved and not self.traces and \
+                        not self.exhausted:
+                    if status == "complete":
+                        self.reason = shortfall.check(self, recorded=False)
+                    self._trace(None, "partial", error=self.reason or
+                                "the capture ended before its schedule recorded a step")
         except Exception as err:
             with contextlib.suppress(OSError):
                 if not isinstance(err, Recorded):
@@ -322,6 +333,12 @@ class Capture(RegionRanges, CaptureRecords):
             self.session.close()
         finally:
             self._close_record(status)
+
+    def drop(self, why: str) -> None:
+        """End without a trace, discarding what was recorded; the close line says ``why``
+        (``reason``). For a whole-session capture that per-step captures replace."""
+        self.dropped, self.reason = True, why
+        self.end("complete")
 
     def _failed(self, error: BaseException) -> None:
         """A backend call failed: record it, release the backend as far as it lets us."""
@@ -360,13 +377,7 @@ class Capture(RegionRanges, CaptureRecords):
             self.pending = True
             return
         try:
-            self.end("partial")
+            self.end("partial", stopped_by=why)
         except Exception as err:  # the process is ending; report and go on
             log.warning("policy-engine: could not stop the %s capture of %r: %s",
                         self.slot.name, self.owner, err)
-
-
-def _deliver_pending_signal() -> None:
-    """A SIGTERM waited for the backend call that just ended (runtime.signals)."""
-    if STATE.pending_signal is not None and STATE.signal_hook is not None:
-        STATE.signal_hook()

@@ -9,7 +9,8 @@ capture's manifest lines after its first queued export go through the same queue
 they stay in order: its ``close`` line comes after its ``trace`` lines.
 
 Everything flushes at ``close()``, at interpreter exit and on SIGTERM
-(:func:`flush`). A process killed before a job ran leaves the capture without its
+(:func:`flush`); a SIGTERM that arrives while the training thread queues or flushes is
+handled when it is done. A process killed before a job ran leaves the capture without its
 ``close`` line, which ``policy-engine traces`` reports as interrupted.
 """
 
@@ -21,7 +22,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 
-from policy_engine.runtime.state import STATE, warn_once
+from policy_engine.runtime.state import STATE, critical, warn_once
 
 log = logging.getLogger("policy_engine")
 
@@ -40,8 +41,10 @@ class Exporter:
         self._thread: threading.Thread | None = None
 
     def submit(self, job: Job, *, export: bool) -> None:
-        """Queue ``job``; an export waits for room first (a manifest line never does)."""
-        with self._cond:
+        """Queue ``job``; an export waits for room first (a manifest line never does).
+        A critical stretch (runtime.state): a SIGTERM handler that flushed here would wait
+        for a lock this thread holds."""
+        with critical(), self._cond:
             if export and self._exports >= self.in_flight:
                 warn_once(("export-wait",), "policy-engine: %d trace exports are already "
                           "being written; the training thread waits for one to finish "
@@ -83,7 +86,7 @@ class Exporter:
         if threading.current_thread() is self._thread:
             return not self._jobs
         deadline = None if timeout is None else time.monotonic() + timeout
-        with self._cond:
+        with critical(), self._cond:
             while self._jobs or self._busy:
                 left = None if deadline is None else deadline - time.monotonic()
                 if left is not None and left <= 0:

@@ -18,24 +18,23 @@ reported with its file and line number, and skipped.
 
 from __future__ import annotations
 
-import errno
-import hashlib
+import functools
 import json
 import math
 import os
 import re
-import socket
 import stat
 from collections.abc import Callable, Iterator, Mapping
 from typing import IO, Any
 
 import attrs
 
-from policy_engine.backends.output import folder
-from policy_engine.runtime.state import STATE
+from policy_engine.runtime import manifest_write as _write
 
-MANIFEST_DIR = "manifests"
-MANIFEST_SUFFIX = ".manifest.jsonl"
+# The writing side lives in runtime.manifest_write; writers find its names here too.
+MANIFEST_DIR, MANIFEST_SUFFIX = _write.MANIFEST_DIR, _write.MANIFEST_SUFFIX
+append, encode, manifest_path = _write.append, _write.encode, _write.manifest_path
+host_name, file_hash = _write.host_name, _write.file_hash
 
 EVENTS = ("open", "trace", "close", "note")
 #: Keys of a trace line's ``extra`` that name a file written beside the trace (relative
@@ -45,106 +44,12 @@ TRACE_STATUSES = ("complete", "partial", "failed", "oom")
 CLOSE_STATUSES = ("complete", "partial", "failed", "interrupted")
 #: The longest line read; a longer one is reported, not loaded.
 MAX_LINE_BYTES = 1 << 20
-
-# Read too: the last byte says whether a torn line needs ending first.
-_FILE_FLAGS = os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
-
-
-
-def host_name() -> str:
-    """The short host name that starts this host's manifest file names."""
-    return socket.gethostname().split(".")[0] or "host"
-
-
-def manifest_path(output_dir: str) -> str:
-    """This process's manifest file for ``output_dir``."""
-    key = (os.getpid(), output_dir)  # a forked child gets its own file
-    with STATE.lock:
-        path = STATE.manifests.get(key)
-        if path is None:
-            name = f"{host_name()}_pid{os.getpid()}_{STATE.started}{MANIFEST_SUFFIX}"
-            path = os.path.join(output_dir, MANIFEST_DIR, name)
-            STATE.manifests[key] = path
-        return path
-
-
-def _plain(value: Any) -> Any:
-    """``value`` with NaN and infinities replaced by None (they are not JSON) and every
-    key a string (so keys sort)."""
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if isinstance(value, Mapping):
-        return {str(k): _plain(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
-    return value
-
-
-def encode(record: Mapping[str, Any]) -> bytes:
-    """One manifest line: JSON, ASCII only (so valid UTF-8 whatever strings it holds)."""
-    def dump(data: Any) -> str:
-        return json.dumps(data, sort_keys=True, default=str, ensure_ascii=True,
-                          allow_nan=False)
-    try:
-        text = dump(record)
-    except (ValueError, TypeError):
-        text = dump(_plain(record))
-    return (text + "\n").encode("ascii")
-
-
-def append(output_dir: str, record: Mapping[str, Any]) -> None:
-    """Append ``record`` as one line of this process's manifest: the whole line or nothing.
-
-    ``manifests/`` is made without following links, and the file is opened with
-    ``O_NOFOLLOW``. A short write is cut back off. Raises OSError when the line could not
-    be written (the file then ends as it did before).
-    """
-    line = encode(record)
-    name = os.path.basename(manifest_path(output_dir))
-    # STATE.lock is re-entrant: a signal handler may append while the code it interrupted
-    # is appending.
-    with STATE.lock, folder(output_dir, MANIFEST_DIR) as dir_fd:
-        fd = os.open(name, _FILE_FLAGS, 0o644, dir_fd=dir_fd)
-        try:
-            before = os.fstat(fd).st_size
-            if before and os.pread(fd, 1, before - 1) != b"\n":
-                line = b"\n" + line  # never glue this line onto a torn one
-            try:
-                written = os.write(fd, line)
-            except BaseException:
-                _cut(fd, before)
-                raise
-            if written != len(line):
-                what = "cut off" if _cut(fd, before) else "left in place: it could not be cut"
-                raise OSError(errno.EIO, f"short write to {manifest_path(output_dir)}: "
-                              f"{written} of {len(line)} bytes (the part written was {what})")
-        finally:
-            os.close(fd)
-
-
-def _cut(fd: int, size: int) -> bool:
-    """Remove what a failed append left after ``size`` bytes; whether that worked."""
-    try:
-        if os.fstat(fd).st_size > size:
-            os.ftruncate(fd, size)
-    except OSError:
-        return False
-    return True
-
-
-def file_hash(paths: tuple[str, ...]) -> str | None:
-    """A digest of the policy files a plan came from (None for mapping policies)."""
-    if not paths:
-        return None
-    digest = hashlib.sha256()
-    for path in paths:
-        try:
-            with open(path, "rb") as f:
-                digest.update(f.read())
-        except OSError:
-            return None
-    return digest.hexdigest()[:16]
-
+#: The most lines, and bytes, read of one manifest, and records held from all of them: a
+#: reader's memory stays bounded whatever the files hold (the rest is reported, not read).
+MAX_MANIFEST_LINES = 20_000
+MAX_MANIFEST_BYTES = 16 << 20
+MAX_RECORDS = 200_000
+MAX_SCAN_BYTES = 256 << 20
 
 # -- reading ---------------------------------------------------------------------------
 
@@ -213,6 +118,9 @@ _FIELDS: dict[str, tuple[Callable[[Any], bool], str]] = {
     "end": (_is_number, "a number"),
     "error": (_opt(_is_str), "a string or null"),
     "traces": (lambda v: _is_int(v) and v >= 0, "a count"),
+    "thread_waits": (lambda v: _is_int(v) and v >= 0, "a count"),
+    "stopped_by": (_opt(_is_str), "a string or null"),
+    # What older versions called thread_waits: read, never written, never a missing trace.
     "deferred": (lambda v: _is_int(v) and v >= 0, "a count"),
     "coords": (_opt(lambda v: isinstance(v, dict)), "an object or null"),
     "extra": (_opt(lambda v: isinstance(v, dict)), "an object or null"),
@@ -309,19 +217,26 @@ def _lines(f: IO[bytes]) -> Iterator[tuple[bytes | None, bool]]:
         yield (raw[:-1] if ended else raw), ended
 
 
-def _read_file(path: str, records: list[dict[str, Any]], problems: list[Problem]) -> None:
+def _read_file(path: str, records: list[dict[str, Any]], problems: list[Problem],
+               room: int, left: int) -> int:
+    """The records of one manifest into ``records``, at most ``room`` of them and
+    ``left`` bytes; the bytes read."""
     try:
         # Not through a link, and never blocking on a FIFO planted under the name.
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError as err:
         problems.append(Problem(path, None, f"cannot read it: {err.strerror or err}"))
-        return
+        return 0
     with os.fdopen(fd, "rb") as f:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             problems.append(Problem(path, None, "not a regular file"))
-            return
+            return 0
         try:
             for number, (raw, ended) in enumerate(_lines(f), 1):
+                stop = _stop(number, f.tell(), room, left)
+                if stop:
+                    problems.append(Problem(path, number, stop))
+                    break
                 if raw is None:
                     problems.append(Problem(path, number,
                                             f"longer than {MAX_LINE_BYTES} bytes"))
@@ -339,8 +254,10 @@ def _read_file(path: str, records: list[dict[str, Any]], problems: list[Problem]
                 record["_manifest"] = path
                 record["_line"] = number
                 records.append(record)
+                room -= 1
         except OSError as err:
             problems.append(Problem(path, None, f"read failed: {err.strerror or err}"))
+        return f.tell()
 
 
 def scan_manifests(output_dir: str) -> Scan:
@@ -348,17 +265,69 @@ def scan_manifests(output_dir: str) -> Scan:
     problem: never raises on what it finds."""
     records: list[dict[str, Any]] = []
     problems: list[Problem] = []
+    _real.cache_clear()  # folders resolved by file_of: as they are now
 
     def unreadable(err: OSError) -> None:
         problems.append(Problem(str(err.filename or output_dir), None,
                                 f"cannot list this folder: {err.strerror or err}"))
 
+    used = 0
     for root, dirs, files in os.walk(output_dir, onerror=unreadable):
         dirs.sort()
         for name in sorted(files):
             if name.endswith(MANIFEST_SUFFIX):
-                _read_file(os.path.join(root, name), records, problems)
+                used += _read_file(os.path.join(root, name), records, problems,
+                                   MAX_RECORDS - len(records), MAX_SCAN_BYTES - used)
     return Scan(tuple(records), tuple(problems))
+
+
+def _stop(line: int, read: int, room: int, left: int) -> str | None:
+    """Why reading a manifest stops before ``line`` (``read`` bytes into it), or None."""
+    if line > MAX_MANIFEST_LINES:
+        return (f"more than {MAX_MANIFEST_LINES} lines: this line and the rest are not "
+                "read")
+    if read > MAX_MANIFEST_BYTES:
+        return (f"more than {MAX_MANIFEST_BYTES >> 20} MiB: this line and the rest are "
+                "not read")
+    if room <= 0:
+        return (f"the manifests hold more than {MAX_RECORDS} records together: this line "
+                "and the rest are not read")
+    if read > left:
+        return (f"the manifests hold more than {MAX_SCAN_BYTES >> 20} MiB together: this "
+                "line and the rest are not read")
+    return None
+
+
+def file_of(record: Mapping[str, Any], rel: Any) -> str:
+    """The file a record names by ``rel`` (its ``path``, or a companion's), relative to
+    its output folder (the folder above its manifest's ``manifests/``). A manifest is
+    untrusted, so ValueError, saying why, for a name that is absolute or climbs out of
+    that folder, or reaches outside it through a link: a reader never follows it."""
+    base = os.path.dirname(os.path.dirname(str(record["_manifest"])))
+    if not isinstance(rel, str) or not rel or "\0" in rel:
+        raise ValueError(f"{_show(rel)} is not a file name")
+    shown = json.dumps(_clean(rel) if len(rel) <= 200 else _clean(rel[:197]) + "...")
+    if os.path.isabs(rel):
+        raise ValueError(f"path {shown} is absolute: a manifest names files inside "
+                         "its output folder; not followed")
+    norm = os.path.normpath(rel)
+    if norm == os.pardir or norm.startswith(os.pardir + os.sep):
+        raise ValueError(f"path {shown} leaves the output folder; not followed")
+    full = os.path.join(base, norm)
+    real_base = _real(base)
+    # The folders are resolved once each (a run has few); the file itself only if a link.
+    real = _real(os.path.dirname(full))
+    if os.path.islink(full):
+        real = os.path.realpath(full)
+    if real != real_base and not real.startswith(real_base.rstrip(os.sep) + os.sep):
+        raise ValueError(f"path {shown} reaches outside the output folder through "
+                         "a symbolic link; not followed")
+    return full
+
+
+@functools.lru_cache(maxsize=4096)
+def _real(folder: str) -> str:
+    return os.path.realpath(folder)
 
 
 def read_manifests(output_dir: str) -> list[dict[str, Any]]:

@@ -25,7 +25,7 @@ from policy_engine import backends
 from policy_engine.backends.base import CaptureInfo
 from policy_engine.backends.combined import Combined
 from policy_engine.plan.plan import Plan
-from policy_engine.runtime import export, manifest, signals
+from policy_engine.runtime import export, manifest, signals, standing
 from policy_engine.runtime.capture import Capture
 from policy_engine.runtime.failures import RoleFailures
 from policy_engine.runtime.off import _off_region, _off_step, _off_training_step, as_step
@@ -98,6 +98,11 @@ class RoleProfiler(RoleFailures):
             if spec.export == "background" else None
         self._late: list[BaseException] = []  # background exports that failed
         self._captured = False  # the step under way is inside a capture
+        # The whole-session capture `with prof:` opened, until the first step() keeps it:
+        # a training_step(n) before that drops it (__enter__).
+        self._provisional: Capture | None = None
+        self._release = standing.arm(plan, self._identity, self._settings, _process_backend,
+                                     lambda: self._outer, self._note)  # history: always
         if spec.triggers.signal:
             problem = signals.install_usr2()
             if problem is not None:
@@ -133,6 +138,7 @@ class RoleProfiler(RoleFailures):
                 record["request"] = why[1]
             last = (None if first is None else plan.capture_last(first)) if why is None \
                 else why[2]
+            signals.install()  # before the open line: a SIGTERM from here on ends it
             try:
                 # Write-ahead: a process killed from here on leaves a capture that
                 # `traces` reports as interrupted.
@@ -165,7 +171,6 @@ class RoleProfiler(RoleFailures):
                               budget=self._budget, exporter=self._exporter,
                               on_export_failure=self._late.append)
             self._slot.capture = capture
-            signals.install()
             if capture.begin():
                 self._raise_failure(capture)
                 return None
@@ -194,7 +199,7 @@ class RoleProfiler(RoleFailures):
             self._combined = Combined(
                 [(name, _process_backend(name)) for name in self.plan.backends],
                 {name: self._settings if name == self.plan.backend else blocks[name]
-                 for name in self.plan.backends})
+                 for name in self.plan.backends}, note=self._note)
         return self._combined
 
     def _close(self, capture: Capture | None, status: str) -> None:
@@ -210,6 +215,8 @@ class RoleProfiler(RoleFailures):
     def _turn_off(self, why: str) -> None:
         """From now on every method does nothing (instance attributes shadow the class's)."""
         self._off = why
+        if self._release is not None:  # history kept outside captures ends with the role
+            self._release = self._release()
         self.step = _off_step  # type: ignore[method-assign]
         self.training_step = _off_training_step  # type: ignore[method-assign]
         self.region = _off_region  # type: ignore[method-assign]
@@ -232,7 +239,10 @@ class RoleProfiler(RoleFailures):
             own.catch_up()
         if self._mode is not _STEPS:
             if self._mode is _SESSION:
-                self._close(own, "complete")  # the code switched to training steps
+                if own is not None and own is self._provisional:
+                    self._drop_session(own, n)
+                else:
+                    self._close(own, "complete")  # the code switched to training steps
                 own = None
             self._mode = _STEPS
         self._outer = n
@@ -336,11 +346,42 @@ class RoleProfiler(RoleFailures):
 
     def __enter__(self) -> RoleProfiler:
         """``with profile_session(...) as prof:`` starts the whole-session capture here,
-        as ``with torch.profiler.profile(...)`` does (unless training_step() is used)."""
+        as ``with torch.profiler.profile(...)`` does.
+
+        Until the block's first ``step()`` it is provisional: a ``training_step(n)`` before
+        any ``step()`` drops it (no trace; its close line says why), so a loop of training
+        steps inside the block writes its per-step captures only, as ``explain`` lists.
+        """
         if self._mode is _NEW and not self._off and not self.plan.discrete:
             self._mode = _SESSION
             self._own = self._open(None, None)
+            if self._own is not None:
+                self._provisional = self._own
+                self.step = self._first_step  # type: ignore[method-assign]
         return self
+
+    def _first_step(self) -> None:
+        """``step()`` while the session capture is provisional: the block is a plain loop,
+        so the capture is kept; later calls go straight to :meth:`step`."""
+        self._keep_session()
+        self.step()
+
+    def _keep_session(self) -> None:
+        self._provisional = None
+        if self.__dict__.get("step") == self._first_step:  # not when turned off since
+            del self.step
+
+    def _drop_session(self, capture: Capture, n: int) -> None:
+        self._keep_session()
+        if self._own is capture:
+            self._own = None
+        if capture.recording and self._budget is not None:
+            self._budget.give_back()  # its cycle is dropped: limits count it not
+        try:
+            capture.drop(f"the `with` block's loop called training_step({n}) before any "
+                         "prof.step(): per-step captures replace the whole-session capture")
+        except Exception as err:
+            self._failure(err, "stop", raising=False)
 
     def __exit__(self, exc_type: object, *rest: object) -> None:
         own = self._own

@@ -38,13 +38,15 @@ class CaptureRecords:
     cycle_from: int  # a trace line lists steps[cycle_from:] (a merged cycle's own steps)
     joined: list[str]
     traces: int
-    deferred: int
+    thread_waits: int
+    stopped_by: str | None
     stem: str
     inner: int
     schedule: Schedule | None
     name: Callable[..., str]
     budget: Budget | None
     exhausted: bool
+    reason: str | None
     exporter: Exporter | None
     queued: bool  # an export of this capture was queued: its lines go through the queue
     on_export_failure: Callable[[BaseException], None]
@@ -88,7 +90,10 @@ class CaptureRecords:
             write = later(self.stem, cycle)  # the backend stops here, on this thread
             fields = self._line_fields()
             self.queued = True
-            self.exporter.submit(lambda: self._export(write, status, fields), export=True)
+            def job() -> None:
+                self._export(write, status, fields)
+            budget = self.budget  # limits.bytes: in flight until written (runtime.budget)
+            self.exporter.submit(job if budget is None else budget.carry(job), export=True)
             return
         failed = self._record_artifacts(self.session.save(self.stem, cycle), status)
         if failed is not None:  # recorded; the capture fails as a whole
@@ -152,10 +157,14 @@ class CaptureRecords:
             "event": "close", "capture": self.id, "status": status, "end": time.time(),
             "steps": list(self.steps), "joined": list(self.joined),
         }
-        if self.deferred:
-            record["deferred"] = self.deferred
+        if self.thread_waits:
+            record["thread_waits"] = self.thread_waits
+        if self.stopped_by is not None:
+            record["stopped_by"] = self.stopped_by
         if self.exhausted and self.budget is not None:
             record["limit"] = self.budget.spent_why
+        if self.reason:  # it recorded less than its schedule plans (runtime.shortfall)
+            record["reason"] = self.reason
         if error:
             record["error"] = error
 

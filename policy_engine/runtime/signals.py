@@ -3,45 +3,99 @@ SIGUSR2 for the roles whose ``triggers.signal`` listens to it.
 
 Installed the first time a capture opens, never before (a rank that profiles nothing
 changes nothing). A SIGTERM handler the user installed is called after ours; the default
-action (terminate) is kept by re-raising the signal. A SIGTERM that arrives while a
-capture is inside a backend call on the same thread (Python runs handlers between
-bytecodes, so in the middle of a save) waits until that call is done.
+action (terminate) is kept by re-raising the signal.
+
+Python runs a handler between two bytecodes of the main thread, wherever it is. A SIGTERM
+that arrives while the main thread is in a critical stretch (holding a slot's or the
+process's lock: opening a capture, a transition, a save, a manifest line; see
+runtime.state) waits until the stretch ends. A capture that another thread is opening,
+moving or saving is waited for through its slot's lock. So the handler always finds every
+capture either running (and saves what it recorded) or finished.
 """
 
 from __future__ import annotations
 
 import atexit
+import contextlib
+import logging
 import os
 import signal
 import threading
 from types import FrameType
+from typing import TYPE_CHECKING
 
 from policy_engine.runtime import export
-from policy_engine.runtime.state import STATE, captures
+from policy_engine.runtime.state import STATE, in_critical
+
+if TYPE_CHECKING:
+    from policy_engine.runtime.capture import Capture
+
+log = logging.getLogger("policy_engine")
+
+# How long the handler waits for another thread's transition or save, then for the
+# export thread. Only a thread stuck on something this thread holds (a logging lock the
+# signal interrupted) waits this long; orchestrators send SIGKILL well before.
+WAIT_LIMIT = 300.0
 
 
 def stop_all(why: str) -> None:
-    """End every running capture this thread may end, saving what it recorded (partial)."""
-    for capture in captures():
-        capture.terminate(why)
+    """End every capture this thread may end, saving what it recorded (partial). A
+    capture another thread is opening, moving or saving is waited for first."""
+    with STATE.lock:
+        slots = list(STATE.slots.values())
+    for found in slots:
+        if not found.lock.acquire(timeout=WAIT_LIMIT):
+            log.warning("policy-engine: the %s capture stayed busy on another thread for "
+                        "%.0f s; %s without waiting for it", found.name, WAIT_LIMIT, why)
+            capture = found.capture
+            if capture is not None:
+                _abandon(capture, why)
+            continue
+        try:
+            capture = found.capture
+            if capture is not None:
+                capture.terminate(why)
+        finally:
+            found.lock.release()
+
+
+def _abandon(capture: Capture, why: str) -> None:
+    """Another thread is stuck inside the capture's transition: its close line says so."""
+    if capture.ended:
+        return
+    thread = capture.busy or capture.home
+    name = next((t.name for t in threading.enumerate() if t.ident == thread), thread)
+    with contextlib.suppress(OSError):
+        capture._close_record("interrupted", f"{why} while thread {name!r} was still in "
+                                             f"the capture's {capture.phase} step")
+
+
+def _flush(why: str) -> None:
+    if not export.flush(WAIT_LIMIT):
+        log.warning("policy-engine: background exports still running after %.0f s; %s "
+                    "without them (their captures show as interrupted)", WAIT_LIMIT, why)
 
 
 def _on_exit() -> None:
     stop_all("the interpreter exited")
-    export.flush()  # what the export thread still holds
+    _flush("the interpreter exits")  # what the export thread still holds
 
 
 def _on_sigterm(signum: int, frame: FrameType | None) -> None:
-    me = threading.get_ident()
-    if any(capture.busy == me for capture in captures()):
-        STATE.pending_signal = signum  # finish the backend call first (capture.py)
+    if in_critical() or STATE.terminating:
+        STATE.pending_signal = signum  # delivered as the critical stretch ends (state.py)
         return
     _terminate(signum, frame)
 
 
 def _terminate(signum: int, frame: FrameType | None) -> None:
-    stop_all("SIGTERM arrived")
-    export.flush()
+    STATE.terminating = True
+    try:
+        stop_all("SIGTERM arrived")
+        _flush("the process ends")
+    finally:
+        STATE.pending_signal = None  # one that came meanwhile is this one
+        STATE.terminating = False
     previous = STATE.previous_sigterm
     if callable(previous):
         previous(signum, frame)
@@ -51,7 +105,9 @@ def _terminate(signum: int, frame: FrameType | None) -> None:
 
 
 def deliver_pending() -> None:
-    """Run the SIGTERM that waited for a backend call to finish."""
+    """Run the SIGTERM that waited for a critical stretch to end."""
+    if STATE.terminating:
+        return  # the handler at work delivers it
     signum, STATE.pending_signal = STATE.pending_signal, None
     if signum is not None:
         _terminate(signum, None)

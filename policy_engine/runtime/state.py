@@ -4,6 +4,12 @@ A process has one :class:`Slot` per backend name (colocated roles share it: one 
 backend at a time), a counter that numbers captures in the manifest, the signal hooks,
 and the set of one-time warnings already given. :func:`reset` puts all of it back as at
 import, for tests.
+
+Its locks are :class:`GuardedLock`: while the main thread holds one (or is inside any
+other :func:`critical` stretch), a SIGTERM handler does not act; it leaves the signal
+pending, and the outermost stretch delivers it as it ends (runtime.signals). So the
+handler never cuts a save or a manifest line in half, and never waits for the export
+thread while this thread holds a lock that thread needs.
 """
 
 from __future__ import annotations
@@ -23,6 +29,75 @@ if TYPE_CHECKING:
 log = logging.getLogger("policy_engine")
 
 
+class _Depth(threading.local):
+    n = 0  # how deep this thread is in critical stretches
+
+
+_DEPTH = _Depth()
+
+
+def enter_critical() -> None:
+    """A stretch a SIGTERM must not cut starts on this thread (calls nest)."""
+    _DEPTH.n += 1
+
+
+def leave_critical() -> None:
+    """The stretch ends; the outermost on the main thread delivers a waiting SIGTERM."""
+    _DEPTH.n -= 1
+    if _DEPTH.n or STATE.pending_signal is None or STATE.signal_hook is None:
+        return
+    if threading.current_thread() is threading.main_thread():  # where handlers run
+        STATE.signal_hook()
+
+
+def in_critical() -> bool:
+    """Whether this thread is inside a critical stretch (a signal handler asks)."""
+    return _DEPTH.n > 0
+
+
+class critical:  # a lower-case name: it reads as a call, ``with critical():``
+    """``with critical():`` marks a stretch a SIGTERM handler waits for."""
+
+    __slots__ = ()
+
+    def __enter__(self) -> None:
+        enter_critical()
+
+    def __exit__(self, *exc: object) -> None:
+        leave_critical()
+
+
+class GuardedLock:
+    """A re-entrant lock whose holding is a critical stretch: a SIGTERM that arrives
+    while this thread waits for it or holds it is delivered after the release."""
+
+    __slots__ = ("_lock",)
+
+    def __init__(self) -> None:
+        self._lock = threading.RLock()
+
+    def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
+        enter_critical()
+        try:
+            got = self._lock.acquire(blocking, timeout)
+        except BaseException:
+            leave_critical()
+            raise
+        if not got:
+            leave_critical()
+        return got
+
+    def release(self) -> None:
+        self._lock.release()
+        leave_critical()
+
+    def __enter__(self) -> bool:
+        return self.acquire()
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
 class Slot:
     """The one capture a backend may run in this process, and the backend object itself."""
 
@@ -32,18 +107,17 @@ class Slot:
         self.name = name
         self.capture: Capture | None = None
         self.backend: Any = None  # created on first use; tests may install their own
-        # Serializes transitions of the slot's capture. Re-entrant: a transition may end
-        # the capture it runs in (a failure), and a signal handler may run inside one.
-        self.lock = threading.RLock()
+        # Serializes transitions of the slot's capture, the opening of one, and its save.
+        # Re-entrant: a transition may end the capture it runs in (a failure).
+        self.lock = GuardedLock()
 
 
 class ProcessState:
     """What this process holds. One instance, :data:`STATE`."""
 
     def __init__(self) -> None:
-        # Re-entrant: a SIGTERM handler runs on the main thread wherever it is, perhaps
-        # while that thread holds this lock.
-        self.lock = threading.RLock()
+        # Re-entrant; a SIGTERM waits while the main thread holds it (GuardedLock).
+        self.lock = GuardedLock()
         self.slots: dict[str, Slot] = {}
         self.capture_ids = itertools.count(1)
         self.warned: set[object] = set()
@@ -53,13 +127,15 @@ class ProcessState:
         self.hooks_installed = False  # atexit
         self.sigterm_installed = False
         self.previous_sigterm: Any = signal.SIG_DFL
-        self.pending_signal: int | None = None  # SIGTERM that arrived inside a transition
+        self.pending_signal: int | None = None  # SIGTERM that arrived in a critical stretch
+        self.terminating = False  # the SIGTERM handler is at work
         self.usr2_installed = False
         self.previous_usr2: Any = signal.SIG_DFL
         self.usr2_count = 0  # SIGUSR2s received (runtime.triggers reads it)
         self.signal_hook: Callable[[], None] | None = None  # delivers it (runtime.signals)
         self.applied: dict[tuple[int, str], Any] = {}  # (id(worker), role) -> profiler
         self.exporter: Any = None  # runtime.export.Exporter, made on first use
+        self.budgets: dict[tuple[int, str], Any] = {}  # (pid, role) -> runtime.budget.Spend
 
 
 STATE = ProcessState()
@@ -118,10 +194,10 @@ def reset() -> None:
 def _after_fork() -> None:
     """A forked child (a data-loader worker) starts with no capture of its own: the
     parent's profilers are the parent's. Locks a parent thread held are made anew."""
-    STATE.lock = threading.RLock()
+    STATE.lock = GuardedLock()
     STATE.exporter = None  # its thread stayed in the parent
     for found in STATE.slots.values():
-        found.lock = threading.RLock()
+        found.lock = GuardedLock()
         found.capture = None
 
 

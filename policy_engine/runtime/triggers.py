@@ -1,96 +1,76 @@
-"""Captures beyond the plan, and the budget that bounds every capture.
+"""Captures beyond the plan: what a role's ``triggers:`` notices.
 
 :class:`Listener` is what a role with ``triggers:`` runs at each ``training_step(n)``
 boundary: one clock read, then a comparison or two. It notices
 
 - ``on_demand``: request files that ``policy-engine trigger`` writes under
-  ``<output_dir>/triggers/`` (one ``stat`` of that folder every ``poll_seconds`` at most;
-  never a collective), each honoured once per process;
+  ``<output_dir>/triggers/`` (one ``lstat`` of that folder every ``poll_seconds`` at most;
+  never a collective), each honoured once per process. Every file there is read as
+  hostile (:mod:`policy_engine.runtime.requests`): a bad one gets one warning and a
+  manifest ``note``; one that does not parse yet (half-written) is read again at the next
+  polls, for a bounded time;
 - ``signal``: ``SIGUSR2`` arrived since the last step (the handler only counts);
 - ``slow_step``: the step that just ended took more than ``factor`` x the running median
   of recent steps (start of one step to the start of the next).
 
-:class:`Budget` is a role's ``limits:``: capture cycles and bytes per process. Once spent,
-no capture opens and no schedule cycle begins; the first refusal warns once and leaves a
-``note`` line in the manifest.
+Nothing here may stop training: whatever goes wrong in the listener is caught, warned
+about once, and the step goes on as the plan says. The budget that bounds every capture
+(``limits:``) is :class:`~policy_engine.runtime.budget.Budget`.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import os
-import secrets
+import stat
 import statistics
 import time
 from collections import deque
 from collections.abc import Callable
 from typing import Any
 
+from policy_engine.backends.output import make_folders, open_folder
 from policy_engine.language.ranks import RankSelector
 from policy_engine.language.selector import SelectorError
-from policy_engine.language.triggers import Limits, Triggers
+from policy_engine.language.triggers import Triggers
 from policy_engine.plan.plan import Plan
-from policy_engine.runtime import manifest
-from policy_engine.runtime.state import STATE
+from policy_engine.runtime.budget import Budget, spend_of
+from policy_engine.runtime.requests import (
+    REQUEST_SUFFIX,
+    REQUESTS_DIR,
+    BadRequest,
+    Request,
+    is_request_name,
+    read_request,
+    write_request,
+)
+from policy_engine.runtime.state import STATE, warn_once
+
+__all__ = ["ON_DEMAND", "PLAN", "REQUESTS_DIR", "REQUEST_SUFFIX", "SIGNAL", "SLOW_STEP",
+           "Budget", "Listener", "write_request"]
 
 log = logging.getLogger("policy_engine")
 
-#: The folder under an output_dir that holds trigger requests.
-REQUESTS_DIR = "triggers"
-REQUEST_SUFFIX = ".json"
 #: Why a capture opened, as the manifest's ``trigger`` field says.
 PLAN, ON_DEMAND, SIGNAL, SLOW_STEP = "plan", "on_demand", "signal", "slow_step"
 _clock = time.perf_counter
 _REFRESH = 8  # measured steps between two medians
+#: A request file that does not parse is read again at later polls until both this many
+#: tries and this many seconds have passed; then it is refused (a warning and a note).
+RETRY_TRIES = 3
+RETRY_SECONDS = 10.0
+#: Request files read at one poll, at most (the rest wait for the next poll).
+READS_PER_POLL = 16
 
 
-# ------------------------------------------------------------------ requests
+class _Want:
+    """Coming steps ``first``..``last`` to capture, and why (never a list of steps)."""
 
+    __slots__ = ("first", "last", "merged", "rid", "why")
 
-def write_request(output_dir: str, *, role: str, ranks: str | None, step: int | None,
-                  count: int) -> dict[str, Any]:
-    """Ask the processes writing under ``output_dir`` to capture: ``step`` None is the
-    next step each process starts. Written whole (a hidden file renamed into place), so a
-    process never reads half a request. Returns the request."""
-    folder = os.path.join(output_dir, REQUESTS_DIR)
-    os.makedirs(folder, exist_ok=True)
-    rid = f"{time.strftime('%Y%m%d%H%M%S')}-{secrets.token_hex(4)}"
-    request = {"id": rid, "role": role, "ranks": ranks, "step": step, "count": count,
-               "created": time.time(), "host": manifest.host_name(), "pid": os.getpid()}
-    final = os.path.join(folder, rid + REQUEST_SUFFIX)
-    hidden = os.path.join(folder, "." + rid + ".tmp")
-    with open(hidden, "x", encoding="utf-8") as f:
-        json.dump(request, f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.rename(hidden, final)
-    return request
-
-
-def _request_ids(folder: str) -> set[str]:
-    try:
-        names = os.listdir(folder)
-    except OSError:
-        return set()
-    return {n[:-len(REQUEST_SUFFIX)] for n in names
-            if n.endswith(REQUEST_SUFFIX) and not n.startswith(".")}
-
-
-def _read_request(path: str) -> dict[str, Any] | None:
-    """A request file, or None (with a warning) when it is not one."""
-    try:
-        with open(path, encoding="utf-8") as f:
-            data = json.load(f)
-        step, count = data.get("step"), data.get("count", 1)
-        if not isinstance(data.get("role"), str) or not (
-                step is None or (isinstance(step, int) and step >= 0)) or not (
-                isinstance(count, int) and count >= 1):
-            raise ValueError("expected role, step (null or >= 0) and count (>= 1)")
-        return dict(data)
-    except (OSError, ValueError) as err:
-        log.warning("policy-engine: ignoring trigger request %s: %s", path, err)
-        return None
+    def __init__(self, first: int, last: int, why: str, rid: str | None,
+                 merged: bool) -> None:
+        self.first, self.last, self.why, self.rid, self.merged = first, last, why, rid, merged
 
 
 # ------------------------------------------------------------------ the listener
@@ -102,20 +82,14 @@ class Listener:
     def __init__(self, plan: Plan, triggers: Triggers, note: Callable[..., None]) -> None:
         self.plan = plan
         self.note = note  # writes a manifest note line (RoleProfiler._note)
-        #: outer step -> (why, request id or None, last step of its capture)
-        self.wanted: dict[int, tuple[str, str | None, int]] = {}
+        self.wanted: list[_Want] = []
         self.on_demand = triggers.on_demand
         self.signal = triggers.signal
         self.poll = triggers.poll_seconds
         self.folder = os.path.join(plan.output_dir, REQUESTS_DIR)
-        # Requests older than this process are not for it (a restarted job).
-        self.seen = _request_ids(self.folder) if self.on_demand else set()
-        if self.on_demand:
-            try:  # the folder tells `policy-engine trigger` that someone listens
-                os.makedirs(self.folder, exist_ok=True)
-            except OSError as err:
-                log.warning("policy-engine: role %r cannot listen for trigger requests "
-                            "in %s: %s", plan.role, self.folder, err.strerror or err)
+        self.seen: set[str] = set()  # request files done with: read, refused or not ours
+        self.retry: dict[str, tuple[int, float]] = {}  # half-written: (tries, first seen)
+        self.backlog = False  # more new files than one poll reads
         self.next_poll = 0.0
         self.mtime = -1
         self.signals = STATE.usr2_count
@@ -131,11 +105,38 @@ class Listener:
         # until ``after`` steps are measured): a step costs a comparison, not a sort
         self.median = 0.0
         self.threshold = float("inf")
+        if self.on_demand:
+            self._start_listening()
+
+    def _start_listening(self) -> None:
+        plan = self.plan
+        try:  # the folder tells `policy-engine trigger` that someone listens
+            make_folders(plan.output_dir, REQUESTS_DIR)
+            fd = open_folder(plan.output_dir, REQUESTS_DIR, create=False)
+            try:
+                # Requests older than this process are not for it (a restarted job).
+                self.seen = {n for n in os.listdir(fd) if is_request_name(n)}
+            finally:
+                os.close(fd)
+        except Exception as err:  # a planted link, a read-only folder: listen to nothing
+            log.warning("policy-engine: role %r cannot listen for trigger requests in %s: "
+                        "%s", plan.role, self.folder, getattr(err, "strerror", None) or err)
 
     def at_step(self, n: int, captured: bool) -> tuple[str, str | None, int] | None:
         """At the start of outer step ``n``: why to capture it beyond the plan (None: no
         reason), with the request and the last step of that capture. ``captured``: the
-        previous step was inside a capture (its time says nothing about training)."""
+        previous step was inside a capture (its time says nothing about training).
+        Never raises: a listener that fails warns once and captures nothing more."""
+        try:
+            return self._at_step(n, captured)
+        except Exception as err:
+            warn_once(("listener", self.plan.role, type(err).__name__),
+                      "policy-engine: role %r: the trigger listener failed at step %s "
+                      "(%s: %s); training goes on, captures beyond the plan may be missed",
+                      self.plan.role, n, type(err).__name__, err)
+            return None
+
+    def _at_step(self, n: int, captured: bool) -> tuple[str, str | None, int] | None:
         now = _clock()
         if self.slow_left and n == self.last_step + 1 and not captured:
             # one training step's time, and not a profiled one
@@ -149,19 +150,33 @@ class Listener:
         self.last_start, self.last_step = now, n
         if self.signal and STATE.usr2_count != self.signals:
             self.signals = STATE.usr2_count
-            self.wanted.setdefault(n, (SIGNAL, None, n))
+            self.wanted.append(_Want(n, n, SIGNAL, None, False))
         if self.on_demand and now >= self.next_poll:
             self.next_poll = now + self.poll
             self._look(n)
         if not self.wanted:
             return None
-        return self.wanted.pop(n, None)
+        return self._take(n)
+
+    def _take(self, n: int) -> tuple[str, str | None, int] | None:
+        """Why step ``n`` is wanted (the earliest reason), and what is still wanted after."""
+        found = None
+        keep: list[_Want] = []
+        for want in self.wanted:
+            if want.first <= n <= want.last and found is None:
+                found = (want.why, want.rid, want.last if want.merged else n)
+            if want.first <= n:
+                want.first = n + 1
+            if want.first <= want.last:
+                keep.append(want)
+        self.wanted = keep
+        return found
 
     # -- slow steps -------------------------------------------------------------
     def _slow(self, n: int, took: float) -> None:
         """Step n-1 took ``took`` seconds, past the threshold: capture step n."""
         self.slow_left -= 1
-        self.wanted.setdefault(n, (SLOW_STEP, None, n))
+        self.wanted.append(_Want(n, n, SLOW_STEP, None, False))
         self.note("slow_step", step=n - 1, seconds=round(took, 6),
                   median=round(self.median, 6), captures=[n])
 
@@ -172,92 +187,112 @@ class Listener:
 
     # -- requests ---------------------------------------------------------------
     def _look(self, n: int) -> None:
-        """One stat of the requests folder; its listing only when something is new."""
+        """One lstat of the requests folder; its listing only when something is new."""
         try:
-            found = os.stat(self.folder)
+            found = os.stat(self.folder, follow_symlinks=False)
         except OSError:
+            return
+        if not stat.S_ISDIR(found.st_mode):
+            warn_once(("requests-folder", self.folder),
+                      "policy-engine: %s is not a folder (a symbolic link?): trigger "
+                      "requests there are not read", self.folder)
             return
         # A folder changed within the last seconds is listed again: a request written in
         # the same tick of its clock as the last listing would be missed otherwise.
-        if found.st_mtime_ns == self.mtime and time.time() - found.st_mtime > 2:
+        if found.st_mtime_ns == self.mtime and time.time() - found.st_mtime > 2 and \
+                not self.retry and not self.backlog:
             return
         self.mtime = found.st_mtime_ns
-        for rid in sorted(_request_ids(self.folder) - self.seen):
-            self.seen.add(rid)
-            request = _read_request(os.path.join(self.folder, rid + REQUEST_SUFFIX))
-            if request is not None and self._for_me(request):
-                self._accept(rid, request, n)
+        try:
+            fd = open_folder(self.plan.output_dir, REQUESTS_DIR, create=False)
+        except OSError as err:
+            warn_once(("requests-folder", self.folder),
+                      "policy-engine: trigger requests in %s are not read: %s", self.folder,
+                      err.strerror or err)
+            return
+        try:
+            new = sorted(name for name in os.listdir(fd)
+                         if name not in self.seen and is_request_name(name))
+            self.backlog = len(new) > READS_PER_POLL
+            for name in new[:READS_PER_POLL]:
+                self._consider(fd, name, n)
+        finally:
+            os.close(fd)
 
-    def _for_me(self, request: dict[str, Any]) -> bool:
-        plan = self.plan
-        if request["role"] != plan.role:
+    def _consider(self, fd: int, name: str, n: int) -> None:
+        rid = name[:-len(REQUEST_SUFFIX)]
+        try:
+            request = read_request(fd, name)
+        except BadRequest as bad:
+            if not bad.final and self._again(name):
+                return  # perhaps still being written: read it at the next poll
+            self.seen.add(name)
+            self.retry.pop(name, None)
+            self._refuse(rid, bad.message)
+            return
+        self.seen.add(name)
+        self.retry.pop(name, None)
+        if request is not None and self._for_me(request):
+            self._accept(request, n)
+
+    def _again(self, name: str) -> bool:
+        """Whether a file that does not parse yet is tried again later."""
+        now = _clock()
+        tries, since = self.retry.get(name, (0, now))
+        tries += 1
+        if tries >= RETRY_TRIES and now - since >= RETRY_SECONDS:
             return False
-        raw = request.get("ranks")
-        if raw is None:
+        self.retry[name] = (tries, since)
+        return True
+
+    def _refuse(self, rid: str, why: str) -> None:
+        """A file that is not a request: one warning per process, one note per role."""
+        key = ("bad-request", self.folder, rid)
+        warn_once(key, "policy-engine: ignoring trigger request %s: %s",
+                  os.path.join(self.folder, rid + REQUEST_SUFFIX), why)
+        self.note("trigger", request=rid, status="refused", message=why)
+
+    def _for_me(self, request: Request) -> bool:
+        plan = self.plan
+        if request.role != plan.role:
+            return False
+        if request.ranks is None:
             return True
         try:
-            selector = RankSelector.parse(raw)
+            selector = RankSelector.parse(request.ranks)
         except SelectorError as err:
-            log.warning("policy-engine: trigger request %s: bad ranks %r: %s",
-                        request.get("id"), raw, err.message)
+            self._refuse(request.id, f"ranks {request.ranks!r}: {err.message}")
             return False
         coords = dict(plan.coords, local_rank=plan.local_rank, node=plan.node)
         return selector.matches(plan.rank, plan.world, coords, {})
 
-    def _accept(self, rid: str, request: dict[str, Any], n: int) -> None:
-        first = n if request["step"] is None else request["step"]
-        count = request.get("count", 1)
-        last = first + count - 1
+    def _accept(self, request: Request, n: int) -> None:
+        rid = request.id
+        first = n if request.step is None else request.step
+        last = first + request.count - 1
         if last < n:
             self.note("trigger", request=rid, status="missed", at=n,
                       message=f"asked for steps {first}-{last}; this process is at step {n}")
             return
         first = max(first, n)
-        steps = list(range(first, last + 1))
         merged = self.plan.merge_steps
-        for step in steps:
-            self.wanted.setdefault(step, (ON_DEMAND, rid, last if merged else step))
-        self.note("trigger", request=rid, status="accepted", at=n, captures=steps)
+        extra: dict[str, Any] = {}
+        left = self._captures_left()
+        if left is not None:
+            if left == 0:
+                self.note("trigger", request=rid, status="refused", at=n,
+                          message="limits.captures is spent in this process")
+                return
+            if not merged and last - first + 1 > left:  # one capture per step
+                last = first + left - 1
+                extra["message"] = f"limits.captures allows {left} more capture(s)"
+        self.wanted.append(_Want(first, last, ON_DEMAND, rid, merged))
+        self.note("trigger", request=rid, status="accepted", at=n, first=first, last=last,
+                  **extra)
 
-
-# ------------------------------------------------------------------ the budget
-
-
-class Budget:
-    """A role's ``limits`` in this process: capture cycles begun and bytes written."""
-
-    def __init__(self, limits: Limits, note: Callable[..., None], role: str) -> None:
-        self.limits = limits
-        self.note = note
-        self.role = role
-        self.cycles = 0
-        self.bytes = 0
-        self.spent_why: str | None = None
-
-    def room(self) -> bool:
-        """Whether another capture cycle may begin (the first refusal warns and notes)."""
-        if self.spent_why is not None:
-            return False
-        limits = self.limits
-        if limits.captures is not None and self.cycles >= limits.captures:
-            why = f"limits.captures: {limits.captures} captures recorded"
-        elif limits.bytes is not None and self.bytes >= limits.bytes:
-            why = f"limits.bytes: {self.bytes} bytes written (limit {limits.bytes_text})"
-        else:
-            return True
-        self.spent_why = why
-        log.warning("policy-engine: role %r reached %s: no new capture begins in this "
-                    "process", self.role, why)
-        self.note("limit", message=f"{why}: no new capture begins")
-        return False
-
-    def take(self) -> bool:
-        """A capture cycle is about to begin: False when the budget is spent."""
-        if not self.room():
-            return False
-        self.cycles += 1
-        return True
-
-    def wrote(self, size: int | None) -> None:
-        if size:
-            self.bytes += size
+    def _captures_left(self) -> int | None:
+        """Captures the role's limits still allow in this process (None: unlimited)."""
+        limits = self.plan.spec.limits
+        if limits.captures is None:
+            return None
+        return max(0, limits.captures - spend_of(self.plan.role).cycles)

@@ -36,10 +36,21 @@ SETTINGS: Mapping[str, Any] = {
             "description": "_record_memory_history(context=): keep the stack of each "
                            "allocation (alloc), of each live block (state), or both.",
         },
+        "history": {
+            "enum": ["capture", "always"], "default": "capture",
+            "description": "When allocator history is recorded. capture: while a capture "
+                           "records (each snapshot holds its cycle's events). always: from "
+                           "the first step to the end of the run, bounded by max_entries, "
+                           "so that an out-of-memory error anywhere, inside a capture or "
+                           "not, writes <name>_oom.pickle named for the step it happened "
+                           "in (with on_oom: true); snapshots then hold the last "
+                           "max_entries events.",
+        },
         "on_oom": {
             "type": "boolean", "default": True,
-            "description": "On an out-of-memory error while a capture is open, write "
-                           "<name>_oom.pickle (manifest status oom).",
+            "description": "On an out-of-memory error while a capture is open (with "
+                           "history: always, at any step), write <name>_oom.pickle "
+                           "(manifest status oom).",
         },
         "plot": {
             "type": "boolean", "default": False,

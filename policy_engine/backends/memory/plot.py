@@ -7,6 +7,8 @@ file cannot run code; :func:`summarize` replays one device's trace into allocate
 reserved bytes over time; :func:`render_html` draws that as inline SVG (:mod:`.chart`).
 Standard library only: no torch needed to read a plot.
 
+The file is read by :mod:`.snapshot`, which bounds the work a hostile pickle can cause.
+
 A trace can begin mid-run: history turned on after allocations were made, or its oldest
 entries dropped (``max_entries``). Replayed from zero, its levels would be too low and
 could go negative. So the replay starts from what was live before the first entry: the
@@ -20,26 +22,23 @@ from __future__ import annotations
 
 import html
 import os
-import pickle
-import tempfile
 from array import array
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple, NoReturn
+from typing import Any, NamedTuple
 
 from policy_engine.backends.memory.chart import chart, human_bytes, human_time
+from policy_engine.backends.memory.snapshot import (
+    MAX_SNAPSHOT_BYTES,
+    SnapshotError,
+    check_snapshot,
+    load_snapshot,
+)
+from policy_engine.backends.output import publish
 
-#: Larger files are refused rather than read into memory.
-MAX_SNAPSHOT_BYTES = 2 << 30
+__all__ = ["MAX_SNAPSHOT_BYTES", "SnapshotError", "Summary", "check_snapshot",
+           "load_snapshot", "render_html", "summarize", "write_plot"]
 _SEGMENT_SIGN = {"segment_alloc": 1, "segment_map": 1, "segment_free": -1, "segment_unmap": -1}
 _SHOWN_FRAMES = 8
-
-
-class SnapshotError(ValueError):
-    """Not a readable memory snapshot, or no such device in it."""
-
-    def __init__(self, reason: str, path: str | None = None) -> None:
-        super().__init__(reason if path is None else f"{path}: {reason}")
-        self.reason, self.path = reason, path
 
 
 class Frame(NamedTuple):
@@ -82,52 +81,6 @@ class Summary:
     notes: tuple[str, ...]
 
 
-class _DataOnly(pickle.Unpickler):
-    def find_class(self, module: str, name: str) -> NoReturn:
-        raise pickle.UnpicklingError(f"it asks for {module}.{name}; a snapshot is plain data")
-
-
-def check_snapshot(data: object) -> dict[str, Any]:
-    """``data`` if it has the shape of a snapshot dict, else SnapshotError."""
-    if not isinstance(data, dict):
-        raise SnapshotError(f"the pickle holds a {type(data).__name__}, not a snapshot dict")
-    for key in ("segments", "device_traces"):
-        if key not in data:
-            raise SnapshotError(f"no {key!r} key: not a torch.cuda.memory._dump_snapshot file")
-        if not isinstance(data[key], list):
-            raise SnapshotError(f"{key!r} is a {type(data[key]).__name__}, not a list")
-    if not all(isinstance(trace, list) for trace in data["device_traces"]):
-        raise SnapshotError("'device_traces' holds something other than lists of entries")
-    return data
-
-
-def load_snapshot(path: str, *, max_bytes: int = MAX_SNAPSHOT_BYTES) -> dict[str, Any]:
-    """The snapshot dict pickled at ``path``. SnapshotError, naming ``path``, when the file
-    is unreadable, not a regular file, empty, too large, truncated or not a snapshot."""
-    try:
-        if os.path.exists(path) and not os.path.isfile(path):
-            raise SnapshotError("not a regular file")
-        with open(path, "rb") as f:
-            size = os.fstat(f.fileno()).st_size
-            if size > max_bytes:
-                raise SnapshotError(f"{human_bytes(size)} is more than the "
-                                    f"{human_bytes(max_bytes)} this reads")
-            if size == 0:
-                raise SnapshotError("empty file")
-            try:
-                data = _DataOnly(f).load()
-            except Exception as err:  # malformed input raises all sorts; no code ran
-                text = str(err) or type(err).__name__
-                if isinstance(err, EOFError) or "truncated" in text:
-                    raise SnapshotError("truncated: the pickle ends early") from None
-                raise SnapshotError(f"not a memory snapshot pickle ({text})") from None
-        return check_snapshot(data)
-    except SnapshotError as err:
-        raise SnapshotError(err.reason, path) from None
-    except OSError as err:
-        raise SnapshotError(f"cannot read: {err.strerror or err}", path) from None
-
-
 def _int(d: dict[Any, Any], key: str) -> int | None:
     value = d.get(key)
     return value if isinstance(value, int) and not isinstance(value, bool) else None
@@ -137,8 +90,13 @@ def _dicts(raw: object) -> list[dict[Any, Any]]:
     return [d for d in raw if isinstance(d, dict)] if isinstance(raw, list) else []
 
 
+def _text(d: dict[Any, Any], key: str) -> str:
+    value = d.get(key)  # anything else could be a structure too large to print
+    return value if isinstance(value, str) else "?"
+
+
 def _frames(raw: object) -> tuple[Frame, ...]:
-    return tuple(Frame(str(f.get("filename", "?")), _int(f, "line") or 0, str(f.get("name", "?")))
+    return tuple(Frame(_text(f, "filename"), _int(f, "line") or 0, _text(f, "name"))
                  for f in _dicts(raw))
 
 
@@ -331,24 +289,26 @@ pre{{margin:0;font:12px/1.35 monospace;white-space:pre-wrap}}
 
 
 def write_plot(snapshot_path: str, out_path: str, *, device: int | None = None,
-               top: int = 10, title: str | None = None) -> str:
+               top: int = 10, title: str | None = None, force: bool = False) -> str:
     """Plot the snapshot at ``snapshot_path`` into ``out_path``, written whole or not at
-    all (a temporary file, then a rename). Returns ``out_path``."""
+    all (:func:`~policy_engine.backends.output.publish`). FileExistsError when
+    ``out_path`` exists, unless ``force``. Returns ``out_path``."""
     try:
         summary = summarize(load_snapshot(snapshot_path), device, top=top)
-        if os.path.realpath(out_path) == os.path.realpath(snapshot_path):
+        if _same_file(out_path, snapshot_path):
             raise SnapshotError("the page would replace the snapshot itself")
     except SnapshotError as err:
         raise SnapshotError(err.reason, snapshot_path) from None
     page = render_html(summary, title or f"Memory: {os.path.basename(snapshot_path)}")
-    fd, temp = tempfile.mkstemp(prefix=".memory-plot-", suffix=".tmp",
-                                dir=os.path.dirname(os.path.abspath(out_path)))
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(page)
-        os.chmod(temp, 0o644)
-        os.replace(temp, out_path)
-    except BaseException:
-        os.unlink(temp)
-        raise
+    publish(out_path, lambda f: f.write(page.encode("utf-8")), force=force)
     return out_path
+
+
+def _same_file(a: str, b: str) -> bool:
+    if os.path.realpath(a) == os.path.realpath(b):
+        return True
+    try:
+        one, two = os.stat(a), os.stat(b)
+    except OSError:
+        return False
+    return (one.st_dev, one.st_ino) == (two.st_dev, two.st_ino)

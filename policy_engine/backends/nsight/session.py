@@ -26,6 +26,7 @@ from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import Any, ClassVar
 
 from policy_engine.backends.base import Artifact, BackendUnavailable, CaptureInfo
+from policy_engine.backends.files import numbered_reports
 from policy_engine.backends.nsight.checks import NO_CUDA
 from policy_engine.backends.nsight.launch import (
     CAPTURE_DOMAIN,
@@ -225,8 +226,7 @@ class NsightBackend:
                 )
             )
             self._planned = settings.get("planned_ranges")
-            end = str(settings["capture_range_end"])
-            self._numbered = not (end.startswith("stop") or self._planned == 1)
+            self._numbered = numbered_reports(settings)  # as explain names them
         return NsightSession(self, info, nvtx, cuda)
 
     def next_index(self) -> int:

@@ -1,0 +1,301 @@
+"""Whatever lies in ``<output_dir>/triggers/``, a listening process neither raises, nor
+stalls, nor reads outside it: each bad file is one warning and one manifest note. A
+half-written request is read again, not dropped. Requests are bounded (count, step) at
+the command and at the reader, and never expanded into a list of steps."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from policy_engine import Topology, apply_policy
+from policy_engine.cli import trigger as trigger_cli
+from policy_engine.cli.main import main
+from policy_engine.runtime import requests, triggers
+from policy_engine.runtime.manifest import scan_manifests
+from policy_engine.testing import recording_backend
+
+BOUND = 20.0  # seconds a whole run of a few steps may take, however loaded the machine
+
+
+class Worker:
+    pass
+
+
+def records(out: Path, event: str) -> list[dict[str, Any]]:
+    return [r for r in scan_manifests(str(out)).records if r["event"] == event]
+
+
+def ignoring(caplog: pytest.LogCaptureFixture, name: str) -> int:
+    return sum("ignoring trigger request" in r.getMessage() and name in r.getMessage()
+               for r in caplog.records)
+
+
+@pytest.fixture
+def out(tmp_path: Path) -> Path:
+    return tmp_path / "out"
+
+
+def listen(make_policy: Any, **role: Any) -> Any:
+    policy = make_policy(triggers={"on_demand": True, "poll_seconds": 0}, **role)
+    return apply_policy(Worker(), "actor", policy, Topology(rank=0, world=1))
+
+
+def train(prof: Any, steps: range, at: dict[int, Any] | None = None) -> float:
+    """Run the steps (``at[n]()`` before step n); the seconds it took."""
+    began = time.monotonic()
+    for n in steps:
+        if at and n in at:
+            at[n]()
+        with prof.training_step(n):
+            prof.step()
+    prof.close()
+    return time.monotonic() - began
+
+
+def _fifo(path: Path) -> None:
+    os.mkfifo(path)
+
+
+def _zero(path: Path) -> None:
+    path.symlink_to("/dev/zero")
+
+
+def _elsewhere(path: Path) -> None:
+    real = path.parent.parent.parent / "elsewhere.json"
+    real.write_text(json.dumps({"role": "actor", "step": None, "count": 1}))
+    path.symlink_to(real)
+
+
+def _folder(path: Path) -> None:
+    path.mkdir()
+
+
+def _text(body: str | bytes) -> Any:
+    def plant(path: Path) -> None:
+        if isinstance(body, bytes):
+            path.write_bytes(body)
+        else:
+            path.write_text(body)
+    return plant
+
+
+HOSTILE = {
+    "array": (_text("[]"), "expected a JSON object, got an array"),
+    "number": (_text("5"), "expected a JSON object, got a number"),
+    "null": (_text("null"), "expected a JSON object, got null"),
+    "deep": (_text("[" * 100_000 + "]" * 100_000), "a request is at most 4096"),
+    "deep-small": (_text("[" * 2000 + "]" * 2000), "nest deeper than"),
+    "huge-int": (_text('{"role": "actor", "count": ' + "9" * 4000 + "}"),
+                 "an integer of 4000 digits"),
+    "huge-int-big": (_text('{"role": "actor", "count": ' + "9" * 5000 + "}"),
+                     "a request is at most 4096"),
+    "inf": (_text('{"role": "actor", "step": 1e400}'), "1e400 is out of range"),
+    "nan": (_text('{"role": "actor", "count": NaN}'), "NaN is not a JSON number"),
+    "role": (_text('{"role": 5}'), "role: expected a name"),
+    "step": (_text('{"role": "actor", "step": -1}'), "step: expected null or a step"),
+    "step-float": (_text('{"role": "actor", "step": 1.5}'), "step: expected null or a step"),
+    "step-far": (_text('{"role": "actor", "step": 10000000000000000}'),
+                 "step: expected null or a step"),
+    "count-0": (_text('{"role": "actor", "count": 0}'), "count: expected 1 to 10000"),
+    "count-bool": (_text('{"role": "actor", "count": true}'), "count: expected 1 to"),
+    "count-1e9": (_text('{"role": "actor", "count": 1000000000}'), "count: expected 1 to"),
+    "ranks": (_text('{"role": "actor", "ranks": [[[[1]]]]}'), "ranks: expected null"),
+    "ranks-bad": (_text('{"role": "actor", "ranks": "0-"}'), "ranks '0-'"),
+    "fifo": (_fifo, "it is a FIFO, not a regular file"),
+    "dev-zero": (_zero, "symbolic link"),
+    "link": (_elsewhere, "symbolic link"),
+    "folder": (_folder, "it is a folder"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(HOSTILE))
+def test_a_hostile_file_is_one_warning_and_one_note(
+        case: str, make_policy: Any, out: Path, caplog: pytest.LogCaptureFixture) -> None:
+    plant, why = HOSTILE[case]
+    with recording_backend("torch"), caplog.at_level(logging.WARNING, "policy_engine"):
+        prof = listen(make_policy, steps=[])
+        took = train(prof, range(8), {2: lambda: plant(out / "triggers" / "a.json")})
+    assert took < BOUND
+    assert ignoring(caplog, "a.json") == 1, [r.getMessage() for r in caplog.records]
+    [note] = records(out, "note")
+    assert (note["note"], note["request"], note["status"]) == ("trigger", "a", "refused")
+    assert why in note["message"]
+    assert records(out, "open") == []  # and nothing was captured (nor read elsewhere)
+
+
+def test_a_half_written_request_is_read_again(make_policy: Any, out: Path,
+                                              caplog: pytest.LogCaptureFixture) -> None:
+    path = out / "triggers" / "slow.json"
+    text = json.dumps({"role": "actor", "step": None, "count": 1})
+    with recording_backend("torch"), caplog.at_level(logging.WARNING, "policy_engine"):
+        prof = listen(make_policy, steps=[])
+        train(prof, range(8), {2: lambda: path.write_text(text[:12]),  # another tool's
+                               5: lambda: path.write_text(text)})      # write, no rename
+    assert ignoring(caplog, "slow.json") == 0
+    [note] = records(out, "note")
+    assert (note["status"], note["first"], note["last"]) == ("accepted", 5, 5)
+    assert [(r["steps"], r["trigger"]) for r in records(out, "open")] == [([5], "on_demand")]
+
+
+def test_a_request_never_finished_is_given_up_once(make_policy: Any, out: Path,
+                                                   caplog: pytest.LogCaptureFixture,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(triggers, "RETRY_SECONDS", 0.0)
+    with recording_backend("torch"), caplog.at_level(logging.WARNING, "policy_engine"):
+        prof = listen(make_policy, steps=[])
+        train(prof, range(12), {1: lambda: (out / "triggers" / "cut.json").write_text(
+            '{"role": "act')})
+    assert ignoring(caplog, "cut.json") == 1
+    [note] = records(out, "note")
+    assert note["status"] == "refused" and "not JSON" in note["message"]
+
+
+def test_a_listener_failure_never_reaches_training(make_policy: Any, out: Path,
+                                                   caplog: pytest.LogCaptureFixture,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    def broken(fd: int, name: str) -> Any:
+        raise MemoryError("what a bug in the reader would look like")
+
+    monkeypatch.setattr(triggers, "read_request", broken)
+    with recording_backend("torch"), caplog.at_level(logging.WARNING, "policy_engine"):
+        prof = listen(make_policy, steps=[3])
+        train(prof, range(8), {
+            1: lambda: requests.write_request(str(out), role="actor", ranks=None, step=None,
+                                              count=1),
+            4: lambda: requests.write_request(str(out), role="actor", ranks=None, step=None,
+                                              count=1)})
+    failed = [r for r in caplog.records if "trigger listener failed" in r.getMessage()]
+    assert len(failed) == 1 and "training goes on" in failed[0].getMessage()
+    assert [r["steps"] for r in records(out, "close")] == [[3]]  # the plan went on
+
+
+def test_counts_are_bounded_and_never_listed(make_policy: Any, out: Path) -> None:
+    with pytest.raises(ValueError, match="count must be 1 to 10000"):
+        requests.write_request(str(out), role="actor", ranks=None, step=None,
+                               count=1_000_000_000)
+    with recording_backend("torch"):
+        prof = listen(make_policy, steps=[], merge_steps=True)
+        took = train(prof, range(6), {2: lambda: requests.write_request(
+            str(out), role="actor", ranks=None, step=None, count=requests.MAX_COUNT)})
+    assert took < BOUND
+    [note] = records(out, "note")
+    assert (note["first"], note["last"]) == (2, 2 + requests.MAX_COUNT - 1)
+    assert len(json.dumps(note)) < 1000
+    [close] = records(out, "close")
+    assert close["steps"] == [2, 3, 4, 5]  # one merged capture, cut short by close()
+
+
+def test_a_process_honours_what_its_limits_allow(make_policy: Any, out: Path) -> None:
+    with recording_backend("torch"):
+        prof = listen(make_policy, steps=[], limits={"captures": 3})
+        train(prof, range(20), {2: lambda: requests.write_request(
+            str(out), role="actor", ranks=None, step=None, count=500)})
+    accepted = [n for n in records(out, "note") if n["note"] == "trigger"]
+    assert [(n["status"], n["first"], n["last"]) for n in accepted] == [("accepted", 2, 4)]
+    assert "limits.captures allows 3 more" in accepted[0]["message"]
+    assert [r["steps"] for r in records(out, "close")] == [[2], [3], [4]]
+
+
+def test_the_listener_does_not_follow_a_linked_requests_folder(
+        make_policy: Any, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    out = tmp_path / "out"
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    out.mkdir()
+    (out / "triggers").symlink_to(elsewhere)
+    with recording_backend("torch"), caplog.at_level(logging.WARNING, "policy_engine"):
+        prof = listen(make_policy, steps=[])
+        (elsewhere / "r.json").write_text(json.dumps({"role": "actor", "count": 1}))
+        train(prof, range(5))
+    assert any("cannot listen for trigger requests" in r.getMessage()
+               for r in caplog.records)
+    assert records(out, "open") == []
+    assert sorted(os.listdir(elsewhere)) == ["r.json"]
+
+
+# ------------------------------------------------------------------ the command
+
+
+def test_the_command_refuses_absurd_counts_and_steps(
+        out: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (out / "triggers").mkdir(parents=True)
+    for args, said in ((["--count", "1000000000"], "at most 10000 steps per request"),
+                       (["--count", "0"], "expected a positive number of steps"),
+                       (["--steps", "9" * 40], "expected a step number")):
+        assert main(["trigger", str(out), "--role", "actor", *args]) == 2
+        assert said in capsys.readouterr().err
+    assert os.listdir(out / "triggers") == []
+    assert main(["trigger", str(out), "--role", "actor", "--count", "10000"]) == 0
+
+
+def test_the_command_never_writes_through_a_link(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out, elsewhere = tmp_path / "out", tmp_path / "elsewhere"
+    out.mkdir()
+    elsewhere.mkdir()
+    (out / "triggers").symlink_to(elsewhere)
+    assert main(["trigger", str(out), "--role", "actor"]) == 2
+    err = capsys.readouterr().err
+    assert "refused" in err and "symbolic link" in err
+    assert os.listdir(elsewhere) == []
+
+
+def test_wait_ends_when_the_plan_captured_the_step(
+        make_policy: Any, out: Path, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(trigger_cli, "_SETTLE", 0.2)
+    with recording_backend("torch"):
+        prof = listen(make_policy, steps=[6])
+        rids: list[str] = []
+
+        def ask() -> None:
+            assert main(["trigger", str(out), "--role", "actor", "--steps", "6"]) == 0
+            rids.append(capsys.readouterr().out.split()[1].rstrip(":"))
+        train(prof, range(10), {1: ask})
+    assert [(r["steps"], r["trigger"]) for r in records(out, "open")] == [([6], "plan")]
+    began = time.monotonic()
+    assert trigger_cli._wait(str(out), rids[0], "actor", 30) == 0
+    assert time.monotonic() - began < BOUND
+    said = capsys.readouterr().out
+    assert "accepted: captures step 6" in said and "complete" in said
+
+
+def test_wait_says_why_it_failed(make_policy: Any, out: Path,
+                                 capsys: pytest.CaptureFixture[str]) -> None:
+    with recording_backend("torch"):
+        prof = listen(make_policy, steps=[])
+        request: dict[str, Any] = {}
+        train(prof, range(5), {1: lambda: request.update(requests.write_request(
+            str(out), role="actor", ranks=None, step=100, count=1))})
+    assert trigger_cli._wait(str(out), request["id"], "actor", 0.5) == 1
+    err = capsys.readouterr().err
+    assert "1 of the accepted steps 100 not captured" in err
+    assert "has not reached them" in err
+
+
+def test_wait_in_a_thread_while_training(make_policy: Any, out: Path,
+                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """The command's own --wait, beside a running loop: it ends with 0 once the capture
+    closed, not at its deadline."""
+    monkeypatch.setattr(trigger_cli, "_SETTLE", 0.2)
+    codes: list[int] = []
+    with recording_backend("torch"):
+        prof = listen(make_policy, steps=[])
+        waiting = threading.Thread(target=lambda: codes.append(main(
+            ["trigger", str(out), "--role", "actor", "--steps", "3", "--count", "2",
+             "--wait", "60"])))
+        began = time.monotonic()
+        waiting.start()
+        while not [n for n in os.listdir(out / "triggers") if requests.is_request_name(n)]:
+            time.sleep(0.01)
+        train(prof, range(8))
+        waiting.join(BOUND + 60)
+    assert codes == [0] and time.monotonic() - began < BOUND
