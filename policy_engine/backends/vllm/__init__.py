@@ -1,0 +1,1 @@
+"""The vllm backend: a rollout role whose work runs inside a vLLM engine."""

@@ -1,0 +1,193 @@
+"""One capture window of an engine: the manifest lines of every engine rank it covers, and
+the files the engine wrote, matched to those ranks and moved into the layout.
+
+Each selected engine rank (and, with SGLang's ``profile_by_stage``, each stage) is one
+capture in the manifest, with the same fields a training rank's capture has, so
+``traces``, ``merge`` and ``report`` read actor and rollout ranks of a step alike.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from policy_engine.backends.engine.files import EngineFile, publish
+from policy_engine.backends.engine.layout import rank_at
+from policy_engine.plan.plan import Plan
+from policy_engine.runtime import manifest
+from policy_engine.runtime.records import timestamp
+from policy_engine.runtime.state import capture_id
+
+log = logging.getLogger("policy_engine")
+
+
+def identity(plan: Plan, policy_file_hash: str | None) -> dict[str, Any]:
+    """The fields every manifest line of ``plan``'s rank carries."""
+    return {"role": plan.role, "rank": plan.rank, "world": plan.world,
+            "coords": dict(plan.coords), "local_rank": plan.local_rank, "node": plan.node,
+            "backend": plan.spec.backend_label, "plan_hash": plan.plan_hash,
+            "policy_file": plan.policy_source, "policy_hash": plan.policy_hash,
+            "policy_file_hash": policy_file_hash, "pid": os.getpid()}
+
+
+class Part:
+    """One engine rank (one stage) of a window: a capture in the manifest."""
+
+    def __init__(self, plan: Plan, stage: str | None, ident: dict[str, Any]) -> None:
+        self.plan = plan
+        self.stage = stage
+        self.id = capture_id()
+        self.record = dict(ident, roles=[plan.role], region=stage, trigger="plan")
+        self.lines = 0
+
+    def append(self, record: Mapping[str, Any]) -> None:
+        with contextlib.suppress(OSError):  # a manifest that cannot be written stops nothing
+            manifest.append(self.plan.output_dir, record)
+
+
+class Window:
+    """The parts of one replica in one capture window (one start/stop of its engine)."""
+
+    def __init__(self, plans: Sequence[Plan], stages: Sequence[str | None], first: int | None,
+                 replica: int, prefix: str, token: str,
+                 ident: dict[int, dict[str, Any]]) -> None:
+        self.first = first
+        self.token = token  # SGLang's profile id; part of the prefix
+        self.steps = [] if first is None else [first]
+        self.replica = replica
+        self.prefix = prefix
+        self.started = time.time()
+        self.stamp = timestamp()
+        self.parts = [Part(plan, stage, ident[plan.rank]) for plan in plans for stage in stages]
+        self.status: str | None = None  # set when the window is over
+        self.failed_parts = 0
+
+    def open_lines(self) -> None:
+        for part in self.parts:
+            part.append(dict(part.record, event="open", capture=part.id, steps=self.steps,
+                             start=self.started, host=manifest.host_name(),
+                             thread=threading.current_thread().name, engine_prefix=self.prefix))
+
+    def stem(self, part: Part, env: Mapping[str, str]) -> str:
+        plan = part.plan
+        cycle = None if plan.schedule is None else 0
+        late = {"pid": os.getpid(), "timestamp": self.stamp, **env}  # as the runtime names
+        return plan.capture_name(first=self.first, region=part.stage, cycle=cycle, late=late)
+
+    def _trace(self, part: Part, status: str, path: str | None = None, size: int | None = None,
+               error: str | None = None, extra: Mapping[str, Any] | None = None) -> None:
+        record = dict(part.record, event="trace", capture=part.id, status=status,
+                      path=None if path is None else os.path.relpath(path,
+                                                                     part.plan.output_dir),
+                      bytes=size, end=time.time(), cycle=0, inner_steps=[],
+                      start=self.started, steps=list(self.steps), joined=[])
+        if extra:
+            record["extra"] = dict(extra)
+        if error:
+            record["error"] = error
+        part.lines += 1
+        part.append(record)
+
+    def fail(self, error: str) -> None:
+        """Every part failed (the engine refused, or timed out): a failed trace and close."""
+        for part in self.parts:
+            self._trace(part, "failed", error=error)
+        self.close("failed", error)
+
+    def close(self, status: str, error: str | None = None) -> None:
+        self.status = status
+        for part in self.parts:
+            record = dict(event="close", capture=part.id, status=status, end=time.time(),
+                          steps=list(self.steps), joined=[], traces=part.lines)
+            if error:
+                record["error"] = error
+            part.append(record)
+
+    def collect(self, files: Sequence[EngineFile], mesh: Mapping[str, int] | None,
+                spanning: bool, env: Mapping[str, str], status: str,
+                missing: str | None = None) -> list[str]:
+        """Match the engine's files to the window's parts, move them into the layout and
+        write the trace and close lines; what could not be matched, for the caller to say."""
+        by_key = {(part.plan.rank, part.stage): part for part in self.parts}
+        problems: list[str] = []
+        done: set[tuple[int, str | None]] = set()
+        for found in files:
+            if found.kind == "frontend":
+                self._frontend(found, env)
+                continue
+            coords = _policy_coords(found.coords, mesh, self.replica, spanning)
+            rank = None if coords is None else rank_at(coords, mesh)
+            part = by_key.get((rank, found.stage)) if rank is not None else None
+            if part is None:
+                problems.append(f"{os.path.basename(found.path)}: engine coordinates "
+                                f"{_show(found.coords)} are no selected rank of replica "
+                                f"dp={self.replica} in the policy's mesh; left in place")
+                continue
+            try:
+                path, size = publish(found.path, part.plan.output_dir, self.stem(part, env),
+                                     found.extension)
+            except OSError as err:
+                self._trace(part, "failed", error=f"moving {found.path}: {err}")
+                continue
+            extra = {"engine": dict(found.coords), "engine_file": os.path.basename(found.path),
+                     "engine_prefix": self.prefix, "kind": found.kind}
+            self._trace(part, status, path, size, extra=extra)
+            if found.kind == "trace":
+                done.add((part.plan.rank, part.stage))
+        for key, part in by_key.items():
+            if key not in done:
+                self.failed_parts += 1
+                self._trace(part, "failed", error=missing or (
+                    f"the engine wrote no trace for coordinates {_show(part.plan.coords)} "
+                    f"(prefix {self.prefix})"))
+        for part in self.parts:
+            record = dict(event="close", capture=part.id, end=time.time(),
+                          steps=list(self.steps), joined=[], traces=part.lines,
+                          status=status if (part.plan.rank, part.stage) in done else "failed")
+            part.append(record)
+        self.status = status
+        return problems
+
+    def _frontend(self, found: EngineFile, env: Mapping[str, str]) -> None:
+        """vLLM AsyncLLM's front-end trace: no rank's; beside the window, in frontend/."""
+        part = self.parts[0]
+        folder, base = os.path.split(self.stem(part, env))
+        stem = os.path.join(folder, "frontend", f"dp{self.replica}-{base}")
+        try:
+            path, size = publish(found.path, part.plan.output_dir, stem, found.extension)
+        except OSError as err:
+            log.warning("policy-engine: could not move %s: %s", found.path, err)
+            return
+        part.append(dict(part.record, event="note", note="engine-frontend", time=time.time(),
+                         host=manifest.host_name(), capture=part.id, bytes=size,
+                         path=os.path.relpath(path, part.plan.output_dir)))
+
+
+def _show(coords: Mapping[str, int]) -> str:
+    return " ".join(f"{k}={v}" for k, v in coords.items()) or "(none)"
+
+
+def _policy_coords(engine: Mapping[str, int], mesh: Mapping[str, int] | None, replica: int,
+                   spanning: bool) -> dict[str, int] | None:
+    """The policy coordinates of an engine file: its dp is the replica's (an engine per
+    replica names itself dp0), tp and pp as named, ep only where the mesh has ep (vLLM
+    names an EP rank even for dense models)."""
+    mesh = mesh or {}
+    dp = engine.get("dp", 0)
+    if spanning:
+        replica = dp
+    elif dp != 0:
+        return None
+    coords = {"tp": engine.get("tp", 0), "pp": engine.get("pp", 0)}
+    if "dp" in mesh:
+        coords["dp"] = replica
+    elif replica:
+        return None
+    if "ep" in mesh:
+        coords["ep"] = engine.get("ep", 0)
+    return coords

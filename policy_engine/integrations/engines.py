@@ -1,0 +1,369 @@
+"""Profile a rollout engine (vLLM, SGLang) by the same policy as the trainer.
+
+    from policy_engine.integrations.engines import apply_policy
+
+    prof = apply_policy(llm, role="rollout")            # LLM, AsyncLLM, sglang Engine, URL
+    for step in range(1, steps + 1):
+        with prof.training_step(step):                  # starts/stops the engine's profiler
+            outputs = llm.generate(prompts)
+    # async code (verl's agent loop):  async with prof.atraining_step(step): ...
+
+The role's backend (``vllm`` or ``sglang``) says which engine it is; its ``mesh`` says the
+engine's parallelism (``{dp: 4, tp: 2}``: four replicas of two ranks), and its ``ranks``
+choose replicas as they choose training ranks. Pass one engine per replica (a list, or
+``replica=i``), or one engine that runs all replicas itself. At a profiled step the
+driver starts each chosen replica's profiler with a prefix naming role, step, replica and
+capture; at the step's end it stops it (bounded by ``timeout``), finds the files the
+engine wrote, checks their coordinates against the mesh, moves them into the policy's
+per-window layout and records each rank's capture in the manifest. A failure never stops
+the loop unless the role says ``on_error: raise``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import importlib
+import logging
+import os
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from policy_engine import backends
+from policy_engine.backends.engine import files, layout
+from policy_engine.backends.engine.control import EngineCallError, EngineTimeout, Target
+from policy_engine.backends.engine.kind import EngineKind, staging_folder
+from policy_engine.backends.vllm.checks import launch_config
+from policy_engine.errors import ProfilingError
+from policy_engine.integrations._engine_window import Window, identity
+from policy_engine.plan.compile import compile_plan
+from policy_engine.plan.plan import Plan
+from policy_engine.plan.topology import Topology
+from policy_engine.runtime import manifest
+from policy_engine.runtime.apply import PolicyArg, _resolve
+from policy_engine.runtime.state import warn_once
+
+log = logging.getLogger("policy_engine")
+
+#: Seconds a start or stop may take before the capture is recorded failed (vllm #22748:
+#: a stop at TP=2 took over 20 minutes).
+DEFAULT_TIMEOUT = 300.0
+#: Seconds to wait, after a stop returned, for the engine's files to appear whole.
+DEFAULT_FILES_TIMEOUT = 60.0
+
+
+class EngineProfiler:
+    """Drives one role's engine replicas at the policy's steps. Use one thread at a time
+    (the training loop's), or the async methods from one event loop."""
+
+    def __init__(self, kind: EngineKind, plans: Sequence[Plan], targets: Mapping[int, Target],
+                 spanning: bool, mesh: Mapping[str, int] | None, *, timeout: float,
+                 files_timeout: float, policy_sources: tuple[str, ...] = ()) -> None:
+        self.kind = kind
+        self.plans = {p.rank: p for p in plans}
+        self.plan = next((p for p in plans if p.enabled), plans[0])
+        self.targets = dict(targets)
+        self.spanning = spanning
+        self.mesh = dict(mesh) if mesh else None
+        self.timeout = timeout
+        self.files_timeout = files_timeout
+        spec = self.plan.spec
+        self.settings = spec.settings
+        self.folder = kind.folder(self.plan.output_dir, spec.name, self.settings)
+        self.stages: list[str | None] = [r.name for r in spec.regions if r.enabled] \
+            if spec.discrete else [None]
+        self.env = {f: os.environ.get(f[4:], "") for f in self.plan.template.fields()
+                    if f.startswith("env:")}
+        file_hash = manifest.file_hash(policy_sources)
+        self._ident = {r: identity(p, file_hash) for r, p in self.plans.items()}
+        self._open: list[Window] = []
+        self._pairs: list[tuple[Target, Window]] = []
+        self._last: int | None = None
+
+    # -- which replicas a window covers ------------------------------------------------
+    def _selected(self, replica: int | None) -> list[Plan]:
+        ranks = range(layout.world_of(self.mesh)) if replica is None \
+            else layout.ranks_of(replica, self.mesh)
+        return [self.plans[r] for r in ranks if self.plans[r].enabled]
+
+    def _windows(self, first: int) -> list[tuple[Target, Window]]:
+        out = []
+        for replica, target in self.targets.items():
+            plans = self._selected(None if self.spanning else replica)
+            if not plans:
+                continue
+            token = manifest_token()
+            prefix = files.capture_prefix(self.plan.role, first, replica, token)
+            window = Window(plans, self.stages, first, replica, prefix, token, self._ident)
+            out.append((target, window))
+        return out
+
+    def _kwargs(self, window: Window) -> dict[str, Any]:
+        return self.kind.start_kwargs(self.settings, self.plan.schedule, self.folder,
+                                      window.prefix, window.token)
+
+    # -- the steps ----------------------------------------------------------------------
+    def _begins(self, n: int) -> tuple[bool, bool]:
+        """At step ``n``: whether the open window ends first (a merged window the loop
+        left), and whether ``n`` opens a window (not when a merged one goes on)."""
+        if not self._open:
+            return False, n in self.plan.steps
+        if n == self._pairs[0][1].steps[-1] + 1 and (self._last is None or n <= self._last):
+            for _, window in self._pairs:
+                window.steps.append(n)
+            return False, False
+        return True, n in self.plan.steps
+
+    def _ends(self, n: int) -> bool:
+        return bool(self._open) and (self._last is None or n >= self._last)
+
+    @contextlib.contextmanager
+    def training_step(self, n: int) -> Iterator[None]:
+        """Around rollout step ``n``: the engine records the step when the policy says so."""
+        end, begin = self._begins(n)
+        if end:
+            self._stop_all("complete")
+        if begin:
+            self._pairs = self._windows(n)
+            self._last = self.plan.capture_last(n)
+            self._run_all("start_profile", self._pairs)
+        try:
+            yield
+        except BaseException:
+            if self._open:
+                self._stop_all("partial")
+            raise
+        if self._ends(n):
+            self._stop_all("complete")
+
+    @contextlib.asynccontextmanager
+    async def atraining_step(self, n: int) -> AsyncIterator[None]:
+        """:meth:`training_step` for async code: the engine's calls are awaited on this loop
+        (an ``AsyncLLM`` needs its own loop), the file work runs on a thread."""
+        end, begin = self._begins(n)
+        if end:
+            await self._astop_all("complete")
+        if begin:
+            self._pairs = self._windows(n)
+            self._last = self.plan.capture_last(n)
+            await self._arun_all("start_profile", self._pairs)
+        try:
+            yield
+        except BaseException:
+            if self._open:
+                await self._astop_all("partial")
+            raise
+        if self._ends(n):
+            await self._astop_all("complete")
+
+    def close(self) -> None:
+        """Stop a window still open (a loop that ended inside a merged capture)."""
+        if self._open:
+            self._stop_all("partial")
+
+    async def aclose(self) -> None:
+        """:meth:`close` for async code."""
+        if self._open:
+            await self._astop_all("partial")
+
+    # -- start and stop on every replica --------------------------------------------------
+    def _start_one(self, target: Target, window: Window, error: str | None) -> None:
+        if error is None:
+            self._open.append(window)
+            return
+        window.fail(error)
+        self._failed(f"start_profile: {error}")
+
+    def _run_all(self, what: str, pairs: Sequence[tuple[Target, Window]]) -> None:
+        for window in (w for _, w in pairs):
+            window.open_lines()
+        os.makedirs(self.folder, exist_ok=True)
+
+        here = {id(t): t.refused_here(what) for t, _ in pairs}  # this thread, not the pool's
+
+        def one(pair: tuple[Target, Window]) -> str | None:
+            refused = here[id(pair[0])]
+            if refused is not None:
+                return refused
+            try:
+                pair[0].call(what, self._kwargs(pair[1]), self.timeout)
+            except EngineCallError as err:
+                return str(err)
+            return None
+        with ThreadPoolExecutor(max(1, len(pairs))) as pool:
+            errors = list(pool.map(one, pairs))
+        for (target, window), error in zip(pairs, errors, strict=True):
+            self._start_one(target, window, error)
+
+    async def _arun_all(self, what: str, pairs: Sequence[tuple[Target, Window]]) -> None:
+        for window in (w for _, w in pairs):
+            window.open_lines()
+        await asyncio.to_thread(os.makedirs, self.folder, exist_ok=True)
+
+        async def one(pair: tuple[Target, Window]) -> str | None:
+            try:
+                await pair[0].acall(what, self._kwargs(pair[1]), self.timeout)
+            except EngineCallError as err:
+                return str(err)
+            return None
+        errors = await asyncio.gather(*(one(p) for p in pairs))
+        for (target, window), error in zip(pairs, errors, strict=True):
+            self._start_one(target, window, error)
+
+    def _stopped(self, window: Window, error: EngineCallError | None, status: str) -> None:
+        """After a stop: collect the window's files. A stop that timed out fails the window
+        (the files may come later; they stay where the engine put them). A stop the engine
+        refused may still have files behind it (SGLang stops itself after num_steps and
+        then refuses the stop): they are collected, and ranks without one fail with it."""
+        if isinstance(error, EngineTimeout):
+            window.fail(f"stop_profile: {error}")
+            self._failed(f"stop_profile: {error}")
+            return
+        kind = self.kind
+        stages = len(self.stages) if self.stages != [None] else 0
+        wanted = kind.expected(self.settings, len(window.parts) // len(self.stages), stages)
+        found = files.wait_for(self.folder, kind.parser(window.prefix, window.token),
+                               wanted if error is None else 0, self.files_timeout)
+        missing = None if error is None else f"stop_profile: {error}"
+        for problem in window.collect(found, self.mesh, self.spanning, self.env, status,
+                                      missing):
+            warn_once(("engine-file", problem), "policy-engine: %s", problem)
+        if window.failed_parts:
+            self._failed(missing or f"{window.failed_parts} of {len(window.parts)} traces "
+                                    f"were not found in {self.folder} within "
+                                    f"{self.files_timeout:g} s of the stop")
+
+    def _stop_all(self, status: str) -> None:
+        windows, self._open = self._open, []
+        pairs = [(t, w) for t, w in self._pairs if w in windows]
+
+        here = {id(t): t.refused_here("stop_profile") for t, _ in pairs}
+
+        def one(pair: tuple[Target, Window]) -> None:
+            try:
+                refused = here[id(pair[0])]
+                if refused is not None:
+                    raise EngineCallError(refused)
+                pair[0].call("stop_profile", None, self.timeout)
+            except EngineCallError as err:
+                self._stopped(pair[1], err, status)
+                return
+            self._stopped(pair[1], None, status)
+        with ThreadPoolExecutor(max(1, len(pairs))) as pool:
+            for done in [pool.submit(one, pair) for pair in pairs]:
+                done.result()  # on_error: raise reaches the caller
+
+    async def _astop_all(self, status: str) -> None:
+        windows, self._open = self._open, []
+        pairs = [(t, w) for t, w in self._pairs if w in windows]
+
+        async def one(pair: tuple[Target, Window]) -> None:
+            error = None
+            try:
+                await pair[0].acall("stop_profile", None, self.timeout)
+            except EngineCallError as err:
+                error = err
+            await asyncio.to_thread(self._stopped, pair[1], error, status)
+        await asyncio.gather(*(one(p) for p in pairs))
+
+    def _failed(self, message: str) -> None:
+        text = f"policy-engine: role {self.plan.role!r} ({self.kind.name}): {message}"
+        if self.plan.on_error == "raise":
+            raise ProfilingError(text)
+        warn_once(("engine-failed", self.plan.role, message), "%s", text)
+
+
+class OffEngineProfiler:
+    """The profiler of a role that profiles nothing: every method does nothing."""
+
+    plan: Plan | None = None
+
+    @contextlib.contextmanager
+    def training_step(self, n: int) -> Iterator[None]:
+        yield
+
+    @contextlib.asynccontextmanager
+    async def atraining_step(self, n: int) -> AsyncIterator[None]:
+        yield
+
+    def close(self) -> None:
+        pass
+
+    async def aclose(self) -> None:
+        pass
+
+
+def manifest_token() -> str:
+    """A short token for one capture (SGLang's profile id; part of every prefix)."""
+    return os.urandom(4).hex()
+
+
+def _targets(engine: Any, replica: int | None, loop: Any, count: int) -> tuple[dict[int, Target],
+                                                                               bool]:
+    if isinstance(engine, (list, tuple)):
+        if len(engine) != count:
+            raise ValueError(f"{len(engine)} engines given but the role's mesh has {count} "
+                             "replicas (dp): pass one engine per replica")
+        return {i: Target(e, loop=loop) for i, e in enumerate(engine)}, False
+    if replica is not None:
+        if not 0 <= replica < count:
+            raise ValueError(f"replica={replica} but the role's mesh has {count} replicas")
+        return {replica: Target(engine, loop=loop)}, False
+    return {0: Target(engine, loop=loop)}, count > 1
+
+
+def _check_launch(engine: Any, spec: Any, output_dir: str, role: str) -> None:
+    """Warn when a vLLM engine object was launched with profiler settings other than the
+    policy's: they are fixed at launch (``AsyncLLM.vllm_config``,
+    ``LLM.llm_engine.vllm_config``); a server's cannot be read from here."""
+    holder = getattr(engine, "vllm_config", None) or getattr(
+        getattr(engine, "llm_engine", None), "vllm_config", None)
+    config = getattr(holder, "profiler_config", None)
+    if config is None:
+        return
+    folder = staging_folder(output_dir, role, spec.settings["torch_profiler_dir"])
+    wanted = launch_config(spec.settings, spec.schedule, folder)
+    differ = [f"{key}={getattr(config, key, None)!r} (the policy: {value!r})"
+              for key, value in wanted.items() if getattr(config, key, value) != value]
+    if differ:
+        warn_once(("vllm-launch", role, tuple(differ)),
+                  "policy-engine: role %r: the vLLM engine was launched with %s; these are "
+                  "fixed at launch: restart it with what `policy-engine engine-args` prints",
+                  role, "; ".join(differ))
+
+
+def apply_policy(engine: Any, role: str = "rollout", policy: PolicyArg = None, *,
+                 replica: int | None = None, loop: asyncio.AbstractEventLoop | None = None,
+                 timeout: float = DEFAULT_TIMEOUT,
+                 files_timeout: float = DEFAULT_FILES_TIMEOUT,
+                 ) -> EngineProfiler | OffEngineProfiler:
+    """Profile ``engine`` (a vLLM ``LLM``/``AsyncLLM``, an SGLang ``Engine``, a server URL,
+    or a list of them, one per replica) as ``role``, whose backend is vllm or sglang.
+
+    ``replica``: the replica (dp coordinate) a single engine serves; without it a single
+    engine serves them all. ``loop``: the event loop an ``AsyncLLM`` runs on, for blocking
+    calls from another thread. ``timeout`` bounds each start and stop.
+    """
+    loaded = _resolve(policy)
+    if loaded is None:
+        return OffEngineProfiler()
+    spec = loaded.role(role)
+    if not spec.enabled:
+        return OffEngineProfiler()
+    if spec.backend not in backends.ENGINES:
+        raise ValueError(f"role {role!r} uses backend {spec.backend}, not an engine "
+                         f"({', '.join(sorted(backends.ENGINES))}): profile its worker with "
+                         "policy_engine.apply_policy")
+    mesh = loaded.mesh_for(role) or None
+    world = layout.world_of(mesh)
+    plans = [compile_plan(loaded, role, Topology.for_rank(r, world, mesh)) for r in range(world)]
+    targets, spanning = _targets(engine, replica, loop, layout.replicas(mesh))
+    kind: EngineKind = importlib.import_module(backends.BACKENDS[spec.backend].session).KIND
+    if not any(p.enabled for p in plans):
+        return OffEngineProfiler()
+    if spec.backend == "vllm":
+        for target in targets.values():
+            _check_launch(target.engine, spec, loaded.output_dir, role)
+    return EngineProfiler(kind, plans, targets, spanning, mesh, timeout=timeout,
+                          files_timeout=files_timeout, policy_sources=loaded.sources)
