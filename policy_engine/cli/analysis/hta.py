@@ -1,0 +1,83 @@
+"""Holistic Trace Analysis beside ours (``analyze --hta``), for windows with GPU kernels.
+
+HTA reads a folder of traces, one per rank; a window's traces are linked into a
+temporary folder so that HTA sees that window only. Its temporal breakdown and
+communication/computation overlap are put beside our numbers; anything HTA raises is
+reported as the window's HTA error, never as ours.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import logging
+import os
+import tempfile
+import warnings
+from typing import Any
+
+INSTALL = "pip install HolisticTraceAnalysis"
+
+
+def available() -> bool:
+    try:
+        import hta.trace_analysis  # type: ignore[import-untyped,unused-ignore]  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def _number(value: Any) -> float | None:
+    try:
+        return round(float(value), 3)
+    except (TypeError, ValueError):
+        return None
+
+
+def run_hta(files: list[str]) -> dict[str, Any]:
+    """HTA's temporal breakdown and comm/comp overlap of the traces ``files``."""
+    try:
+        from hta.trace_analysis import (  # type: ignore[import-untyped,unused-ignore]
+            TraceAnalysis,
+        )
+    except ImportError:
+        return {"error": f"HTA is not installed ({INSTALL})"}
+    with tempfile.TemporaryDirectory(prefix="policy-engine-hta-") as folder:
+        for index, path in enumerate(files):  # numbered: two ranks' names may be alike
+            os.symlink(os.path.abspath(path),
+                       os.path.join(folder, f"{index}_{os.path.basename(path)}"))
+        quiet = io.StringIO()
+        level = logging.getLogger().level
+        try:
+            logging.getLogger().setLevel(logging.ERROR)
+            with contextlib.redirect_stdout(quiet), contextlib.redirect_stderr(quiet), \
+                    warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # its dependencies' deprecations
+                analysis = TraceAnalysis(trace_dir=folder)
+                breakdown = analysis.get_temporal_breakdown(visualize=False)
+                overlap = analysis.get_comm_comp_overlap(visualize=False)
+        except Exception as err:  # HTA's failure is its own, reported as such
+            return {"error": f"HTA failed: {type(err).__name__}: {err}"}
+        finally:
+            logging.getLogger().setLevel(level)
+    shares = {int(row["rank"]): _number(row.get("comp_comm_overlap_pctg"))
+              for row in overlap.to_dict("records")}
+    ranks = []
+    for row in breakdown.to_dict("records"):
+        rank = int(row["rank"])
+        ranks.append({"rank": rank, "compute_us": _number(row.get("compute_time(us)")),
+                      "non_compute_us": _number(row.get("non_compute_time(us)")),
+                      "idle_us": _number(row.get("idle_time(us)")),
+                      "kernel_us": _number(row.get("kernel_time(us)")),
+                      "overlap_pct": shares.get(rank)})
+    return {"error": None, "ranks": sorted(ranks, key=lambda r: r["rank"])}
+
+
+def attach(windows: list[dict[str, Any]], root: str) -> None:
+    """HTA's numbers into each window that holds GPU kernels (others say why not)."""
+    for w in windows:
+        readable = [r for r in w["ranks"] if not r.get("error")]
+        if not any(r["facts"]["kernels"] for r in readable):
+            w["hta"] = {"error": "not run: the window holds no GPU kernels", "ranks": []}
+            continue
+        w["hta"] = run_hta([os.path.join(root, r["path"]) for r in readable])

@@ -1,0 +1,159 @@
+"""The analysis as text for a terminal: one block per capture window.
+
+Up to :data:`RANK_ROWS` ranks get a row each; a larger window shows the spread across
+ranks and the slowest ranks, so the text stays short at thousands of ranks.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+RANK_ROWS = 16
+SLOWEST = 5
+
+
+def ms(us: float | None) -> str:
+    """Microseconds as milliseconds for people."""
+    if us is None:
+        return "-"
+    return f"{us / 1000:.1f}" if abs(us) >= 100 else f"{us / 1000:.3f}"
+
+
+def _spread(s: dict[str, float] | None) -> str:
+    return "-" if s is None else f"{ms(s['min'])} / {ms(s['median'])} / {ms(s['max'])}"
+
+
+def why(window: dict[str, Any]) -> str:
+    """Why the window's capture exists, in words (and any rank's other reason)."""
+    found = window.get("why")
+    if not found:
+        return "found on disk (no manifest)"
+    said = _trigger(found)
+    others = [f"rank {a['rank']}: {_trigger(a)}" for a in found.get("also") or []]
+    return said + (f" ({'; '.join(others)})" if others else "")
+
+
+def _trigger(found: dict[str, Any]) -> str:
+    trigger = found["trigger"]
+    if trigger == "plan":
+        return "the policy's plan"
+    if trigger == "on_demand":
+        return f"on demand (request {found.get('request') or '?'})"
+    if trigger == "signal":
+        return "a signal (SIGUSR2)"
+    if trigger == "slow_step":
+        slow = found.get("slow") or []
+        said = "; ".join(
+            f"rank {s.get('rank')} took {s.get('seconds')} s at step {s.get('step')} "
+            f"(median {s.get('median')} s)" for s in slow[:4])
+        return "a slow step" + (f": {said}" if said else "")
+    return str(trigger)
+
+
+def notes(window: dict[str, Any]) -> list[str]:
+    """Limits reached and backends that wrote nothing in this window."""
+    out = [f"limit: {x['why']}" for x in window.get("limits") or []]
+    dropped: dict[tuple[str, str], list[Any]] = {}
+    for d in window.get("dropped") or []:
+        dropped.setdefault((str(d.get("backend") or "?"), str(d["why"])), []).append(d["rank"])
+    out += [f"backend {b} wrote nothing on rank(s) {_ranks(r)}: {w}"
+            for (b, w), r in dropped.items()]
+    others = sorted({str(o.get("backend")) for o in window.get("other") or []})
+    if others:
+        out.append(f"not analysed (not torch traces): {', '.join(others)}")
+    return out
+
+
+def _ranks(ranks: list[Any]) -> str:
+    ints = sorted(r for r in ranks if isinstance(r, int))
+    if len(ints) > 8:
+        return f"{', '.join(map(str, ints[:8]))}, ... ({len(ints)} ranks)"
+    return ", ".join(map(str, ints)) or "?"
+
+
+def _rank_rows(ranks: list[dict[str, Any]], straggler: Any) -> list[str]:
+    read = [r for r in ranks if r.get("total")]
+    rows = sorted(read, key=lambda r: -r["total"]["compute_us"])[:SLOWEST] \
+        if len(read) > RANK_ROWS else read
+    lines = ["  rank   basis  time ms    compute   comm      overlap   idle"]
+    for r in rows:
+        t = r["total"]
+        mark = "  <- straggler" if r["rank"] == straggler else ""
+        lines.append(f"  {r['rank']!s:<6} {r['basis']:<6} {ms(t['time_us']):<10} "
+                     f"{ms(t['compute_us']):<9} {ms(t['comm_us']):<9} "
+                     f"{ms(t['overlap_us']):<9} {ms(t['idle_us'])}{mark}")
+    if len(read) > RANK_ROWS:
+        lines[0] += f"   ({SLOWEST} of {len(read)} ranks with the most compute)"
+    return lines
+
+
+def window_text(w: dict[str, Any]) -> list[str]:
+    lines = [f"== {w['title']}: {len(w['ranks'])} rank(s); captured because of {why(w)}"]
+    lines += [f"  note: {n}" for n in notes(w)]
+    s = w.get("straggler")
+    if s:
+        others = s.get("others_wait_us") or {}
+        lines.append(
+            f"  STRAGGLER: rank {s['rank']} in {len(s['steps'])} of {s['of_steps']} steps: "
+            f"arrives {ms(s['late_us'])} ms after the median rank; it waits "
+            f"{ms(s['wait_us'])} ms in collectives, the others {ms(others.get('median'))} ms "
+            f"(median)")
+    elif any(step["collectives"] for step in w["step_times"]):
+        lines.append("  no straggler: no rank is consistently the one the others wait for")
+    if w["step_times"]:
+        lines.append("  step     time ms min / median / max     comm ms median   straggler")
+        for step in w["step_times"]:
+            name = "whole" if step["step"] is None else str(step["step"])
+            late = (f"rank {step['straggler']} (+{ms(step['late_us'])} ms)"
+                    if step["straggler"] is not None else "-")
+            comm = step["comm_us"]["median"] if step["comm_us"] else None
+            lines.append(f"  {name:<8} {_spread(step['time_us']):<31} {ms(comm):<16} {late}")
+    b = w.get("breakdown")
+    if b and len(w["ranks"]) > RANK_ROWS:
+        for key in ("compute_us", "comm_us", "idle_us"):
+            lines.append(f"  {key[:-3]:<8} across ranks (ms): {_spread(b[key])}")
+    lines += _rank_rows(w["ranks"], s["rank"] if s else None)
+    for region in w["regions"][:5]:
+        lines.append(f"  region {region['name']}: {_spread(region['time_us'])} ms "
+                     f"over {region['ranks']} rank(s)")
+    for r in w["readiness"]:
+        who = f" (ranks {_ranks(r['ranks'])})" if r["ranks"] else ""
+        lines.append(f"  readiness: {r['code']}: {r['message']}{who}")
+    hta = w.get("hta")
+    if hta:
+        lines += ["  " + line for line in hta_text(hta)]
+    return lines
+
+
+def hta_text(hta: dict[str, Any]) -> list[str]:
+    if hta.get("error"):
+        return [f"HTA: {hta['error']}"]
+    lines = ["HTA temporal breakdown (ms): rank  compute  non-compute  idle  "
+             "comm/comp overlap %"]
+    for row in hta.get("ranks") or []:
+        lines.append(f"  {row['rank']!s:<6} {ms(row.get('compute_us')):<8} "
+                     f"{ms(row.get('non_compute_us')):<12} {ms(row.get('idle_us')):<6} "
+                     f"{row.get('overlap_pct', '-')}")
+    return lines
+
+
+def render(result: dict[str, Any]) -> str:
+    lines: list[str] = []
+    for w in result["windows"]:
+        lines += window_text(w)
+        lines.append("")
+    for n in result["notes"]:
+        lines.append(f"note: {n['role']} rank {n['rank']}: {n['message']}")
+    for p in result["problems"]:
+        lines.append(f"warning: {p}")
+    named = sum(1 for w in result["windows"] if w.get("straggler"))
+    lines.append(f"{len(result['windows'])} window(s) analysed; {named} name a straggler")
+    return "\n".join(map(_printable, lines))
+
+
+def _printable(line: str) -> str:
+    """A line with no control characters (manifest text is untrusted: no escape sequence
+    reaches the terminal)."""
+    if line.isprintable():
+        return line
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in line)

@@ -1,0 +1,183 @@
+"""The report's analysis section: per capture window, why it exists, an inline SVG of
+per-rank stacked bars (compute, communication, other device work, idle) with the
+straggler marked, step times, and what the window lacks for which analysis.
+
+The SVG is plain markup (no script, nothing fetched). Page size stays bounded however
+many ranks and windows a run has: ranks whose bars look alike (each part within
+:data:`BUCKETS` of the longest bar) share one bar labelled with their ranks; at most
+:data:`MAX_BARS` bars, :data:`MAX_STEPS` step rows and :data:`MAX_WINDOWS` windows are
+drawn, and what is left out is counted.
+"""
+
+from __future__ import annotations
+
+import html
+from typing import Any
+
+from policy_engine.cli.analysis.run import analyze
+from policy_engine.cli.analysis.text import ms, notes, why
+from policy_engine.cli.format import rank_spans
+from policy_engine.cli.usage import UsageError
+
+#: (key, label, colour) of a bar's parts, left to right.
+PARTS = (("compute", "compute", "#4e79a7"), ("comm", "communication", "#f28e2b"),
+         ("other", "other device work", "#76b7b2"), ("idle", "idle", "#cfcfcf"))
+MAX_BARS, MAX_STEPS, MAX_WINDOWS = 32, 40, 60
+#: Traces the report reads for its analysis: one window of 4,096 ranks.
+MAX_TRACES = 4096
+BUCKETS = 20  # a part rounds to 1/20 of the longest bar when ranks are grouped
+_LABEL_W, _BAR_W, _ROW_H = 170, 440, 18
+
+
+def _esc(value: Any) -> str:
+    """Printable (control characters escaped: manifests are untrusted) and HTML-escaped."""
+    text = str(value)
+    if not text.isprintable():
+        text = "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+    return html.escape(text, quote=True)
+
+
+def _parts(total: dict[str, float]) -> dict[str, float]:
+    """A rank's totals as the bar's parts: communication not hidden under compute."""
+    return {"compute": total["compute_us"], "comm": total["comm_us"] - total["overlap_us"],
+            "other": total["other_us"], "idle": total["idle_us"]}
+
+
+def _bars(ranks: list[dict[str, Any]], straggler: Any) -> list[tuple[list[Any], dict[str, float]]]:
+    """(ranks, parts) per bar: one per rank, or ranks that look alike grouped."""
+    read = [r for r in ranks if r.get("total")]
+    rows = [([r["rank"]], _parts(r["total"])) for r in read]
+    if len(rows) <= MAX_BARS:
+        return rows
+    longest = max((sum(p.values()) for _, p in rows), default=0.0) or 1.0
+    groups: dict[tuple[Any, ...], list[Any]] = {}
+    parts: dict[tuple[Any, ...], dict[str, float]] = {}
+    for who, p in rows:
+        key = (who[0] == straggler, *(round(BUCKETS * v / longest) for v in p.values()))
+        groups.setdefault(key, []).extend(who)
+        parts.setdefault(key, p)
+    order = sorted(groups, key=lambda k: (not k[0], -len(groups[k])))
+    return [(groups[k], parts[k]) for k in order[:MAX_BARS]]
+
+
+def svg(ranks: list[dict[str, Any]], straggler: Any) -> str:
+    """Per-rank stacked bars of one window."""
+    bars = _bars(ranks, straggler)
+    if not bars:
+        return ""
+    longest = max(sum(p.values()) for _, p in bars) or 1.0
+    height = _ROW_H * len(bars) + 4
+    out = [f'<svg class="bars" width="{_LABEL_W + _BAR_W + 110}" height="{height}">']
+    for i, (who, p) in enumerate(bars):
+        y = 2 + i * _ROW_H
+        marked = straggler in who
+        name = f"rank {who[0]}" if len(who) == 1 else f"{len(who)} ranks {rank_spans(who)}"
+        short = name if len(name) <= 26 else name[:24] + "\u2026"
+        full = name if len(name) <= 300 else name[:298] + "\u2026"
+        label_class = "label marked" if marked else "label"
+        out.append(f'<text class="{label_class}" x="0" y="{y + 12}">{_esc(short)}'
+                   f'<title>{_esc(full)}</title></text>')
+        x = float(_LABEL_W)
+        for key, label, _colour in PARTS:
+            w = _BAR_W * max(p[key], 0.0) / longest
+            if w <= 0:
+                continue
+            out.append(f'<rect class="part-{key}" x="{x:.1f}" y="{y}" width="{w:.1f}" '
+                       f'height="{_ROW_H - 4}"><title>{_esc(name)}: {_esc(label)} '
+                       f'{ms(p[key])} ms</title></rect>')
+            x += w
+        if marked:
+            out.append(f'<rect class="outline" x="{_LABEL_W}" y="{y - 1}" '
+                       f'width="{x - _LABEL_W:.1f}" height="{_ROW_H - 2}"></rect>'
+                       f'<text class="label marked" x="{x + 6:.1f}" y="{y + 12}">'
+                       f'\u25c0 straggler</text>')
+    out.append("</svg>")
+    return "".join(out)
+
+
+def _legend() -> str:
+    return "".join(f'<span class="key part-{key}">{_esc(label)}</span>'
+                   for key, label, _ in PARTS)
+
+
+def _steps_table(w: dict[str, Any]) -> str:
+    rows = w["step_times"]
+    if not rows:
+        return ""
+    body = []
+    for s in rows[:MAX_STEPS]:
+        t = s["time_us"] or {}
+        late = (f'rank {_esc(s["straggler"])} (+{ms(s["late_us"])} ms)'
+                if s["straggler"] is not None else "-")
+        body.append(f'<tr><td>{"whole trace" if s["step"] is None else _esc(s["step"])}</td>'
+                    f'<td>{ms(t.get("min"))}</td><td>{ms(t.get("median"))}</td>'
+                    f'<td>{ms(t.get("max"))}</td><td>{late}</td></tr>')
+    more = (f'<tr><td colspan="5">\u2026 {len(rows) - MAX_STEPS} more steps '
+            "(policy-engine analyze lists them)</td></tr>") if len(rows) > MAX_STEPS else ""
+    return ('<table class="steps"><tr><th>ProfilerStep</th><th>min ms</th><th>median ms</th>'
+            f'<th>max ms</th><th>straggler</th></tr>{"".join(body)}{more}</table>')
+
+
+def window_html(w: dict[str, Any]) -> str:
+    s = w.get("straggler")
+    head = [f'<h3>{_esc(w["title"])}</h3>',
+            f'<p class="why">Captured because of {_esc(why(w))}; {len(w["ranks"])} '
+            f'rank(s){", world " + _esc(w["world"]) if w.get("world") else ""}.</p>']
+    head += [f'<p class="note">{_esc(n)}</p>' for n in notes(w)]
+    if w.get("not_analysed"):
+        return '<div class="window">' + "".join(head) + \
+            f'<p class="note">{_esc(w["not_analysed"])}</p></div>'
+    if s:
+        others = (s.get("others_wait_us") or {}).get("median")
+        head.append(f'<p class="straggler">Straggler: <span class="who">rank '
+                    f'{_esc(s["rank"])}</span> in '
+                    f'{len(s["steps"])} of {s["of_steps"]} steps; it arrives '
+                    f'{ms(s["late_us"])} ms after the median rank. It waits '
+                    f'{ms(s["wait_us"])} ms in collectives, the others {ms(others)} ms '
+                    "(median).</p>")
+    elif any(x["collectives"] for x in w["step_times"]):
+        head.append('<p class="straggler">No straggler: no rank is consistently the one '
+                    "the others wait for.</p>")
+    warn = "".join(f'<li class="readiness"><code>{_esc(r["code"])}</code>: '
+                   f'{_esc(r["message"])}'
+                   + (f' (ranks {_esc(rank_spans(r["ranks"]))})' if r["ranks"] else "") + "</li>"
+                   for r in w["readiness"])
+    regions = "".join(f'<li>{_esc(r["name"])}: {ms(r["time_us"]["min"])} / '
+                      f'{ms(r["time_us"]["median"])} / {ms(r["time_us"]["max"])} ms</li>'
+                      for r in w["regions"][:5])
+    return ('<div class="window">' + "".join(head) + svg(w["ranks"], s["rank"] if s else None)
+            + _steps_table(w)
+            + (f"<p>Regions (min / median / max across ranks):</p><ul>{regions}</ul>"
+               if regions else "")
+            + (f'<ul class="warnings">{warn}</ul>' if warn else "") + "</div>")
+
+
+_STYLE = ("<style>.analysis .key{display:inline-block;padding:0 8px;margin-right:6px}"
+          ".analysis .straggler{color:#8b0000} .analysis .who{font-weight:bold}"
+          ".analysis .window{margin:1em 0 2em} .analysis li.readiness{color:#7a4f00}"
+          ".analysis table.steps td,.analysis table.steps th{padding:1px 8px}"
+          ".analysis svg text{font-size:12px} .analysis svg text.marked{font-weight:bold;"
+          "fill:#c00000} .analysis rect.outline{fill:none;stroke:#c00000;stroke-width:2}"
+          + "".join(f".analysis .part-{k}{{fill:{c};background:{c}}}" for k, _, c in PARTS)
+          + "</style>")
+
+
+def section(root: str, *, jobs: int = 1, max_traces: int = MAX_TRACES) -> str:
+    """The analysis section of the report of the run under ``root``: whole windows, oldest
+    first, while their traces fit in ``max_traces`` (the page stays quick to write)."""
+    try:
+        result = analyze(root, jobs=jobs, max_traces=max_traces)
+    except UsageError as err:
+        return (f'<section class="analysis"><h2>Analysis</h2><p class="note">'
+                f"{_esc(err)}</p></section>")
+    windows = result["windows"]
+    named = sum(1 for w in windows if w.get("straggler"))
+    body = "".join(window_html(w) for w in windows[:MAX_WINDOWS])
+    more = (f'<p class="note">{len(windows) - MAX_WINDOWS} more windows are not drawn '
+            "(policy-engine analyze DIR lists every one).</p>") if len(windows) > MAX_WINDOWS \
+        else ""
+    loose = "".join(f'<p class="note">{_esc(n["role"])} rank {_esc(n["rank"])}: '
+                    f'{_esc(n["message"])}</p>' for n in result["notes"][:MAX_STEPS])
+    return (f'<section class="analysis">{_STYLE}<h2>Analysis</h2><p>{len(windows)} capture '
+            f"window(s); {named} name a straggler. Bars: each rank's profiled steps, "
+            f"summed. {_legend()}</p>{loose}{body}{more}</section>")

@@ -1,0 +1,161 @@
+"""Generated runs for the analysis tests and benchmark: Chrome traces shaped like torch's
+(nested CPU operators with their args, kernel launches and kernels with correlation ids
+and flows, c10d collectives with gloo or NCCL), one per rank per window, with manifests in
+the runtime's own line format.
+
+Every rank computes for ``compute_us`` per step (the slow rank ``extra_us`` more), then
+all-reduces: a rank waits in the collective until the last one arrives, plus the transfer.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+from typing import Any
+
+from policy_engine.runtime.manifest import MANIFEST_DIR, MANIFEST_SUFFIX, encode
+
+NCCL = "ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevComm*, unsigned long, ncclWork*)"
+GEMM = "sm90_xmma_gemm_f32f32_tf32f32_f32_nn_n_tilesize128x128x32_warpgroupsize1x1x1"
+OPS = ("aten::linear", "aten::addmm", "aten::relu", "aten::mul", "aten::add_", "aten::sum")
+TRANSFER_US = 300.0
+GAP_US = 50.0
+#: Kernels and their launches share a correlation id; CUPTI's are large numbers.
+CORRELATION = 1_000_000
+
+
+def _op(name: str, ts: float, dur: float, tid: int, n: int, cat: str = "cpu_op") -> dict[str, Any]:
+    return {"ph": "X", "cat": cat, "name": name, "pid": 100, "tid": tid, "ts": round(ts, 3),
+            "dur": round(dur, 3), "args": {"External id": n, "Record function id": 0,
+                                           "Sequence number": n, "Fwd thread id": 0,
+                                           "Ev Idx": n}}
+
+
+def _kernel(name: str, ts: float, dur: float, stream: int, n: int) -> dict[str, Any]:
+    return {"ph": "X", "cat": "kernel", "name": name, "pid": 0, "tid": stream,
+            "ts": round(ts, 3), "dur": round(dur, 3),
+            "args": {"queued": 0, "device": 0, "context": 1, "stream": stream,
+                     "correlation": CORRELATION + n, "registers per thread": 168,
+                     "shared memory": 0, "blocks per SM": 1.2, "warps per SM": 4.8,
+                     "grid": [132, 1, 1],
+                     "block": [128, 1, 1], "est. achieved occupancy %": 6}}
+
+
+def trace_events(rank: int, world: int, *, steps: int = 3, ops: int = 60, gpu: bool = False,
+                 compute_us: float = 5000.0, extra_us: float = 0.0, slow: int | None = None,
+                 profiler_steps: bool = True, comm: str | None = "gloo",
+                 comm_kernel: str = NCCL, idle: bool = False,
+                 trailing: bool = False) -> list[dict[str, Any]]:
+    """The events of rank ``rank``'s trace: ``steps`` steps of ``ops`` operators each.
+    ``idle``: the slow rank's extra time is a gap (descheduled), not operators.
+    ``trailing``: a last, empty ProfilerStep, as the engine's captures end."""
+    events: list[dict[str, Any]] = [
+        {"ph": "M", "name": "process_name", "pid": 100, "args": {"name": "python"}},
+        {"ph": "M", "name": "thread_name", "pid": 100, "tid": 1, "args": {"name": "main"}}]
+    n = 0
+    t = 1_000_000.0
+    for step in range(steps):
+        mine = [compute_us + (extra_us if r == slow else 0.0) for r in range(world)]
+        arrive = t + mine[rank]
+        done = t + max(mine) + TRANSFER_US
+        if profiler_steps:
+            events.append(_op(f"ProfilerStep#{step}", t, done - t + GAP_US / 2, 1, n,
+                              "user_annotation"))
+        events.append(_op("update_actor", t + 1, done - t - 2, 1, n, "user_annotation"))
+        each = (compute_us if idle else mine[rank]) / ops
+        for i in range(ops):
+            n += 1
+            start = t + i * each
+            events.append(_op(OPS[i % len(OPS)], start + 1, each - 2, 1, n))
+            events.append(_op("aten::empty", start + 2, 1.0, 1, n + 100000))
+            if gpu:
+                events.append(_launch(start + 3, n))
+                events.append(_kernel(GEMM, start + 10, each - 12, 7, n))
+                events.append({"ph": "s", "id": n, "pid": 100, "tid": 1, "ts": start + 3,
+                               "cat": "ac2g", "name": "ac2g"})
+                events.append({"ph": "f", "id": n, "pid": 0, "tid": 7, "ts": start + 10,
+                               "cat": "ac2g", "name": "ac2g", "bp": "e"})
+        if comm is not None:
+            n += 1
+            if gpu:
+                events.append(_op("c10d::allreduce_", arrive, 20.0, 1, n))
+                events.append(_launch(arrive + 2, n))
+                events.append(_op("nccl:all_reduce", arrive + 1, 15.0, 1, n,
+                                  "user_annotation"))
+                events.append(_kernel(comm_kernel, arrive + 10, done - arrive - 10, 20, n))
+            else:
+                events.append(_op("c10d::allreduce_", arrive, 30.0, 1, n))
+                events.append(_op(f"{comm}:all_reduce", arrive + 5, done - arrive - 5, 2, n,
+                                  "user_annotation"))
+        t = done + GAP_US
+    if profiler_steps and trailing:  # the engine's last marker: from the last step() to the end
+        events.append(_op(f"ProfilerStep#{steps}", t, 100.0, 1, n + 1, "user_annotation"))
+    return events
+
+
+def _launch(ts: float, n: int) -> dict[str, Any]:
+    launch = _op("cudaLaunchKernel", ts, 4.0, 1, n, "cuda_runtime")
+    launch["args"]["correlation"] = CORRELATION + n
+    return launch
+
+
+def write_trace(path: str, rank: int, world: int, *, distributed_info: bool = True,
+                **shape: Any) -> int:
+    """A trace file (gzipped when ``path`` ends with .gz); its size."""
+    doc: dict[str, Any] = {"schemaVersion": 1, "deviceProperties": []}
+    if distributed_info:
+        doc["distributedInfo"] = {"backend": "nccl" if shape.get("gpu") else "gloo",
+                                  "rank": rank, "world_size": world}
+    doc["traceEvents"] = trace_events(rank, world, **shape)
+    doc["baseTimeNanoseconds"] = 1790000000000000000
+    data = json.dumps(doc).encode()
+    if path.endswith(".gz"):
+        data = gzip.compress(data, compresslevel=1, mtime=0)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "wb") as f:
+        f.write(data)
+    return len(data)
+
+
+def make_run(root: str, world: int, windows: int = 1, *, role: str = "trainer",
+             ranks: list[int] | None = None, missing: dict[int, list[int]] | None = None,
+             trigger: str = "plan", request: str | None = None, gz: bool = True,
+             notes: list[dict[str, Any]] | None = None, **shape: Any) -> list[str]:
+    """A run of ``world`` ranks (or those of ``ranks``) with ``windows`` windows (outer
+    steps 1, 2, ...); ``missing`` maps a window's step to ranks that record nothing in
+    it. Manifests as the runtime writes them; the trace paths, in order."""
+    os.makedirs(os.path.join(root, MANIFEST_DIR), exist_ok=True)
+    paths = []
+    for rank in ranks if ranks is not None else range(world):
+        pid = 10_000 + rank
+        identity = {"role": role, "roles": [role], "rank": rank, "world": world,
+                    "coords": {}, "backend": "torch", "pid": pid, "region": None,
+                    "plan_hash": "0" * 16, "trigger": trigger}
+        if request is not None:
+            identity["request"] = request
+        lines = []
+        for step in range(1, windows + 1):
+            if rank in (missing or {}).get(step, []):
+                continue
+            cid = f"{pid}-{step}"
+            rel = f"{role}/step{step}/run_rank{rank}-of-{world}_pid{pid}.pt.trace.json" + (
+                ".gz" if gz else "")
+            size = write_trace(os.path.join(root, rel), rank, world, **shape)
+            paths.append(rel)
+            lines.append(encode(dict(identity, event="open", capture=cid, steps=[step],
+                                     start=1.0 + step)))
+            lines.append(encode(dict(identity, event="trace", capture=cid, path=rel,
+                                     bytes=size, cycle=0, inner_steps=[0, 1, 2],
+                                     status="complete", start=1.0 + step, end=2.0 + step,
+                                     steps=[step], joined=[])))
+            lines.append(encode({"event": "close", "capture": cid, "status": "complete",
+                                 "end": 2.0 + step, "steps": [step], "traces": 1,
+                                 "joined": []}))
+        for note in notes or []:
+            if note.get("rank", rank) == rank:
+                lines.append(encode(dict(identity, event="note", **note)))
+        name = f"node0_pid{pid}_20261202000000{MANIFEST_SUFFIX}"
+        with open(os.path.join(root, MANIFEST_DIR, name), "wb") as f:
+            f.write(b"".join(lines))
+    return paths
