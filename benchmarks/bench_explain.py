@@ -1,21 +1,25 @@
 """`policy-engine explain --world 65536` for a policy of six roles, timed as a user runs it.
 
-    python benchmarks/bench_explain.py
+    python benchmarks/bench_explain.py [ROLE...]
 
 Every time is also given as a ratio to `python -c "import yaml, attr"` measured in the
-same run (the least a command of this package pays), so machines compare. Target: a role
-profiling up to 1,024 ranks explains in <= 1 s, and the cost grows linearly with the
-ranks that profile (every profiled rank is compiled by the code the runtime runs).
+same run and environment (the least a command of this package pays), so machines compare.
+Target: a role profiling up to 1,024 ranks explains in <= 1 s (the rollout role, 512 ranks
+with the default steps, in JSON, is the row to watch), and the cost grows linearly with
+the ranks that profile (every profiled rank is compiled by the code the runtime runs; the
+others are placed without it).
 """
 
 from __future__ import annotations
 
 import os
+import resource
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from pathlib import Path
 
 POLICY = """\
 version: 1
@@ -35,36 +39,50 @@ roles:
 ROLES = {"critic": 2, "actor": 256, "rollout": 512, "ref": 1024, "reward": 65536}
 WORLD = 65536
 TARGET_S = 1.0
+ROOT = Path(__file__).resolve().parent.parent
+# Bytecode is cached as an installed package's is, even where PYTHONDONTWRITEBYTECODE is
+# set (every run would compile the package again); no policy from the environment.
+ENV = {k: v for k, v in os.environ.items()
+       if k not in ("PYTHONDONTWRITEBYTECODE", "PROFILE_POLICY_SET", "PROFILE_POLICY")}
 
 
-def timed(argv: list[str], repeat: int = 3) -> tuple[float, int]:
-    """Median seconds of ``repeat`` runs, and the bytes the last one printed."""
-    times, size = [], 0
+def timed(argv: list[str], repeat: int = 3) -> tuple[float, float, int]:
+    """Median wall and CPU seconds (user + system) of ``repeat`` runs after one not counted
+    (it may write bytecode), and the bytes the last one printed. The CPU time is what the
+    target is judged on: on a shared machine, the wall time also counts the others' work."""
+    subprocess.run(argv, capture_output=True, check=True, env=ENV, cwd=ROOT)
+    walls, cpus, size = [], [], 0
     for _ in range(repeat):
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
         began = time.perf_counter()
-        done = subprocess.run(argv, capture_output=True, check=True)
-        times.append(time.perf_counter() - began)
+        done = subprocess.run(argv, capture_output=True, check=True, env=ENV, cwd=ROOT)
+        walls.append(time.perf_counter() - began)
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        cpus.append(after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime)
         size = len(done.stdout)
-    return statistics.median(times), size
+    return statistics.median(walls), statistics.median(cpus), size
 
 
 def main() -> int:
-    base, _ = timed([sys.executable, "-c", "import yaml, attr"], repeat=7)
-    print(f'python -c "import yaml, attr": {base:.3f} s (the unit of the ratios below)')
+    roles = sys.argv[1:] or list(ROLES)
+    base_wall, base, _ = timed([sys.executable, "-c", "import yaml, attr"], repeat=7)
+    print(f'python -c "import yaml, attr": {base:.3f} s CPU, {base_wall:.3f} s wall (the '
+          "units of the ratios below)")
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "six_roles.yaml")
         with open(path, "w") as f:
             f.write(POLICY)
         cli = [sys.executable, "-m", "policy_engine"]
-        for role, profiled in ROLES.items():
+        for role in roles:
+            profiled = ROLES[role]
             for fmt in ("json", "text"):
-                took, size = timed([*cli, "explain", path, "--role", role, "--world",
-                                    str(WORLD), "--format", fmt])
-                mark = "" if profiled > 1024 or fmt == "text" or took <= TARGET_S else \
-                    "  OVER THE 1 s TARGET"
+                wall, cpu, size = timed([*cli, "explain", path, "--role", role, "--world",
+                                         str(WORLD), "--format", fmt])
+                mark = "" if profiled > 1024 or cpu <= TARGET_S else "  OVER THE 1 s TARGET"
                 print(f"explain --role {role:8s} ({profiled:5d} profiled ranks) --format "
-                      f"{fmt:4s}: {took:5.2f} s = {took / base:5.1f}x import yaml, attr "
-                      f"({size / 1e6:.1f} MB out){mark}")
+                      f"{fmt:4s}: {cpu:5.2f} s CPU = {cpu / base:5.1f}x, {wall:5.2f} s wall = "
+                      f"{wall / base_wall:5.1f}x import yaml, attr ({size / 1e6:.1f} MB out)"
+                      f"{mark}")
     return 0
 
 

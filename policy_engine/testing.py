@@ -19,7 +19,7 @@ from contextlib import AbstractContextManager, contextmanager
 from typing import Any, ClassVar
 
 from policy_engine.backends.base import Artifact, CaptureInfo
-from policy_engine.backends.output import write_atomic
+from policy_engine.files.publish import write_atomic
 from policy_engine.runtime.state import slot
 
 

@@ -1,10 +1,15 @@
 """The layout the code promises (docs/architecture.md), checked on the source itself.
 
-    language  <-  plan  <-  backends  <-  runtime  <-  integrations  <-  cli
+    errors  <-  settings  <-  files  <-  language  <-  plan  <-  backends  <-  runtime
+            <-  integrations  <-  cli
 
-A package imports only from those to its left (backends' registry and checks modules
-are what the language consults about backend settings). No import cycle, counting
-imports inside functions and modules named to importlib; no module over ~400 lines.
+A package imports only from those to its left: the language asks the registry in
+``settings`` about backends and never imports ``backends``. No import cycle, counting
+imports inside functions, under ``if TYPE_CHECKING:`` and modules named to importlib (the
+registry's strings); no module over ~400 lines. Each fact at the edges has one home: one
+module publishes files, one parses ``traceEvents``, one builds manifest lines; no private
+name crosses a package; no class of the runtime carries more than 12 instance attributes.
+Each rule is shown to catch a planted violation (tests/architecture_rules.py holds them).
 """
 
 from __future__ import annotations
@@ -12,112 +17,245 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+import architecture_rules as rules
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "policy_engine"
 MAX_LINES = 400
-LAYERS = ["errors", "_resources", "language", "plan", "backends", "runtime", "testing",
-          "integrations", "cli"]
-# What the language may ask the backends: the registry and each backend's checks.
-LANGUAGE_MAY_IMPORT = {"policy_engine.backends", "policy_engine.backends.torch",
-                       "policy_engine.backends.mstx.checks",
-                       "policy_engine.backends.nsight.checks",
-                       "policy_engine.backends.nsight.launch"}
+LAYERS = ["errors", "_resources", "settings", "files", "language", "plan", "backends",
+          "runtime", "testing", "integrations", "cli"]
 TOP_LEVEL = {"__init__.py", "__main__.py", "errors.py", "testing.py", "_resources.py"}
+PACKAGES = {"settings", "files", "language", "plan", "backends", "runtime", "integrations",
+            "cli"}
+#: The one home of each fact at the edges.
+PUBLISHER = "policy_engine.files.publish"
+TRACE_READER = "policy_engine.cli.chrome_trace"
+RECORD_BUILDER = "policy_engine.files.records"
+
+MODULES = rules.modules_under(ROOT, "policy_engine")
+TREES = {name: ast.parse(path.read_text()) for name, path in MODULES.items()}
+GRAPH = {name: rules.imports(TREES[name], name, MODULES[name], MODULES) for name in MODULES}
 
 
-def module_name(path: Path) -> str:
-    parts = path.relative_to(ROOT).with_suffix("").parts
-    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+def _offenders(check: object, *, skip: str | None = None) -> dict[str, list[str]]:
+    found = {name: check(TREES[name]) for name in sorted(MODULES)  # type: ignore[operator]
+             if name != skip}
+    return {name: where for name, where in found.items() if where}
 
 
-MODULES = {module_name(p): p for p in PACKAGE.rglob("*.py")}
-
-
-def imports(name: str) -> set[str]:
-    """Modules of the package ``name`` imports, wherever in the file (TYPE_CHECKING
-    blocks left out: they never run)."""
-    path = MODULES[name]
-    tree = ast.parse(path.read_text())
-    typing_only = {id(sub) for node in ast.walk(tree) if isinstance(node, ast.If)
-                   and getattr(node.test, "id", None) == "TYPE_CHECKING"
-                   for sub in ast.walk(node)}
-    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
-    found: set[str] = set()
-    for node in ast.walk(tree):
-        if id(node) in typing_only:
-            continue
-        if isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:
-                parts = package.split(".")
-                base = ".".join(parts[: len(parts) - node.level + 1] + ([base] if base else []))
-            for alias in node.names:
-                found.add(f"{base}.{alias.name}" if f"{base}.{alias.name}" in MODULES else base)
-        elif isinstance(node, ast.Import):
-            found.update(alias.name for alias in node.names)
-        elif isinstance(node, ast.Constant) and isinstance(node.value, str) \
-                and "." in node.value and node.value in MODULES and node.value != name:
-            found.add(node.value)  # a module named to importlib (the backend registry)
-    return {m for m in found if m in MODULES and m != name}
-
-
-GRAPH = {name: imports(name) for name in MODULES}
-
+# ------------------------------------------------------------------- the rules, on the code
 
 def test_no_import_cycles() -> None:
-    index: dict[str, int] = {}
-    low: dict[str, int] = {}
-    stack: list[str] = []
-    cycles: list[list[str]] = []
-
-    def visit(node: str) -> None:  # Tarjan's strongly connected components
-        index[node] = low[node] = len(index)
-        stack.append(node)
-        for dep in GRAPH[node]:
-            if dep not in index:
-                visit(dep)
-                low[node] = min(low[node], low[dep])
-            elif dep in stack:
-                low[node] = min(low[node], index[dep])
-        if low[node] == index[node]:
-            component = []
-            while True:
-                top = stack.pop()
-                component.append(top)
-                if top == node:
-                    break
-            if len(component) > 1:
-                cycles.append(sorted(component))
-
-    for node in GRAPH:
-        if node not in index:
-            visit(node)
-    assert cycles == []
-
-
-def layer(name: str) -> str:
-    return name.split(".")[1].removesuffix(".py") if "." in name else "__init__"
+    assert rules.cycles(GRAPH) == []
 
 
 @pytest.mark.parametrize("name", sorted(MODULES))
 def test_imports_point_down_the_layers(name: str) -> None:
-    here = layer(name)
-    if here not in LAYERS:
-        return
-    upward = sorted(dep for dep in GRAPH[name] if layer(dep) in LAYERS
-                    and LAYERS.index(layer(dep)) > LAYERS.index(here)
-                    and not (here == "language" and dep in LANGUAGE_MAY_IMPORT))
-    assert upward == []
+    assert rules.upward({name: GRAPH[name]}, LAYERS) == []
 
 
 @pytest.mark.parametrize("path", sorted(PACKAGE.rglob("*.py")), ids=lambda p: p.name)
 def test_modules_fit_in_one_sitting(path: Path) -> None:
-    assert len(path.read_text().splitlines()) <= MAX_LINES
+    lines = len(path.read_text().splitlines())
+    assert lines <= MAX_LINES, f"{path.name}: {lines} lines"
 
 
 def test_the_top_level_holds_the_entry_points_only() -> None:
     assert {p.name for p in PACKAGE.glob("*.py")} == TOP_LEVEL
     assert {p.name for p in PACKAGE.iterdir() if p.is_dir() and p.name != "__pycache__"} \
-        == {"language", "plan", "backends", "runtime", "integrations", "cli"}
+        == PACKAGES
+    # a folder without __init__.py would be a namespace package: not packaged, not checked
+    assert [p for p in PACKAGE.rglob("*") if p.is_dir() and p.name != "__pycache__"
+            and not (p / "__init__.py").exists()] == []
+
+
+def test_settings_import_nothing_above_them() -> None:
+    above = {dep for name, deps in GRAPH.items() if rules.layer(name) == "settings"
+             for dep in deps if rules.layer(dep) not in ("settings", "errors")}
+    assert above == set()
+
+
+def test_one_module_publishes_files() -> None:
+    assert _offenders(rules.publishing, skip=PUBLISHER) == {}
+
+
+def test_one_module_parses_trace_events() -> None:
+    assert _offenders(rules.trace_parsing, skip=TRACE_READER) == {}
+
+
+def test_manifest_lines_are_built_in_one_module() -> None:
+    assert _offenders(rules.record_building, skip=RECORD_BUILDER) == {}
+
+
+def test_no_private_name_crosses_a_package() -> None:
+    found = {name: rules.private_imports(TREES[name], name, MODULES[name], MODULES)
+             for name in sorted(MODULES)}
+    assert {name: where for name, where in found.items() if where} == {}
+
+
+def test_runtime_classes_stay_small() -> None:
+    found = {name: rules.crowded_classes(TREES[name]) for name in sorted(MODULES)
+             if rules.layer(name) == "runtime"}
+    assert {name: where for name, where in found.items() if where} == {}
+
+
+# ----------------------------------------------------- each rule catches a planted violation
+
+def _package(tmp_path: Path, files: dict[str, str]) -> dict[str, set[str]]:
+    for rel, text in files.items():
+        path = tmp_path / "pkg" / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    return rules.graph(rules.modules_under(tmp_path, "pkg"))
+
+
+def test_a_cycle_closed_by_a_typing_import_is_caught(tmp_path: Path) -> None:
+    edges = _package(tmp_path, {
+        "__init__.py": "",
+        "a.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from pkg import b\n",
+        "b.py": "def f():\n    from pkg.a import thing\n",
+    })
+    assert rules.cycles(edges) == [["pkg.a", "pkg.b"]]
+
+
+def test_a_cycle_closed_by_a_registry_string_is_caught(tmp_path: Path) -> None:
+    edges = _package(tmp_path, {
+        "__init__.py": "",
+        "registry.py": "import importlib\nMODULES = {'x': 'pkg.session'}\n"
+                       "def load(n):\n    return importlib.import_module(MODULES[n])\n",
+        "session.py": "from pkg import registry\n",
+    })
+    assert rules.cycles(edges) == [["pkg.registry", "pkg.session"]]
+
+
+def test_an_upward_import_through_a_string_is_caught(tmp_path: Path) -> None:
+    edges = _package(tmp_path, {
+        "__init__.py": "",
+        "settings/__init__.py": "SESSIONS = {'torch': 'pkg.backends.torch'}\n",
+        "backends/__init__.py": "",
+        "backends/torch.py": "from pkg import settings\n",
+    })
+    assert rules.upward(edges, LAYERS) == [("pkg.settings", "pkg.backends.torch")]
+    assert rules.cycles(edges) == [["pkg.backends.torch", "pkg.settings"]]
+
+
+def test_a_typing_import_upward_is_caught(tmp_path: Path) -> None:
+    edges = _package(tmp_path, {
+        "__init__.py": "", "plan/__init__.py": "", "language/__init__.py": "",
+        "plan/plan.py": "",
+        "language/model.py": "from typing import TYPE_CHECKING\n"
+                             "if TYPE_CHECKING:\n    from pkg.plan.plan import Plan\n",
+    })
+    assert rules.upward(edges, LAYERS) == [("pkg.language.model", "pkg.plan.plan")]
+
+
+@pytest.mark.parametrize("text", [
+    "import os\nos.replace(a, b)\n",
+    "import os\nos.link(a, b, src_dir_fd=d)\n",
+    "import os\nos.rename(a, b)\n",
+    "import shutil\nshutil.move(a, b)\n",
+    "import os\nfd = os.open(p, os.O_WRONLY | os.O_CREAT | os.O_EXCL)\n",
+    "from os import O_EXCL, O_CREAT\n",
+    "from os import replace\n",
+    "path.hardlink_to(other)\n",
+])
+def test_a_second_publisher_is_caught(text: str) -> None:
+    assert rules.publishing(ast.parse(text))
+
+
+def test_plain_file_work_is_no_publishing() -> None:
+    text = "import os\nos.unlink(p)\nos.makedirs(d)\nopen(p, 'w').write(s.replace('a', 'b'))\n"
+    assert rules.publishing(ast.parse(text)) == []
+
+
+@pytest.mark.parametrize("text", [
+    "events = json.load(f)['traceEvents']\n",
+    "events = data.get('traceEvents', [])\n",
+    "if 'traceEvents' in data:\n    pass\n",
+    "start = text.find('\"traceEvents\": [')\n",
+    "match = re.search(r'\"traceEvents\"\\s*:', text)\n",
+])
+def test_a_second_trace_reader_is_caught(text: str) -> None:
+    assert rules.trace_parsing(ast.parse(text))
+
+
+def test_writing_or_naming_trace_events_is_no_parsing() -> None:
+    text = ("parts = ['{\"traceEvents\":[']\n"
+            "raise TraceError(f'at event {n} of traceEvents')\n")
+    assert rules.trace_parsing(ast.parse(text)) == []
+
+
+@pytest.mark.parametrize("text", [
+    "line = {'event': 'trace', 'capture': cid, 'status': 'failed'}\n",
+    "line = dict(identity, event='open', capture=cid)\n",
+    "record.update(event='note', note='slow')\n",
+    "record['event'] = 'close'\n",
+])
+def test_a_manifest_line_built_by_hand_is_caught(text: str) -> None:
+    assert rules.record_building(ast.parse(text))
+
+
+def test_reading_manifest_lines_is_no_building() -> None:
+    text = ("if r['event'] == 'trace':\n    pass\n"
+            "row.update(event='capture', capture=key)\n"
+            "record.setdefault('event', 'trace')\n")
+    assert rules.record_building(ast.parse(text)) == []
+
+
+def test_a_private_name_from_another_package_is_caught() -> None:
+    here = PACKAGE / "cli" / "report.py"
+    text = ("from policy_engine.runtime.capture import _Cell\n"
+            "from policy_engine.cli._common import prog\n"
+            "from policy_engine.cli.analysis import _helper\n"
+            "from policy_engine.runtime import _parts\n")
+    assert rules.private_imports(ast.parse(text), "policy_engine.cli.report", here,
+                                 MODULES) == [
+        "line 1: _Cell from policy_engine.runtime.capture",
+        "line 3: _helper from policy_engine.cli.analysis",
+        "line 4: _parts from policy_engine.runtime",
+    ]
+
+
+def test_private_names_stay_free_inside_a_package() -> None:
+    here = PACKAGE / "runtime" / "profiler.py"
+    text = ("from policy_engine.runtime.capture import _Cell\n"
+            "from policy_engine.runtime import _parts\n"
+            "from . import _local\n"
+            "from policy_engine.runtime import manifest_write as _write\n"
+            "from policy_engine._resources import read_resource\n")
+    assert rules.private_imports(ast.parse(text), "policy_engine.runtime.profiler", here,
+                                 MODULES) == []
+
+
+def _class(count: int, *, slots: bool = False) -> str:
+    if slots:
+        names = ", ".join(repr(f"a{i}") for i in range(count))
+        return f"class Big:\n    __slots__ = ({names},)\n"
+    body = "".join(f"        self.a{i} = {i}\n" for i in range(count - 2))
+    return ("class Big:\n    def __init__(self):\n" + body +
+            "    def later(self):\n        self.x, (self.y, *_) = 1, (2, 3)\n"
+            "        self.a0 += 1\n")
+
+
+def test_a_class_with_too_many_attributes_is_caught() -> None:
+    assert rules.crowded_classes(ast.parse(_class(13)))
+    assert rules.crowded_classes(ast.parse(_class(13, slots=True)))
+    fields = "import attrs\n@attrs.define\nclass Big:\n" + "".join(
+        f"    a{i}: int = 0\n" for i in range(13))
+    assert rules.crowded_classes(ast.parse(fields))
+
+
+def test_twelve_attributes_are_allowed() -> None:
+    assert rules.instance_attributes(ast.parse(_class(12)))["Big"] == {
+        *(f"a{i}" for i in range(10)), "x", "y"}
+    assert rules.crowded_classes(ast.parse(_class(12))) == []
+    mixin = "class Mixin:\n" + "".join(f"    a{i}: int\n" for i in range(20))
+    assert rules.crowded_classes(ast.parse(mixin)) == []
+
+
+def test_an_oversized_module_is_caught(tmp_path: Path) -> None:
+    path = tmp_path / "long.py"
+    path.write_text("x = 1\n" * (MAX_LINES + 1))
+    with pytest.raises(AssertionError):
+        test_modules_fit_in_one_sitting(path)

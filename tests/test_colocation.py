@@ -8,7 +8,15 @@ from typing import Any
 
 import pytest
 
-from policy_engine import PolicyError, Topology, apply_policy, load_policy, profile_session
+from policy_engine import (
+    PolicyError,
+    Topology,
+    apply_policy,
+    compile_plan,
+    load_policy,
+    profile_session,
+)
+from policy_engine.language.colocation import window_roles
 from policy_engine.runtime.manifest import read_manifests, scan_manifests
 from policy_engine.testing import recording_backend
 
@@ -96,9 +104,12 @@ def test_shared_capture_names_every_role_in_policy_order(tmp_path: Path) -> None
     assert [o["roles"] for o in opens] == [["actor", "ref"]] * 2
 
 
-def test_participants_follow_each_roles_steps(tmp_path: Path) -> None:
+def test_participants_follow_each_roles_steps_and_the_name_stays(tmp_path: Path) -> None:
+    """The name is the window's (the group), the same at every step; the manifest says
+    which roles took part in each capture."""
     rows = run_colocated(tmp_path, policy(tmp_path, ref={"steps": [3]}))
-    assert [r["path"] for r in rows] == ["actor_step2.rec", "actor+ref_step3.rec"]
+    assert [r["path"] for r in rows] == ["actor+ref_step2.rec", "actor+ref_step3.rec"]
+    assert [r["roles"] for r in rows] == [["actor"], ["actor", "ref"]]
 
 
 def test_undeclared_colocation_warns_once_with_the_line_to_add(tmp_path: Path,
@@ -114,8 +125,54 @@ def test_undeclared_colocation_warns_once_with_the_line_to_add(tmp_path: Path,
 
 
 def test_a_role_of_the_group_that_is_off_on_this_rank_is_left_out(tmp_path: Path) -> None:
-    data = policy(tmp_path, ref={"ranks": [1]})
-    prof = apply_policy(object(), "actor", data, Topology(rank=0, world=2))
-    assert prof.plan.roles_for(2) == ("actor",)
-    prof = apply_policy(object(), "actor", data, Topology(rank=1, world=2))
-    assert isinstance(prof.plan.colocated, tuple) and not prof.plan.enabled
+    """It takes no part there, yet the capture keeps the window's name: every rank of a
+    step writes into one folder."""
+    name = "<role>/step<step>/rank<rank>"
+    data = policy(tmp_path, ref={"ranks": [1], "name": name},
+                  actor={"ranks": "all", "name": name}, rollout={"name": name})
+    names = {}
+    for rank in (0, 1):
+        prof = apply_policy(object(), "actor", data, Topology(rank=rank, world=2))
+        assert prof.plan.roles_for(2) == (("actor",) if rank == 0 else ("actor", "ref"))
+        names[rank] = prof.plan.capture_name(first=2, region=None, cycle=None)
+    assert names == {0: "actor+ref/step2/rank0", 1: "actor+ref/step2/rank1"}
+    prof = apply_policy(object(), "ref", data, Topology(rank=0, world=2))
+    assert not prof.plan.enabled
+
+
+@pytest.mark.parametrize(("roles", "window"), [
+    ({}, ("rollout", "actor", "ref")),  # as `roles:` lists them
+    ({"ref": {"enabled": False}}, ("rollout", "actor")),
+    ({"rollout": {"backend": "nsight", "schedule": {"active": 1}}}, ("actor", "ref")),
+    ({"rollout": {"steps": [5]}, "ref": {"steps": [9]}}, ("rollout", "actor", "ref")),
+])
+def test_the_window_is_the_enabled_group_on_the_backend(tmp_path: Path, roles: dict[str, Any],
+                                                        window: tuple[str, ...]) -> None:
+    """Steps never change it (ranks neither: the test above); being disabled or on another
+    backend does."""
+    loaded = load_policy(policy(tmp_path, colocate=[["rollout", "ref", "actor"]], **roles))
+    assert window_roles(loaded, "actor") == window
+    plan = compile_plan(loaded, "actor", Topology(rank=3, world=8))
+    assert plan.capture_name(first=2, region=None, cycle=None) == "+".join(window) + "_step2"
+    assert window_roles(load_policy(policy(tmp_path, colocate=())), "ref") == ("ref",)
+
+
+def test_the_window_name_must_tell_apart_the_ranks_of_all_its_roles(tmp_path: Path) -> None:
+    """Each role alone selects one rank, but they share one name: rank 0's actor and rank
+    1's ref would both write actor+ref_step2."""
+    def data(ref_ranks: list[int], name: str = "<role>[_step<step>]") -> dict[str, Any]:
+        found = policy(tmp_path, actor={"ranks": [0], "name": name},
+                       ref={"ranks": ref_ranks, "name": name}, rollout={"name": name})
+        found["mesh"] = {"dp": 2}
+        return found
+
+    assert messages(data([1])) == [
+        "<mapping>: error: the name cannot tell apart ranks 0 and 1 of colocated roles "
+        "'actor' and 'ref', which share one name on every rank ('actor+ref'); add <rank> "
+        "(at $.colocate[0])"]
+    assert messages(data([0])) == []  # one rank: one name
+    assert messages(data([1], "<role>[_step<step>]_<dp>")) == []  # dp0 and dp1
+    unknown = data([1])
+    del unknown["mesh"]  # no world to prove it against: <rank> is needed
+    assert "select different ranks but share one name ('actor+ref' on every rank)" in \
+        messages(unknown)[0]

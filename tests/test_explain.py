@@ -259,12 +259,13 @@ def test_text_output(capsys: pytest.CaptureFixture[str]) -> None:
         "role actor, world 4, outer steps 0-20",
         "  rank 0: profiled with torch, steps 2,3",
         "    actions per inner step: RECORD RECORD RECORD",
-        # colocate: rollout profiles rank 0 only, so it takes part there alone
+        # colocate: one window, one name on every rank, though the rollout takes part on
+        # rank 0 only (the manifest's `roles` says so)
         "    rank 0 (-): actor+ref+rollout/step2/ppo-qwen7b_rank0-of-4" + PLACEHOLDERS,
         "  ranks 1-2: not profiled",
         "  rank 3: profiled with torch, steps 2,3",
         "    actions per inner step: RECORD RECORD RECORD",
-        "    rank 3 (-): actor+ref/step2/ppo-qwen7b_rank3-of-4" + PLACEHOLDERS,
+        "    rank 3 (-): actor+ref+rollout/step2/ppo-qwen7b_rank3-of-4" + PLACEHOLDERS,
     ]
 
 

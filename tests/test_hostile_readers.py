@@ -22,10 +22,11 @@ from typing import Any
 import pytest
 
 from policy_engine.backends.memory import snapshot
-from policy_engine.backends.memory.chart import human_bytes
-from policy_engine.backends.output import find_leftovers, publish
 from policy_engine.cli import chrome_trace
 from policy_engine.cli.main import main
+from policy_engine.files.layout import find_leftovers
+from policy_engine.files.publish import publish
+from policy_engine.language.sizes import human_bytes
 from policy_engine.runtime.manifest import MANIFEST_DIR, MAX_MANIFEST_LINES, encode
 
 MiB = 1 << 20

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from policy_engine.backends.memory.chart import human_bytes, human_time, thin
+from policy_engine.backends.memory.chart import human_time, thin
 from policy_engine.backends.memory.plot import (
     Allocation,
     Frame,
@@ -26,6 +26,7 @@ from policy_engine.backends.memory.plot import (
     write_plot,
 )
 from policy_engine.cli.main import main
+from policy_engine.language.sizes import human_bytes
 
 ROOT = Path(__file__).resolve().parent.parent
 MiB = 1 << 20

@@ -19,9 +19,9 @@ from hypothesis import strategies as st
 from npu_fixtures import FAKE_ROOT, installed_fake
 
 from policy_engine.backends.base import BackendUnavailable, CaptureInfo
-from policy_engine.backends.mstx import checks
 from policy_engine.backends.mstx import session as backend
 from policy_engine.language import schema
+from policy_engine.settings import mstx as checks
 
 #: An mstx block as a plan carries it: every setting, merged over the schema's defaults.
 DEFAULTS: dict[str, Any] = dict(schema.defaults("role")["mstx"])
@@ -396,20 +396,20 @@ def test_long_and_odd_names_are_made_acceptable_to_torch_npu(
     (artifact,) = session.save(long_stem, 0)
     worker = calls(fake_npu, "tensorboard_trace_handler")[0][1]["worker_name"]
     assert len(worker) == backend.WORKER_MAX < 226
-    assert worker == backend._worker_name(long_stem)  # deterministic
+    assert worker == backend.worker_name(long_stem)  # deterministic
     assert re.fullmatch(r"actor_x+-[0-9a-f]{10}", worker)
     assert len(Path(artifact.path).name.encode()) <= 255
     assert npu_warnings(fake_npu) == []  # torch_npu kept the name
-    assert backend._worker_name("step2_lr=3e-4+warm") == "step2_lr-3e-4-warm"
+    assert backend.worker_name("step2_lr=3e-4+warm") == "step2_lr-3e-4-warm"
 
 
 @settings(max_examples=200, deadline=None)
 @given(st.text(min_size=0, max_size=400))
 def test_worker_names_are_safe_short_and_deterministic(base: str) -> None:
-    name = backend._worker_name(base)
+    name = backend.worker_name(base)
     assert re.fullmatch(r"[0-9A-Za-z._~-]+", name)
     assert len(name) <= backend.WORKER_MAX
-    assert name == backend._worker_name(base)
+    assert name == backend.worker_name(base)
     if re.fullmatch(r"[0-9A-Za-z._~-]{1,219}", base):
         assert name == base
 
@@ -692,7 +692,7 @@ def test_open_refuses_invalid_settings(fake_npu: ModuleType, tmp_path: Path) -> 
 
 
 def test_registry_finds_the_backend() -> None:
-    from policy_engine import backends
+    from policy_engine import settings as backends
 
     assert backends.canonical("npu") == "mstx"
     assert backends.checks("npu") is checks

@@ -18,10 +18,10 @@ import pytest
 
 from policy_engine import Topology, compile_plan, load_policy, profile_session
 from policy_engine.backends.base import BackendUnavailable, CaptureInfo
-from policy_engine.backends.nsight import checks as nsight_checks
 from policy_engine.backends.nsight import session as nsight
 from policy_engine.runtime.manifest import read_manifests
 from policy_engine.runtime.state import slot
+from policy_engine.settings import nsight as nsight_checks
 
 CAPTURE = ("policy_engine.capture", "policy_engine")
 

@@ -1,4 +1,4 @@
-"""backends/output.py: files are written whole or not at all, never outside output_dir."""
+"""files/publish.py: files are written whole or not at all, never outside output_dir."""
 
 from __future__ import annotations
 
@@ -11,8 +11,10 @@ from typing import Any
 
 import pytest
 
-from policy_engine.backends import output
-from policy_engine.backends.output import UnsafePathError, find_leftovers, write_atomic
+from policy_engine.files import layout as output_layout
+from policy_engine.files import publish as output
+from policy_engine.files.layout import find_leftovers
+from policy_engine.files.publish import UnsafePathError, write_atomic
 from policy_engine.runtime import manifest
 
 
@@ -69,7 +71,7 @@ def test_the_writer_sees_a_hidden_temporary_path_with_the_extension(out: Path) -
     assert os.path.dirname(seen[0]) == str(out)
     assert name.startswith(f".policy-engine-{os.getpid()}-")
     assert name.endswith(".tmp.pt.trace.json.gz")
-    assert output.is_temp_name(name) and output.temp_pid(name) == os.getpid()
+    assert output_layout.is_temp_name(name) and output_layout.temp_pid(name) == os.getpid()
     write_atomic(str(out), "u", ".pt.trace.json.gz", writer)
     assert seen[1] != seen[0]  # unpredictable, not pid + thread id
 

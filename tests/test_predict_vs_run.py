@@ -84,7 +84,7 @@ def cases(draw: Any, merged_cycles: bool = False
                               "roles": {"actor": role}}
     if mesh:
         policy["mesh"] = mesh
-    if draw(st.booleans()):  # a colocated role whose steps decide the names' <role>
+    if draw(st.booleans()):  # a colocated role: <role> names the window, every step
         policy["roles"]["ref"] = dict(role, steps=draw(steps), ranks="all")
         policy["colocate"] = [["ref", "actor"]]
     lo = draw(st.integers(0, 4))

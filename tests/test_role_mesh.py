@@ -224,12 +224,13 @@ def test_a_role_mesh_that_does_not_cover_the_world_names_itself(tmp_path: Path) 
     assert "mesh dp=4,tp=2 has 8 ranks but the world has 16" in problem.message
 
 
-@pytest.mark.parametrize(("actor_ranks", "label"), [("{dp: 1}", "rollout"),
-                                                    ("{dp: 2}", "actor+rollout")])
+@pytest.mark.parametrize(("actor_ranks", "taking_part"), [("{dp: 1}", ("rollout",)),
+                                                          ("{dp: 2}", ("actor", "rollout"))])
 def test_colocated_peers_are_placed_in_their_own_mesh(tmp_path: Path, actor_ranks: str,
-                                                      label: str) -> None:
+                                                      taking_part: tuple[str, ...]) -> None:
     """Rank 2 is the actor's dp2 and the rollout's dp1: the actor takes part in the
-    rollout's captures there when its own coordinates select it."""
+    rollout's captures there when its own coordinates select it (the name is the whole
+    window's either way)."""
     text = (BASE.replace("roles:\n", "defaults: {name: '<role>_step<step>_rank<rank>'}\nroles:\n")
             .replace("{dp: [0, -1]}", actor_ranks) + "colocate: [[actor, rollout]]\n")
     policy = load_policy(write(tmp_path, text))
@@ -239,7 +240,8 @@ def test_colocated_peers_are_placed_in_their_own_mesh(tmp_path: Path, actor_rank
     live = compile_plan(policy, "rollout", attrs.evolve(
         Topology.for_rank(2, 8, {"dp": 4, "tp": 2}), source="device_mesh"))
     for plan in (explicit, simulated, live):
-        assert plan.capture_name(first=2, region=None, cycle=None) == f"{label}_step2_rank2"
+        assert plan.roles_for(2) == taking_part
+        assert plan.capture_name(first=2, region=None, cycle=None) == "actor+rollout_step2_rank2"
 
 
 @pytest.fixture

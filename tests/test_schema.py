@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from jsonschema import Draft202012Validator
 
-from policy_engine import backends
+from policy_engine import settings as backends
 from policy_engine.language import schema
 from policy_engine.language.frozen import thaw
 from policy_engine.language.mesh import DIMS

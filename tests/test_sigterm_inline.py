@@ -3,7 +3,8 @@ backend call, the save or the manifest line under way, then saves what is record
 
 The signal is raised from inside a backend call (``signal.raise_signal``), so Python
 runs the handler at that very point. The handler that was there before ours is replaced,
-for the test, by one that records the signal instead of ending the process.
+for the test, by one that records the signal instead of ending the process; a handler a
+framework put over ours earlier in this process is set aside for the test.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import pytest
 
 from policy_engine import Topology, profile_session
 from policy_engine.backends.base import Artifact, CaptureInfo
-from policy_engine.backends.output import write_atomic
+from policy_engine.files.publish import write_atomic
 from policy_engine.runtime import signals
 from policy_engine.runtime.manifest import scan_manifests
 from policy_engine.runtime.state import STATE, slot
@@ -97,11 +98,16 @@ def caught(monkeypatch: Any) -> Iterator[list[int]]:
     found = slot("torch")
     previous = found.backend
     signals.install()  # from this (the main) thread
-    if signal.getsignal(signal.SIGTERM) is not signals._on_sigterm:
-        pytest.skip("another SIGTERM handler replaced the engine's in this process")
+    # A framework tested earlier in this process (Lightning, Ray) may have put its own
+    # handler over the engine's: put the engine's back for the test, theirs after it.
+    current = signal.getsignal(signal.SIGTERM)
+    signal.signal(signal.SIGTERM, signals._on_sigterm)
     monkeypatch.setattr(STATE, "previous_sigterm", lambda signum, frame: got.append(signum))
-    yield got
-    found.backend = previous
+    try:
+        yield got
+    finally:
+        signal.signal(signal.SIGTERM, current)
+        found.backend = previous
 
 
 def run(out: Path, backend: SignalBackend, schedule: dict[str, Any] | None) -> None:

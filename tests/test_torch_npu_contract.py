@@ -33,9 +33,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from npu_fixtures import installed_fake
 
-from policy_engine.backends.mstx import checks
 from policy_engine.backends.mstx import session as backend
 from policy_engine.language import schema
+from policy_engine.settings import mstx as checks
 
 VERSION, OLD = "2.13.0", "2.5.1"
 FILES = (

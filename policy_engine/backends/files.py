@@ -49,13 +49,13 @@ def numbered_reports(settings: Mapping[str, Any]) -> bool:
 def _ascend_folder(name: str) -> str:
     """torch_npu's folder for a cycle named ``name``, with its pid and time as
     placeholders; placeholders in ``name`` survive torch_npu's character rules."""
-    from policy_engine.backends.mstx.session import _worker_name
+    from policy_engine.backends.mstx.session import worker_name
 
     sub, base = os.path.split(name)
     found = _PLACEHOLDER.findall(base)
     for i, text in enumerate(found):  # plain letters pass the sanitizer unchanged
         base = base.replace(text, f"PEHOLD{i}X", 1)
-    worker = _worker_name(base)
+    worker = worker_name(base)
     for i, text in enumerate(found):
         worker = worker.replace(f"PEHOLD{i}X", text, 1)
     return os.path.join(sub, f"{worker}_<pid>_<npu_timestamp>{ASCEND}") + "/"

@@ -9,7 +9,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from policy_engine.cli.usage import UsageError
-from policy_engine.errors import PolicyError, did_you_mean
+from policy_engine.errors import PolicyError
 from policy_engine.language.document import PolicyFileError
 from policy_engine.language.load import Analysis, analyze, read_source
 from policy_engine.language.mesh import mesh_size, parse_mesh
@@ -36,7 +36,22 @@ def positive_int(text: str) -> int:
     return int(text)
 
 
-def add_layout_options(parser: argparse.ArgumentParser) -> None:
+def policy_parser(sub: Any, name: str, help: str, doc: str | None, *, files: bool = False,
+                  role: Mapping[str, Any] | None = None) -> argparse.ArgumentParser:
+    """The parser of a command over a policy: ``FILE`` (``FILE...`` with ``files``), then
+    ``--role`` with ``role``'s keywords when given, then the layout options."""
+    parser: argparse.ArgumentParser = sub.add_parser(name, help=help, description=doc)
+    if files:
+        parser.add_argument("files", nargs="+", metavar="FILE")
+    else:
+        parser.add_argument("file", metavar="FILE")
+    if role:
+        parser.add_argument("--role", **role)
+    _add_layout_options(parser)
+    return parser
+
+
+def _add_layout_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--world", type=positive_int, metavar="N",
                         help="number of ranks in the job (checks rank selectors)")
     parser.add_argument("--mesh", type=mesh_arg, metavar="pp=2,dp=2,tp=2",
@@ -87,8 +102,8 @@ def load_role_layout(args: argparse.Namespace, command: str) -> tuple[Policy, in
     assert policy is not None  # load_checked raised on errors
     if args.mesh:
         policy = policy.with_mesh(args.mesh)
-    if args.role not in policy.roles:
-        hint = did_you_mean(args.role, policy.roles)
+    hint = policy.unknown_role(args.role)
+    if hint is not None:
         print(f"policy-engine {command}: warning: role {args.role!r} is not in the "
               f"policy{hint}; it gets the defaults", file=sys.stderr)
     mesh = policy.mesh_for(args.role)

@@ -15,14 +15,14 @@ import shlex
 import sys
 from typing import Any
 
-from policy_engine import backends
+from policy_engine import settings as registry
 from policy_engine.backends.engine.kind import staging_folder
 from policy_engine.backends.sglang import checks as sglang
 from policy_engine.backends.vllm import checks as vllm
 from policy_engine.cli._common import (
     add_format_option,
-    add_layout_options,
     load_role_layout,
+    policy_parser,
     print_json,
 )
 from policy_engine.cli.usage import UsageError
@@ -30,10 +30,8 @@ from policy_engine.language.model import Policy
 
 
 def add_parser(sub: Any, name: str, help: str) -> None:
-    parser = sub.add_parser(name, help=help, description=__doc__)
-    parser.add_argument("file", metavar="FILE")
-    parser.add_argument("--role", default="rollout", help="the engine's role (rollout)")
-    add_layout_options(parser)
+    parser = policy_parser(sub, name, help, __doc__, role={
+        "default": "rollout", "help": "the engine's role (rollout)"})
     add_format_option(parser, "shell", "json", "python")
     parser.set_defaults(run=run, format="shell")
 
@@ -41,9 +39,9 @@ def add_parser(sub: Any, name: str, help: str) -> None:
 def build(policy: Policy, role: str) -> dict[str, Any]:
     """What the formats print, as data."""
     spec = policy.role(role)
-    if spec.backend not in backends.ENGINES:
+    if spec.backend not in registry.ENGINES:
         raise UsageError(f"role {role!r} profiles with {spec.backend}, not an engine "
-                         f"({', '.join(sorted(backends.ENGINES))})")
+                         f"({', '.join(sorted(registry.ENGINES))})")
     settings = spec.settings
     mesh = dict(policy.mesh_for(role) or {})
     data: dict[str, Any] = {"role": role, "engine": spec.backend, "enabled": spec.enabled,

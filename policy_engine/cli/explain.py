@@ -13,23 +13,19 @@ from policy_engine import backends
 from policy_engine.backends.files import name_files
 from policy_engine.cli._common import (
     add_format_option,
-    add_layout_options,
     load_role_layout,
+    policy_parser,
     positive_int,
 )
-from policy_engine.cli.forecast import Sizes, forecast, read_sizes
-from policy_engine.cli.traces import _size
+from policy_engine.cli.forecast import Sizes, add_sizes_option, forecast, read_sizes
+from policy_engine.cli.format import size_cell
 from policy_engine.cli.usage import UsageError
 from policy_engine.plan.plan import Plan
 from policy_engine.plan.predict import iter_ranks
 
 
 def add_parser(sub: Any, name: str, help: str) -> None:
-    parser = sub.add_parser(name, help=help,
-                            description=__doc__)
-    parser.add_argument("file", metavar="FILE")
-    parser.add_argument("--role", required=True)
-    add_layout_options(parser)
+    parser = policy_parser(sub, name, help, __doc__, role={"required": True})
     parser.add_argument("--steps", default="0-20", metavar="A-B",
                         help="outer steps to show (default 0-20)")
     parser.add_argument("--inner-steps", type=positive_int, metavar="N",
@@ -41,9 +37,7 @@ def add_parser(sub: Any, name: str, help: str) -> None:
                         help="processes per node (for <node>/<local_rank>)")
     parser.add_argument("--region-calls", type=positive_int, default=1, metavar="N",
                         help="discrete mode: calls of each region per step (default 1)")
-    parser.add_argument("--sizes-from", metavar="DIR",
-                        help="forecast bytes per trace and in total from the manifests of "
-                             "an earlier run under DIR")
+    add_sizes_option(parser, "forecast bytes per trace and in total")
     add_format_option(parser)
     parser.set_defaults(run=run)
 
@@ -62,9 +56,8 @@ def _window(text: str) -> tuple[int, int]:
 def run(args: argparse.Namespace) -> int:
     policy, world = load_role_layout(args, "explain")
     lo, hi = _window(args.steps)
-    ranks = iter_ranks(policy, args.role, world=world, mesh=policy.mesh_for(args.role),
-                       lo=lo, hi=hi, inner=args.inner_steps, local_world=args.local_world,
-                       region_calls=args.region_calls,
+    ranks = iter_ranks(policy, args.role, world=world, lo=lo, hi=hi, inner=args.inner_steps,
+                       local_world=args.local_world, region_calls=args.region_calls,
                        files=plan_files if args.format == "json" else None)
     total: dict[str, Any] | None = None
     if args.sizes_from:
@@ -110,7 +103,7 @@ def _with_forecast(ranks: Iterable[dict[str, Any]], sizes: Sizes, role: str,
 
 
 def _total_line(total: dict[str, Any], lo: int, hi: int) -> str:
-    line = (f"forecast for steps {lo}-{hi}: {total['traces']} traces, {_size(total['bytes'])} "
+    line = (f"forecast for steps {lo}-{hi}: {total['traces']} traces, {size_cell(total['bytes'])} "
             f"over {total['processes']} profiled processes")
     if total["unknown"]:
         line += f" ({total['unknown']} with nothing to go by)"
@@ -125,8 +118,18 @@ def _print_json(role: str, world: int, ranks: Iterable[dict[str, Any]],
     encode = json.JSONEncoder().encode
     batch: list[str] = []
     sep = ""
+    shapes: dict[tuple[str, ...], str] = {}  # the coordinates' names -> a rank's text
     for entry in ranks:
-        batch.append(encode(entry) if entry["profiled"] else _unprofiled(entry))
+        if entry["profiled"]:
+            batch.append(encode(entry))
+            continue
+        coords = entry["coords"]
+        names = tuple(coords)
+        shape = shapes.get(names)
+        if shape is None:
+            shape = shapes[names] = _unprofiled(names)
+        batch.append(shape % (entry["rank"], *coords.values(), entry["local_rank"],
+                              entry["node"]))
         if len(batch) == 4096:  # few large writes instead of one per rank
             out.write(sep + ",\n  ".join(batch))
             batch.clear()
@@ -136,12 +139,13 @@ def _print_json(role: str, world: int, ranks: Iterable[dict[str, Any]],
     out.write("\n]" + ("" if total is None else f', "forecast": {json.dumps(total)}') + "}\n")
 
 
-def _unprofiled(entry: dict[str, Any]) -> str:
-    """The JSON of a rank that does not profile, written directly: most ranks of a large
-    world are these, and the encoder is the larger part of their cost."""
-    coords = ", ".join(f'"{dim}": {index}' for dim, index in entry["coords"].items())
-    return (f'{{"rank": {entry["rank"]}, "profiled": false, "coords": {{{coords}}}, '
-            f'"local_rank": {entry["local_rank"]}, "node": {entry["node"]}}}')
+def _unprofiled(dims: tuple[str, ...]) -> str:
+    """The JSON of a rank that does not profile, with these coordinates, as a ``%``
+    format of its rank, coordinates, local rank and node: most ranks of a large world are
+    these, and the encoder would be the larger part of their cost."""
+    coords = ", ".join(f'"{dim}": %d' for dim in dims)
+    return (f'{{"rank": %d, "profiled": false, "coords": {{{coords}}}, '
+            '"local_rank": %d, "node": %d}')
 
 
 def _coords(entry: dict[str, Any]) -> str:
@@ -163,7 +167,7 @@ def _beyond_plan(entry: dict[str, Any]) -> list[str]:
     limits = entry.get("limits")
     if limits:
         parts = [f"{limits['captures']} captures" if limits["captures"] else "",
-                 _size(limits["bytes"]) if limits["bytes"] else ""]
+                 size_cell(limits["bytes"]) if limits["bytes"] else ""]
         out.append("limits: at most " + " and ".join(p for p in parts if p) +
                    " per process (traces past them are not listed)")
     return out
@@ -204,8 +208,8 @@ def _print_text(role: str, world: int, lo: int, hi: int,
         found = first.get("forecast")
         if found is not None:
             print("    forecast: " + (
-                f"{found['traces']} traces x {_size(found['bytes_per_trace'])} = "
-                f"{_size(found['bytes'])} per process ({found['why']})"
+                f"{found['traces']} traces x {size_cell(found['bytes_per_trace'])} = "
+                f"{size_cell(found['bytes'])} per process ({found['why']})"
                 if found["bytes"] is not None else found["why"]))
         shown = group if len(group) <= 4 else [group[0], group[-1]]
         for entry in shown:

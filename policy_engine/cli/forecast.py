@@ -10,6 +10,7 @@ is the forecast.
 
 from __future__ import annotations
 
+import argparse
 import statistics
 from collections import defaultdict
 from collections.abc import Mapping
@@ -17,11 +18,10 @@ from typing import Any
 
 import attrs
 
-from policy_engine.cli.traces import _size
+from policy_engine.cli.format import size_cell
 from policy_engine.cli.usage import UsageError
 from policy_engine.language.model import Policy, RoleSpec
 from policy_engine.plan.captures import count_ranges
-from policy_engine.plan.plan import Plan, RegionPlan
 from policy_engine.runtime.manifest import scan_manifests
 
 
@@ -51,6 +51,12 @@ class Sizes:
             how.append(f"median of {len(others)} {backend} traces of other roles (none "
                        f"of {role!r})")
         return total, "; ".join(how) + f", under {self.source}"
+
+
+def add_sizes_option(parser: argparse.ArgumentParser, what: str) -> None:
+    """``--sizes-from DIR``: ``what`` the command does with the sizes it reads."""
+    parser.add_argument("--sizes-from", metavar="DIR",
+                        help=f"{what} from the manifests of an earlier run under DIR")
 
 
 def read_sizes(folder: str) -> Sizes:
@@ -90,10 +96,10 @@ def planned_traces(spec: RoleSpec) -> int | None:
     """The trace files (cycles) one profiled process of ``spec`` writes over the whole run,
     as ``nsys-args`` counts capture ranges; None when the plan cannot say (endless steps,
     or a schedule that repeats without end over an unknown number of inner steps)."""
-    plan = Plan(spec, 0, 1, True, spec.template, regions=tuple(
-        RegionPlan(r.name, r.enabled, r.schedule if r.own_schedule else spec.schedule)
-        for r in spec.regions))
-    return count_ranges(plan, region_calls=1 if spec.discrete else None).total
+    # Here, not at the top: validate imports this module and pays for compile only
+    # when it forecasts (--sizes-from).
+    from policy_engine.plan.compile import counting_plan
+    return count_ranges(counting_plan(spec), region_calls=1 if spec.discrete else None).total
 
 
 def budget_problems(policy: Policy, sizes: Sizes) -> list[tuple[str, str, str]]:
@@ -110,7 +116,7 @@ def budget_problems(policy: Policy, sizes: Sizes) -> list[tuple[str, str, str]]:
             continue
         each, why = found
         out.append((role, "limits", (
-            f"forecast {_size(traces * each)} per process ({traces} traces x {_size(each)}: "
-            f"{why}) exceeds limits.bytes {spec.limits.bytes_text}: captures stop after "
-            f"about {max(1, -(-limit // each))} traces")))
+            f"forecast {size_cell(traces * each)} per process ({traces} traces x "
+            f"{size_cell(each)}: {why}) exceeds limits.bytes {spec.limits.bytes_text}: "
+            f"captures stop after about {max(1, -(-limit // each))} traces")))
     return out

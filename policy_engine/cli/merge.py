@@ -23,12 +23,14 @@ import sys
 from collections.abc import Iterable
 from typing import IO, Any
 
-from policy_engine.backends.output import publish
 from policy_engine.cli._common import whole_number
 from policy_engine.cli.chrome_trace import TraceError, TraceReader
+from policy_engine.cli.format import rank_spans
 from policy_engine.cli.trace_process import ProcessMap
 from policy_engine.cli.usage import UsageError
+from policy_engine.cli.window_roles import families, holds, label
 from policy_engine.errors import did_you_mean
+from policy_engine.files.publish import publish
 from policy_engine.runtime.manifest import file_of, scan_manifests
 
 _PROG = "policy-engine merge"
@@ -61,15 +63,6 @@ def add_parser(sub: Any, name: str, help: str) -> None:
 
 # -- choosing the window ---------------------------------------------------------------
 
-def _label(record: dict[str, Any]) -> str:
-    """The roles a trace belongs to, as ``traces`` shows them (``actor+ref``)."""
-    declared = [str(r) for r in record.get("roles") or []]
-    joined = [str(r) for r in record.get("joined") or []]
-    if declared:
-        return "+".join(declared + [r for r in joined if r not in declared])
-    return "+".join([str(record.get("role")), *joined])
-
-
 def _is_torch(record: dict[str, Any]) -> bool:
     path = record.get("path")
     return record.get("backend") == "torch" or (
@@ -78,11 +71,7 @@ def _is_torch(record: dict[str, Any]) -> bool:
 
 def _span(values: Iterable[Any]) -> str:
     """``[0, 1, 2, 5]`` as ``0-2, 5``."""
-    values = list(values)
-    ints = sorted({v for v in values if isinstance(v, int)})
-    parts = [f"{g[0][1]}-{g[-1][1]}" if len(g) > 1 else str(g[0][1]) for g in (
-        list(run) for _, run in itertools.groupby(enumerate(ints), lambda p: p[1] - p[0]))]
-    return ", ".join(parts + ["?"] * any(not isinstance(v, int) for v in values)) or "-"
+    return rank_spans(values, sep=", ", empty="-")
 
 
 def _warn(where: str, why: str) -> None:
@@ -112,15 +101,18 @@ def _records(root: str) -> tuple[list[dict[str, Any]], set[str]]:
                 _warn(f"{r['_manifest']}:{r['_line']}", str(err))
                 continue
             inputs.add(record["_file"])
-        record["_label"] = _label(record)
+        record["_label"] = label(record)  # the roles that took part on its rank
         rows.append(record)
     if not rows:
         raise UsageError(f"the manifests under {root} record no traces")
+    family = families(rows)  # one window across ranks whose roles differ (window_roles)
+    for r in rows:
+        r["_window"] = family[r["_label"]]
     rows.sort(key=lambda r: (r["start"] if isinstance(r.get("start"), (int, float)) else 0))
     nth: dict[tuple[Any, ...], int] = {}
     for r in rows:  # the i-th capture of the same steps and cycle, per rank and backend
         steps = tuple(r.get("steps") or ())
-        key = (r["_label"], r.get("region"), steps, r.get("cycle"))
+        key = (r["_window"], r.get("region"), steps, r.get("cycle"))
         who = (*key, r.get("rank"), repr(r.get("backend")), _is_torch(r))
         nth[who] = nth.get(who, 0) + 1
         r["_key"] = (*key, nth[who])
@@ -150,17 +142,18 @@ def _listing(windows: dict[tuple[Any, ...], list[dict[str, Any]]]) -> str:
 
 def choose(rows: list[dict[str, Any]], args: argparse.Namespace) -> list[dict[str, Any]]:
     """The trace lines (every backend) of the one window the arguments name."""
-    labels = sorted({r["_label"] for r in rows})
+    labels = sorted({r["_window"] for r in rows})
     if args.role is not None:
-        labels = [x for x in labels if args.role == x or args.role in x.split("+")]
+        # Every window that holds the role, on every rank where it took part.
+        every = labels
+        rows = [r for r in rows if args.role == r["_window"] or holds(r, args.role)]
+        labels = sorted({r["_window"] for r in rows})
         if not labels:
-            every = sorted({r["_label"] for r in rows})
             raise UsageError(f"no role {args.role!r} under {args.dir}: it holds "
                              f"{', '.join(every)}{did_you_mean(args.role, every)}")
     elif len(labels) > 1:
         raise UsageError(f"{args.dir} holds traces of {len(labels)} roles "
                          f"({', '.join(labels)}): choose one with --role")
-    rows = [r for r in rows if r["_label"] in labels]
     torch = [r for r in rows if _is_torch(r)]
     if not torch:
         kinds = sorted({str(r.get("backend")) for r in rows})
@@ -327,7 +320,7 @@ def merge(records: list[dict[str, Any]], root: str, out: str, force: bool) -> in
                 writer.event(event)
         first = records[0]
         writer.finish({"schemaVersion": 1, "baseTimeNanoseconds": ref, "policy_engine_merge": {
-            "role": first["_label"], "region": first.get("region"),
+            "role": first["_window"], "region": first.get("region"),
             "steps": first.get("steps"), "cycle": first.get("cycle"),
             "ranks": [r.get("rank") for r in records],
             "traces": [os.path.relpath(r["_file"], root) for r in records]}})

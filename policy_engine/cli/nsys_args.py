@@ -13,8 +13,7 @@ import os
 import shlex
 import sys
 import textwrap
-from collections.abc import Iterable, Iterator
-from types import MappingProxyType
+from collections.abc import Iterator
 from typing import Any
 
 from policy_engine.backends.nsight.launch import (
@@ -25,17 +24,19 @@ from policy_engine.backends.nsight.launch import (
 )
 from policy_engine.cli._common import (
     add_format_option,
-    add_layout_options,
     load_role_layout,
+    policy_parser,
     positive_int,
     print_json,
 )
+from policy_engine.cli.format import complement_spans, rank_spans
 from policy_engine.cli.usage import UsageError
 from policy_engine.errors import PolicyError, Problem, json_path
 from policy_engine.language.frozen import thaw
 from policy_engine.language.model import Policy
 from policy_engine.plan.captures import count_ranges
-from policy_engine.plan.compile import compile_plan, selects
+from policy_engine.plan.compile import compile_plan
+from policy_engine.plan.placement import places
 from policy_engine.plan.topology import Topology
 
 #: Report paths listed per rank; the rest follow the same numbering.
@@ -49,12 +50,7 @@ def _count(text: str) -> int:
 
 
 def add_parser(sub: Any, name: str, help: str) -> None:
-    parser = sub.add_parser(
-        name, help=help, description=__doc__
-    )
-    parser.add_argument("file", metavar="FILE")
-    parser.add_argument("--role", required=True)
-    add_layout_options(parser)
+    parser = policy_parser(sub, name, help, __doc__, role={"required": True})
     parser.add_argument(
         "--local-world",
         type=positive_int,
@@ -90,41 +86,8 @@ def add_parser(sub: Any, name: str, help: str) -> None:
 
 def _profiled(policy: Policy, role: str, world: int, local_world: int | None) -> Iterator[Topology]:
     """The ranks whose plan is on, placed as the runtime places them."""
-    spec = policy.role(role)
-    if not spec.enabled:
-        return
-    own = policy.mesh_for(role)  # the role's own mesh, else the top-level one
-    mesh = MappingProxyType(dict(own)) if own else None
-    for rank in range(world):
-        topo = Topology.for_rank(rank, world, mesh, local_world)
-        if selects(spec, topo):
-            yield topo
-
-
-def _complement(profiled: list[Topology], world: int) -> str:
-    """The ranks of ``range(world)`` not in ``profiled`` (sorted), as spans."""
-    out: list[str] = []
-    start = 0
-    for topo in [*profiled, None]:
-        end = world if topo is None else topo.rank
-        if end > start:
-            out.append(str(start) if end - start == 1 else f"{start}-{end - 1}")
-        start = end + 1
-    return ",".join(out) or "none"
-
-
-def spans(ranks: Iterable[int]) -> str:
-    """``[0, 1, 2, 5]`` -> ``"0-2,5"``."""
-    out: list[str] = []
-    run: list[int] = []
-    for rank in sorted(ranks):
-        if run and rank != run[-1] + 1:
-            out.append(str(run[0]) if len(run) == 1 else f"{run[0]}-{run[-1]}")
-            run = []
-        run.append(rank)
-    if run:
-        out.append(str(run[0]) if len(run) == 1 else f"{run[0]}-{run[-1]}")
-    return ",".join(out) or "none"
+    return (place.topology for place in places(policy, role, world, local_world)
+            if place.topology is not None)
 
 
 def build(policy: Policy, role: str, world: int, args: argparse.Namespace) -> dict[str, Any]:
@@ -144,8 +107,8 @@ def build(policy: Policy, role: str, world: int, args: argparse.Namespace) -> di
         "world": world,
         "policy": policy.source,
         "capture": settings["capture"],
-        "profiled_ranks": spans(t.rank for t in profiled),
-        "unprofiled_ranks": _complement(profiled, world),
+        "profiled_ranks": rank_spans((t.rank for t in profiled), empty="none"),
+        "unprofiled_ranks": complement_spans((t.rank for t in profiled), world),
         "ranks": {},
     }
     if not plans:

@@ -19,12 +19,13 @@ import struct
 from collections.abc import Iterator
 from typing import Any
 
-from policy_engine.backends.output import publish
 from policy_engine.cli._common import whole_number
 from policy_engine.cli.chrome_trace import TraceError, TraceReader, TraceTooLarge
+from policy_engine.cli.format import size_cell
 from policy_engine.cli.report_page import Capture, Ops, captures, render
-from policy_engine.cli.traces import _size, collect
+from policy_engine.cli.traces import collect
 from policy_engine.cli.usage import UsageError
+from policy_engine.files.publish import publish
 
 #: Trace events whose self time the page lists (others still nest: a user_annotation
 #: range encloses operators but is not one).
@@ -50,12 +51,11 @@ def add_parser(sub: Any, name: str, help: str) -> None:
     parser.add_argument("--ops", type=whole_number, default=32, metavar="N",
                         help="torch traces to read operators from, those that need "
                              "attention first (default: 32; 0 reads none)")
-    parser.add_argument("--max-trace-mb", type=whole_number, default=128, metavar="MB",
-                        help="skip the operators of a trace longer than this, "
-                             "uncompressed (default: 128)")
-    parser.add_argument("--max-total-mb", type=whole_number, default=512, metavar="MB",
-                        help="read at most this much trace text for operators in all, "
-                             "uncompressed (default: 512)")
+    for flag, default, what in (
+            ("--max-trace-mb", 128, "skip the operators of a trace longer than this"),
+            ("--max-total-mb", 512, "read at most this much trace text for operators in all")):
+        parser.add_argument(flag, type=whole_number, default=default, metavar="MB",
+                            help=f"{what}, uncompressed (default: {default})")
     parser.set_defaults(run=run)
 
 
@@ -145,7 +145,7 @@ def read_ops(path: str, *, top: int, limit: int, budget: int | None = None,
     declared = _declared_size(path)
     if declared is not None and declared > limit:
         return Ops(why=f"operators not read: its gzip trailer says it inflates to "
-                       f"{_size(declared)}, over {_size(limit)} (--max-trace-mb)")
+                       f"{size_cell(declared)}, over {size_cell(limit)} (--max-trace-mb)")
     cap = limit if budget is None else min(limit, budget)
     reader = None
     try:
@@ -155,7 +155,7 @@ def read_ops(path: str, *, top: int, limit: int, budget: int | None = None,
         if cap < limit:
             return Ops(why="operators not read: the traces read before it used up "
                            "--max-total-mb")
-        return Ops(why=f"operators not read: the trace is over {_size(limit)} "
+        return Ops(why=f"operators not read: the trace is over {size_cell(limit)} "
                        "uncompressed (--max-trace-mb)")
     except _TooMany:
         return Ops(why=f"operators not read: more than {MAX_OP_EVENTS:,} timed events")

@@ -16,7 +16,9 @@ from urllib.parse import quote
 
 import attrs
 
-from policy_engine.cli.traces import _cell, _roles, _size, _steps, _summary
+from policy_engine.cli.format import rank_spans, size_cell
+from policy_engine.cli.traces import _cell, _roles, _steps, _summary
+from policy_engine.cli.window_roles import families
 
 #: Most severe first: the order of the attention list and of the grid's rows.
 SEVERITY = ("failed", "oom", "interrupted", "partial", "running", "complete")
@@ -87,6 +89,9 @@ def captures(data: dict[str, Any], root: str, page_dir: str) -> list[Capture]:
     out = []
     # Paths are relative to root and stay inside it: one relpath serves every link.
     up = os.path.relpath(os.path.abspath(root), page_dir)
+    # One section per window family: a shared capture whose roles differ by rank (verl's
+    # rollout on rank 0 only) is one role on the page, not two.
+    family = families([*data["traces"], *data["interrupted"]])
     for r in [*data["traces"], *data["interrupted"]]:
         rank = r.get("rank")
         path = r.get("path") if r.get("event") != "capture" else None
@@ -96,28 +101,11 @@ def captures(data: dict[str, Any], root: str, page_dir: str) -> list[Capture]:
             href = "./" + quote(rel.replace(os.sep, "/"), safe="/")
         message = r.get("reason") if r.get("event") == "capture" else r.get("error")
         out.append(Capture(
-            role=_roles(r), rank=rank if isinstance(rank, int) else None,
+            role=family[_roles(r)], rank=rank if isinstance(rank, int) else None,
             column=_column(r), status=str(r.get("status")), record=r,
             path=path, href=href, exists=bool(r.get("exists", path is None)),
             message=message))
     return out
-
-
-def ranges(ranks: Iterable[int | None]) -> str:
-    """``[0, 1, 2, 5, None]`` -> ``0-2,5,?``."""
-    ranks = list(ranks)
-    known = sorted({r for r in ranks if r is not None})
-    parts: list[str] = []
-    i = 0
-    while i < len(known):
-        j = i
-        while j + 1 < len(known) and known[j + 1] == known[j] + 1:
-            j += 1
-        parts.append(str(known[i]) if i == j else f"{known[i]}-{known[j]}")
-        i = j + 1
-    if None in ranks:
-        parts.append("?")
-    return ",".join(parts)
 
 
 def _weight(c: Capture) -> int:
@@ -152,7 +140,7 @@ def _grid(role: str, entries: list[Capture]) -> str:
     head = "".join(f'<th class="col">{_esc(label)}</th>' for _key, label in columns)
     rows = []
     for _sig, ranks in sorted(groups.items(), key=order):
-        text = ranges(ranks)
+        text = rank_spans(ranks)
         count = len(ranks)
         label = f"rank {text}" if count == 1 else f"ranks {text} ({count})"
         tds = []
@@ -167,7 +155,7 @@ def _grid(role: str, entries: list[Capture]) -> str:
             mark = SYMBOL.get(status, "?") + (f"\u00d7{per}" if per and per > 1 else "")
             total = sum(b for c in found if isinstance(b := c.record.get("bytes"), int))
             tip = (f"{role} step {col[1]}: {len(found)} capture(s) on {count} rank(s), "
-                   f"{status}; {_size(total)}"
+                   f"{status}; {size_cell(total)}"
                    + (f"; {lost} file(s) missing" if lost else ""))
             tds.append(
                 f'<td class="s-{_esc(status)}{" lost" if lost else ""}" '
@@ -210,7 +198,7 @@ def _listing(entries: list[Capture], ops: dict[int, Ops]) -> str:
         rows.append(
             f'<tr class="s-{_esc(c.status)}"><td class="n">{_esc(_rank_text(c.rank))}</td>'
             f'<td>{_esc(c.column[1])}</td><td>{"-" if cycle is None else _esc(cycle)}</td>'
-            f'<td>{_esc(c.status)}</td><td class="n">{_esc(_size(r.get("bytes")))}</td>'
+            f'<td>{_esc(c.status)}</td><td class="n">{_esc(size_cell(r.get("bytes")))}</td>'
             f'<td><code>{_esc(r.get("plan_hash") or "-")}</code></td>'
             f"<td>{target}</td><td>{_ops(ops.get(id(c)))}</td></tr>")
     return ("<table class=\"list\"><tr><th>rank</th><th>step</th><th>cycle</th>"
@@ -257,7 +245,7 @@ def _attention(entries: list[Capture]) -> str:
         rows.append(
             f'<tr class="s-{_esc(first.status)}{"" if first.exists else " lost"}">'
             f"<td>{_esc(role)}</td>"
-            f'<td>{_esc(ranges(c.rank for c in found))}</td><td>{_esc(column[1])}</td>'
+            f'<td>{_esc(rank_spans(c.rank for c in found))}</td><td>{_esc(column[1])}</td>'
             f"<td>{_esc(status)}</td><td>{_esc(message) or '-'}</td><td>{link}</td></tr>")
     return ('<table class="list"><tr><th>role</th><th>ranks</th><th>step</th><th>outcome</th>'
             "<th>error</th><th>file</th></tr>\n" + "\n".join(rows) + "</table>")

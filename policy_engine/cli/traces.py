@@ -15,9 +15,11 @@ import sys
 import time
 from typing import Any
 
-from policy_engine.backends.output import find_leftovers, is_temp_name, temp_pid
 from policy_engine.cli._common import add_format_option, print_json
+from policy_engine.cli.format import size_cell
 from policy_engine.cli.usage import UsageError
+from policy_engine.cli.window_roles import label
+from policy_engine.files.layout import find_leftovers, is_temp_name, temp_pid
 from policy_engine.runtime.manifest import (
     COMPANIONS,
     MANIFEST_DIR,
@@ -212,17 +214,6 @@ def collect(root: str) -> dict[str, Any]:
     }
 
 
-def _size(n: Any) -> str:
-    if not isinstance(n, int) or isinstance(n, bool):
-        return "-"
-    size = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if size < 1024 or unit == "GiB":
-            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
-        size /= 1024
-    return f"{size:.1f} TiB"
-
-
 def _steps(record: dict[str, Any]) -> str:
     steps = record.get("steps") or []
     if not steps:
@@ -258,17 +249,20 @@ def _row(r: dict[str, Any]) -> tuple[str, ...]:
     return tuple(_cell(c) for c in (
         _roles(r),
         r.get("region") or "-", r.get("rank"), steps, "-" if cycle is None else cycle,
-        r.get("status"), _size(r.get("bytes")), path))
+        r.get("status"), size_cell(r.get("bytes")), path))
+
+
+#: The files a listing names besides its traces: (key in the data, word, why).
+_PATH_NOTES = (("unlisted", "unlisted", "on disk, but no manifest names it"),
+               ("missing", "missing", "a manifest names it, but it is not on disk"),
+               ("leftovers", "leftover", "an interrupted save; safe to delete"),
+               ("writing", "writing", "a save in progress"))
 
 
 def _roles(record: dict[str, Any]) -> str:
-    """Who a capture belongs to: the roles it was declared for (``colocate``, as its name
-    says them) with any that joined it undeclared, else its owner and those that joined."""
-    declared = [str(r) for r in record.get("roles") or []]
-    joined = [str(r) for r in record.get("joined") or []]
-    if declared:
-        return "+".join(declared + [r for r in joined if r not in declared])
-    return "+".join([str(record.get("role")), *joined])
+    """Who a capture belongs to on its rank: the roles that took part (``colocate``) with
+    any that joined it undeclared, else its owner and those that joined."""
+    return label(record)
 
 
 def _plural(n: int, word: str) -> str:
@@ -303,14 +297,9 @@ def run(args: argparse.Namespace) -> int:
     for row in table:
         _emit("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=False)) + "  " + row[-1])
     _emit(_summary(data))
-    for path in data["unlisted"]:
-        _emit(f"unlisted: {_cell(path)} (on disk, but no manifest names it)")
-    for path in data["missing"]:
-        _emit(f"missing: {_cell(path)} (a manifest names it, but it is not on disk)")
-    for path in data["leftovers"]:
-        _emit(f"leftover: {_cell(path)} (an interrupted save; safe to delete)")
-    for path in data["writing"]:
-        _emit(f"writing: {_cell(path)} (a save in progress)")
+    for key, word, why in _PATH_NOTES:
+        for path in data[key]:
+            _emit(f"{word}: {_cell(path)} ({why})")
     for bad in data["bad_lines"]:
         _emit(f"bad manifest line: {_cell(bad['manifest'])}:{bad['line']}: {_cell(bad['why'])}")
     for bad in data["unreadable"]:

@@ -1,11 +1,13 @@
 """policy-engine trigger OUTPUT_DIR --role ROLE: ask running processes to capture.
 
-Writes a request under OUTPUT_DIR/triggers/. Every process of ROLE that writes under
-OUTPUT_DIR and listens (its policy says ``triggers: {on_demand: true}``) notices it at a
-training-step boundary within ``poll_seconds``, and captures the steps asked for once,
-with the role's backend, schedule and names. ``--wait`` reports which processes accepted
-it and the traces they write. A request asks for at most 10000 steps (--count); a
-triggers/ folder that is a symbolic link is refused, never followed.
+Posts a request on the job's channel: its c10d store (--store HOST:PORT, or where the job
+advertised it under OUTPUT_DIR/triggers/), else a file under OUTPUT_DIR/triggers/. Every
+process of ROLE that listens (its policy says ``triggers: {on_demand: true}``) notices it
+at a training-step boundary within ``poll_seconds``, and captures the steps asked for
+once, with the role's backend, schedule and names. "next" is resolved to one step that
+every listening rank can still reach, from the progress they report. ``--wait`` reports
+which processes accepted it and the traces they write. A request asks for at most 10000
+steps (--count); a triggers/ folder that is a symbolic link is refused, never followed.
 """
 
 from __future__ import annotations
@@ -18,8 +20,9 @@ from typing import Any
 
 import yaml
 
-from policy_engine.backends.output import UnsafePathError, open_folder
+from policy_engine.cli import trigger_store
 from policy_engine.cli.usage import UsageError
+from policy_engine.files.publish import UnsafePathError, open_folder
 from policy_engine.language.ranks import RankSelector
 from policy_engine.language.selector import SelectorError
 from policy_engine.runtime.manifest import scan_manifests
@@ -84,6 +87,9 @@ def add_parser(sub: Any, name: str, help: str) -> None:
     parser.add_argument("--count", type=_count, default=1, metavar="K",
                         help=f"how many consecutive steps, 1 to {MAX_COUNT} (default: 1); "
                              "a process captures at most what its role's limits allow")
+    parser.add_argument("--store", metavar="HOST:PORT",
+                        help="the job's c10d store (MASTER_ADDR:MASTER_PORT); default: "
+                             "where the job advertised it under OUTPUT_DIR/triggers/")
     parser.add_argument("--wait", type=_seconds, default=0.0, metavar="SECONDS",
                         help="wait up to this long for the processes to answer and their "
                              "captures to close, and report them")
@@ -191,18 +197,10 @@ def _answers(output_dir: str, rid: str, role: str) -> dict[Any, _Process]:
     return found
 
 
-def _say(note: dict[str, Any]) -> str:
-    what = note.get("message")
-    if note.get("status") == "accepted":
-        first, last = note.get("first"), note.get("last")
-        steps = f"step {first}" if first == last else f"steps {first}-{last}"
-        what = f"captures {steps}" + (f" ({what})" if what else "")
-    return f"rank {note.get('rank')} (pid {note.get('pid')}): {note.get('status')}: {what}"
-
-
-def _wait(output_dir: str, rid: str, role: str, seconds: float) -> int:
+def _wait(output_dir: str, rid: str, role: str, seconds: float,
+          shown: set[Any] | None = None, settle: float = _SETTLE) -> int:
     deadline = time.monotonic() + seconds
-    shown: set[Any] = set()
+    shown = set() if shown is None else shown
     last_new = time.monotonic()
     while True:
         found = _answers(output_dir, rid, role)
@@ -210,10 +208,10 @@ def _wait(output_dir: str, rid: str, role: str, seconds: float) -> int:
             if key not in shown:
                 shown.add(key)
                 last_new = time.monotonic()
-                print(_say(process.note))
+                print(trigger_store.say(process.note))
         settled = bool(found) and all(p.settled() for p in found.values())
         now = time.monotonic()
-        if (settled and now - last_new >= _SETTLE) or now >= deadline:
+        if (settled and now - last_new >= settle) or now >= deadline:
             break
         time.sleep(_POLL)
     for process in found.values():
@@ -239,6 +237,11 @@ def _wait(output_dir: str, rid: str, role: str, seconds: float) -> int:
 
 def run(args: argparse.Namespace) -> int:
     root = args.output_dir
+    if len(args.role) > MAX_TEXT:
+        raise UsageError(f"--role: at most {MAX_TEXT} characters")
+    found = trigger_store.find_channel(root, args.store, args.role)
+    if found is not None:
+        return _over_store(args, found)
     try:
         os.close(open_folder(root, REQUESTS_DIR, create=False))
     except FileNotFoundError:
@@ -251,11 +254,11 @@ def run(args: argparse.Namespace) -> int:
     except OSError as err:
         raise UsageError(f"{root}: cannot open {REQUESTS_DIR}/: {err.strerror or err}") \
             from None
-    if len(args.role) > MAX_TEXT:
-        raise UsageError(f"--role: at most {MAX_TEXT} characters")
     ranks = _ranks(args.ranks)
+    step = args.steps if args.steps is not None else \
+        trigger_store.folder_step(root, args.role)
     try:
-        request = write_request(root, role=args.role, ranks=ranks, step=args.steps,
+        request = write_request(root, role=args.role, ranks=ranks, step=step,
                                 count=args.count)
     except UnsafePathError as err:
         raise UsageError(f"refused: {err}") from None
@@ -263,10 +266,39 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"{root}: cannot write the request: {err.strerror or err}") from None
     except ValueError as err:
         raise UsageError(str(err)) from None
-    steps = "the next step" if args.steps is None else f"step {args.steps}"
-    more = f" and the {args.count - 1} after it" if args.count > 1 else ""
-    print(f"request {request['id']}: role {args.role!r}, ranks {ranks or 'all listening'}, "
-          f"{steps}{more}", flush=True)
+    _said(request, args, ranks)
     if args.wait:
         return _wait(root, request["id"], args.role, args.wait)
     return 0
+
+
+def _said(request: dict[str, Any], args: argparse.Namespace, ranks: Any) -> None:
+    step = request["step"]
+    steps = "the next step" if step is None else f"step {step}" + (
+        " (the next step every listening rank can reach)" if args.steps is None else "")
+    more = f" and the {args.count - 1} after it" if args.count > 1 else ""
+    print(f"request {request['id']}: role {args.role!r}, ranks {ranks or 'all listening'}, "
+          f"{steps}{more}", flush=True)
+
+
+def _over_store(args: argparse.Namespace, found: Any) -> int:
+    """The request through the job's store; ``--wait`` reads the answers there, then
+    the captures in OUTPUT_DIR's manifests when this machine sees them."""
+    ranks = _ranks(args.ranks)
+    try:
+        request, listeners = trigger_store.post(found, role=args.role, ranks=ranks,
+                                                step=args.steps, count=args.count)
+    except ValueError as err:
+        raise UsageError(str(err)) from None
+    print(f"through the job's store at {found[0]}, {listeners} listening process(es)")
+    _said(request, args, ranks)
+    if not args.wait:
+        return 0
+    start = time.monotonic()
+    status, shown = trigger_store.answered(found[1], request["id"], listeners, args.wait)
+    if not _answers(args.output_dir, request["id"], args.role):
+        return status  # the ranks write where this machine does not see
+    left = max(args.wait - (time.monotonic() - start), _POLL)
+    # every listener answered on the store: no need to wait for late answers here
+    settle = 0.0 if status == 0 else _SETTLE
+    return max(status, _wait(args.output_dir, request["id"], args.role, left, shown, settle))

@@ -8,14 +8,14 @@ from typing import Any
 
 import attrs
 
-from policy_engine import backends
+from policy_engine import settings as registry
 from policy_engine.cli._common import (
     add_format_option,
-    add_layout_options,
     analyze_file,
+    policy_parser,
     print_json,
 )
-from policy_engine.cli.forecast import Sizes, budget_problems, read_sizes
+from policy_engine.cli.forecast import Sizes, add_sizes_option, budget_problems, read_sizes
 from policy_engine.cli.schema_link import schema_problems
 from policy_engine.errors import PolicyError, Problem, json_path
 from policy_engine.language.checks import UNNAMED, origin
@@ -24,15 +24,11 @@ from policy_engine.language.model import Policy
 
 
 def add_parser(sub: Any, name: str, help: str) -> None:
-    parser = sub.add_parser(name, help=help, description=__doc__)
-    parser.add_argument("files", nargs="+", metavar="FILE")
-    add_layout_options(parser)
+    parser = policy_parser(sub, name, help, __doc__, files=True)
     parser.add_argument("--strict", action="store_true", help="treat warnings as errors")
     parser.add_argument("--check-runtime", action="store_true",
                         help="also check that each enabled backend can run here")
-    parser.add_argument("--sizes-from", metavar="DIR",
-                        help="warn when a role's limits.bytes is below the size forecast "
-                             "from the manifests of an earlier run under DIR")
+    add_sizes_option(parser, "warn when a role's limits.bytes is below the size forecast")
     add_format_option(parser)
     parser.set_defaults(run=run)
 
@@ -70,7 +66,7 @@ def _runtime_problems(doc: Document, policy: Policy) -> list[Problem]:
             continue
         at = origin(data, role, "backend")
         for name in spec.backends:
-            for message in backends.check_runtime(name, spec.blocks[name]):
+            for message in registry.check_runtime(name, spec.blocks[name]):
                 if (name, message) not in seen:
                     seen.add((name, message))
                     problems.append(Problem(f"backend {name}: {message}",

@@ -9,7 +9,6 @@ step fails: the capture is then saved and marked ``partial``, as a ``with`` bloc
 from __future__ import annotations
 
 import functools
-import logging
 from collections.abc import Callable, Iterable
 from contextlib import AbstractContextManager
 from typing import Any
@@ -18,10 +17,7 @@ import attrs
 
 from policy_engine.plan.topology import Topology
 from policy_engine.runtime.apply import PolicyArg, Profiler, profile_session
-
-log = logging.getLogger("policy_engine")
-_ABSENT = object()
-Wrap = Callable[[Callable[..., Any]], Callable[..., Any]]
+from policy_engine.runtime.wrapping import Patches, Wrap
 
 
 class RunInterrupted(Exception):
@@ -70,7 +66,7 @@ class HookDriver:
         self.live = False  # the run's plan profiles this process: the hooks do something
         self.step: int | None = None  # the outer step open now
         self._block: AbstractContextManager[None] | None = None
-        self._replaced: list[tuple[object, str, object, object]] = []
+        self._replaced = Patches()
 
     # -- the run --------------------------------------------------------------------
     def start(self, topology: Topology) -> Profiler:
@@ -131,11 +127,7 @@ class HookDriver:
     def replace(self, obj: object, name: str, wrap: Wrap) -> None:
         """Set ``obj.name`` (an instance attribute: the class stays untouched) to
         ``wrap(obj.name)`` until the run ends."""
-        method = getattr(obj, name)
-        previous = vars(obj).get(name, _ABSENT)
-        wrapper = wrap(method)
-        setattr(obj, name, wrapper)
-        self._replaced.append((obj, name, previous, wrapper))
+        self._replaced.replace(obj, name, wrap)
 
     def wrap_regions(self, obj: object, defaults: Iterable[str]) -> list[str]:
         """Make methods of ``obj`` regions for the run: ``defaults`` (the callback's own
@@ -145,22 +137,7 @@ class HookDriver:
             return []
         names = list(dict.fromkeys(
             [*defaults, *(r.name for r in prof.plan.regions if r.enabled)]))
-        done = []
-        for name in names:
-            if not callable(getattr(obj, name, None)):
-                log.warning("policy-engine: role %r has region %r but %s has no such method",
-                            self.role, name, type(obj).__name__)
-                continue
-            self.replace(obj, name, prof.annotate(name))
-            done.append(name)
-        return done
+        return self._replaced.regions(obj, self.role, names, prof.annotate)
 
     def _restore(self) -> None:
-        while self._replaced:
-            obj, name, previous, wrapper = self._replaced.pop()
-            if vars(obj).get(name) is not wrapper:
-                continue  # replaced again since: leave what is there
-            if previous is _ABSENT:
-                delattr(obj, name)
-            else:
-                setattr(obj, name, previous)
+        self._replaced.restore()

@@ -17,7 +17,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from policy_engine.backends.engine.files import EngineFile, publish
-from policy_engine.backends.engine.layout import rank_at
+from policy_engine.files.records import close_line, note_line, open_line, trace_line
+from policy_engine.language.engine_layout import rank_at
 from policy_engine.plan.plan import Plan
 from policy_engine.runtime import manifest
 from policy_engine.runtime.records import timestamp
@@ -69,9 +70,10 @@ class Window:
 
     def open_lines(self) -> None:
         for part in self.parts:
-            part.append(dict(part.record, event="open", capture=part.id, steps=self.steps,
-                             start=self.started, host=manifest.host_name(),
-                             thread=threading.current_thread().name, engine_prefix=self.prefix))
+            part.append(open_line(part.record, capture=part.id, steps=self.steps,
+                                  start=self.started, host=manifest.host_name(),
+                                  thread=threading.current_thread().name,
+                                  engine_prefix=self.prefix))
 
     def stem(self, part: Part, env: Mapping[str, str]) -> str:
         plan = part.plan
@@ -81,11 +83,11 @@ class Window:
 
     def _trace(self, part: Part, status: str, path: str | None = None, size: int | None = None,
                error: str | None = None, extra: Mapping[str, Any] | None = None) -> None:
-        record = dict(part.record, event="trace", capture=part.id, status=status,
-                      path=None if path is None else os.path.relpath(path,
-                                                                     part.plan.output_dir),
-                      bytes=size, end=time.time(), cycle=0, inner_steps=[],
-                      start=self.started, steps=list(self.steps), joined=[])
+        record = trace_line(part.record, capture=part.id, status=status,
+                            path=None if path is None else os.path.relpath(
+                                path, part.plan.output_dir),
+                            bytes=size, end=time.time(), cycle=0, inner_steps=[],
+                            start=self.started, steps=list(self.steps), joined=[])
         if extra:
             record["extra"] = dict(extra)
         if error:
@@ -102,8 +104,8 @@ class Window:
     def close(self, status: str, error: str | None = None) -> None:
         self.status = status
         for part in self.parts:
-            record = dict(event="close", capture=part.id, status=status, end=time.time(),
-                          steps=list(self.steps), joined=[], traces=part.lines)
+            record = close_line(capture=part.id, status=status, end=time.time(),
+                                steps=list(self.steps), joined=[], traces=part.lines)
             if error:
                 record["error"] = error
             part.append(record)
@@ -146,9 +148,10 @@ class Window:
                     f"the engine wrote no trace for coordinates {_show(part.plan.coords)} "
                     f"(prefix {self.prefix})"))
         for part in self.parts:
-            record = dict(event="close", capture=part.id, end=time.time(),
-                          steps=list(self.steps), joined=[], traces=part.lines,
-                          status=status if (part.plan.rank, part.stage) in done else "failed")
+            record = close_line(
+                capture=part.id, end=time.time(), steps=list(self.steps), joined=[],
+                traces=part.lines,
+                status=status if (part.plan.rank, part.stage) in done else "failed")
             part.append(record)
         self.status = status
         return problems
@@ -163,9 +166,9 @@ class Window:
         except OSError as err:
             log.warning("policy-engine: could not move %s: %s", found.path, err)
             return
-        part.append(dict(part.record, event="note", note="engine-frontend", time=time.time(),
-                         host=manifest.host_name(), capture=part.id, bytes=size,
-                         path=os.path.relpath(path, part.plan.output_dir)))
+        part.append(note_line(part.record, note="engine-frontend", time=time.time(),
+                              host=manifest.host_name(), capture=part.id, bytes=size,
+                              path=os.path.relpath(path, part.plan.output_dir)))
 
 
 def _show(coords: Mapping[str, int]) -> str:

@@ -31,17 +31,20 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from policy_engine import backends
-from policy_engine.backends.engine import files, layout
+from policy_engine import settings as registry
+from policy_engine.backends.engine import files
 from policy_engine.backends.engine.control import EngineCallError, EngineTimeout, Target
 from policy_engine.backends.engine.kind import EngineKind, staging_folder
 from policy_engine.backends.vllm.checks import launch_config
 from policy_engine.errors import ProfilingError
+from policy_engine.files.publish import make_tool_folder
 from policy_engine.integrations._engine_window import Window, identity
+from policy_engine.language import engine_layout as layout
 from policy_engine.plan.compile import compile_plan
 from policy_engine.plan.plan import Plan
 from policy_engine.plan.topology import Topology
 from policy_engine.runtime import manifest
-from policy_engine.runtime.apply import PolicyArg, _resolve
+from policy_engine.runtime.apply import PolicyArg, resolve_policy
 from policy_engine.runtime.state import warn_once
 
 log = logging.getLogger("policy_engine")
@@ -178,7 +181,7 @@ class EngineProfiler:
     def _run_all(self, what: str, pairs: Sequence[tuple[Target, Window]]) -> None:
         for window in (w for _, w in pairs):
             window.open_lines()
-        os.makedirs(self.folder, exist_ok=True)
+        make_tool_folder(self.plan.output_dir, self.folder)
 
         here = {id(t): t.refused_here(what) for t, _ in pairs}  # this thread, not the pool's
 
@@ -199,7 +202,7 @@ class EngineProfiler:
     async def _arun_all(self, what: str, pairs: Sequence[tuple[Target, Window]]) -> None:
         for window in (w for _, w in pairs):
             window.open_lines()
-        await asyncio.to_thread(os.makedirs, self.folder, exist_ok=True)
+        await asyncio.to_thread(make_tool_folder, self.plan.output_dir, self.folder)
 
         async def one(pair: tuple[Target, Window]) -> str | None:
             try:
@@ -345,21 +348,21 @@ def apply_policy(engine: Any, role: str = "rollout", policy: PolicyArg = None, *
     engine serves them all. ``loop``: the event loop an ``AsyncLLM`` runs on, for blocking
     calls from another thread. ``timeout`` bounds each start and stop.
     """
-    loaded = _resolve(policy)
+    loaded = resolve_policy(policy)
     if loaded is None:
         return OffEngineProfiler()
     spec = loaded.role(role)
     if not spec.enabled:
         return OffEngineProfiler()
-    if spec.backend not in backends.ENGINES:
+    if spec.backend not in registry.ENGINES:
         raise ValueError(f"role {role!r} uses backend {spec.backend}, not an engine "
-                         f"({', '.join(sorted(backends.ENGINES))}): profile its worker with "
+                         f"({', '.join(sorted(registry.ENGINES))}): profile its worker with "
                          "policy_engine.apply_policy")
     mesh = loaded.mesh_for(role) or None
     world = layout.world_of(mesh)
     plans = [compile_plan(loaded, role, Topology.for_rank(r, world, mesh)) for r in range(world)]
     targets, spanning = _targets(engine, replica, loop, layout.replicas(mesh))
-    kind: EngineKind = importlib.import_module(backends.BACKENDS[spec.backend].session).KIND
+    kind: EngineKind = importlib.import_module(backends.SESSIONS[spec.backend]).KIND
     if not any(p.enabled for p in plans):
         return OffEngineProfiler()
     if spec.backend == "vllm":

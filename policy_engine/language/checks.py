@@ -17,12 +17,13 @@ from typing import Any
 
 import attrs
 
-from policy_engine import backends
+from policy_engine import settings as registry
 from policy_engine.errors import Problem, Severity, json_path
 from policy_engine.language import clash, colocation
 from policy_engine.language.document import Document
+from policy_engine.language.engine_roles import check_role
 from policy_engine.language.frozen import FrozenDict
-from policy_engine.language.mesh import DIMS, format_mesh, mesh_size
+from policy_engine.language.mesh import DIMS, effective_mesh, format_mesh, mesh_size
 from policy_engine.language.model import Built, RoleSpec
 from policy_engine.language.ranks import RankSelector
 from policy_engine.language.steps import StepSet, step_per_cycle
@@ -190,7 +191,7 @@ def _check_role(sink: _Sink, data: Mapping[str, Any], role: str, spec: RoleSpec,
                          "with discrete: true", (*regions_at, region.name, "schedule"),
                          "warning")
     _check_ranks(sink, data, role, spec, world, mesh)
-    for message, key, severity in backends.check_role(spec.backend, spec, mesh):
+    for message, key, severity in check_role(spec.backend, spec, mesh):
         sink.add(message.replace("{", "{{").replace("}", "}}"), origin(data, role, key),
                  "error" if severity == "error" else "warning", role=role)
     ranks_at = origin(data, role, "ranks")
@@ -304,7 +305,7 @@ def _role_layout(sink: _Sink, data: Mapping[str, Any], role: str, spec: RoleSpec
             sink.add(f"--mesh {format_mesh(cli)} replaces the mesh {format_mesh(own)} of "
                      "{who}", where, "warning", role=role)
         own = {}
-    mesh = own or top
+    mesh = effective_mesh(cli, own, top)
     if not mesh:
         return world, None
     if world is None:
@@ -358,7 +359,7 @@ def check(doc: Document, built: Built, *, world: int | None = None,
         layout = _role_layout(sink, data, role, spec, world, top, mesh, world_given)
         if layout is None:
             continue
-        if dropped & _ROLE_KEYS or not dropped.isdisjoint(backends.BACKENDS):
+        if dropped & _ROLE_KEYS or not dropped.isdisjoint(registry.BACKENDS):
             # a partial role: only what its sound keys decide
             _check_ranks(sink, data, role, spec, *layout)
         else:
@@ -369,11 +370,11 @@ def check(doc: Document, built: Built, *, world: int | None = None,
         spec = built.roles.get(name) if name in named else built.unnamed
         if spec is None:
             return None
-        return attrs.evolve(spec, name=name, mesh=FrozenDict(mesh or spec.mesh or top or {}))
+        return attrs.evolve(spec, name=name, mesh=FrozenDict(effective_mesh(mesh, spec.mesh, top)))
 
     groups = data.get("colocate")
     sound = [(index, group) for index, group in enumerate(groups or ())
              if built.refused.sound(("colocate", index))] if isinstance(groups, list) else []
-    for message, path, severity in colocation.check(data, sound, origin, spec_of):
+    for message, path, severity in colocation.check(data, sound, origin, spec_of, world):
         sink.add(message, path, "error" if severity == "error" else "warning")
     return sink.problems()

@@ -3,6 +3,10 @@
 A process runs one capture per backend at a time, so colocated roles on one backend share
 it: one schedule, one name template, one settings block. What cannot be shared is an
 error here, before launch, instead of a surprise in the traces.
+
+A shared capture is named after its *window* (:func:`window_roles`): the group as declared,
+the same on every rank and step, so that every rank's trace of one step lands in one
+folder; which roles took part on a rank is the manifest's ``roles``.
 """
 
 from __future__ import annotations
@@ -11,8 +15,9 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 from policy_engine.errors import did_you_mean
-from policy_engine.language.mesh import DIMS, format_mesh
-from policy_engine.language.model import RoleSpec
+from policy_engine.language import clash
+from policy_engine.language.mesh import DIMS, format_mesh, mesh_size
+from policy_engine.language.model import Policy, RoleSpec
 
 Path = tuple[str | int, ...]
 Found = tuple[str, Path, str]  # message, where, severity
@@ -32,10 +37,24 @@ _SHARED = (
 )
 
 
+def window_roles(policy: Policy, role: str) -> tuple[str, ...]:
+    """The roles ``<role>`` names in a capture of ``role``: every enabled member of its
+    ``colocate`` group on its backend, in the order ``roles:`` lists them (``role``
+    alone without a group). Nothing here depends on the rank or the step, so each rank
+    of a window names it alike, whichever of the roles take part there."""
+    group = policy.group(role)
+    if not group:
+        return (role,)
+    backend = policy.role(role).backend
+    return tuple(peer for peer in group if peer == role or (
+        policy.role(peer).enabled and policy.role(peer).backend == backend))
+
+
 def check(data: Mapping[str, Any], groups: Sequence[tuple[int, Sequence[str]]],
-          origin: Origin, spec_of: SpecOf) -> Iterator[Found]:
+          origin: Origin, spec_of: SpecOf, world: int | None = None) -> Iterator[Found]:
     """Problems of the ``colocate`` groups whose shape the schema accepted, each with its
-    index. A group is checked for conflicts when every role in it could be built."""
+    index. A group is checked for conflicts when every role in it could be built;
+    ``world``: the job's size, against which the window's names are proven distinct."""
     roles = data.get("roles") if isinstance(data.get("roles"), Mapping) else {}
     assert isinstance(roles, Mapping)
     placed: dict[str, int] = {}
@@ -53,7 +72,7 @@ def check(data: Mapping[str, Any], groups: Sequence[tuple[int, Sequence[str]]],
         specs = [spec_of(name) for name in group]
         if all(spec is not None for spec in specs):
             enabled = [spec for spec in specs if spec is not None and spec.enabled]
-            yield from _conflicts(data, gi, enabled, origin)
+            yield from _conflicts(data, gi, enabled, origin, world)
 
 
 def _show(value: object) -> str:
@@ -76,7 +95,7 @@ def _value(spec: RoleSpec, key: str) -> object:
 
 
 def _conflicts(data: Mapping[str, Any], gi: int, specs: list[RoleSpec],
-               origin: Origin) -> Iterator[Found]:
+               origin: Origin, world: int | None) -> Iterator[Found]:
     at: Path = ("colocate", gi)
     by_backend: dict[str, list[RoleSpec]] = {}
     for spec in specs:
@@ -100,6 +119,7 @@ def _conflicts(data: Mapping[str, Any], gi: int, specs: list[RoleSpec],
                "the torch traces may lose their CUDA kernels; record cpu only with torch, "
                "or profile these roles apart", at, "warning")
     for backend, members in by_backend.items():
+        yield from _window_names(_in_policy_order(members, data), at, world)
         first = members[0]
         for other in members[1:]:
             for key, what in _SHARED:
@@ -131,3 +151,53 @@ def _conflicts(data: Mapping[str, Any], gi: int, specs: list[RoleSpec],
                        f"shared {backend} captures but profile different steps ({first.steps} "
                        f"and {other.steps}): one merged capture covers one run of steps",
                        origin(data, other.name, "steps"), "error")
+
+
+def _in_policy_order(specs: list[RoleSpec], data: Mapping[str, Any]) -> list[RoleSpec]:
+    """``specs`` in the order ``roles:`` lists them, the others after (as names are)."""
+    roles = data.get("roles")
+    order = {name: i for i, name in enumerate(roles if isinstance(roles, Mapping) else ())}
+    return sorted(specs, key=lambda spec: order.get(spec.name, len(order)))
+
+
+def _window_names(members: list[RoleSpec], at: Path, world: int | None) -> Iterator[Found]:
+    """The roles of a window write one name (:func:`window_roles`), so the ranks of all of
+    them must be told apart, not each role's alone: ``actor`` on rank 0 and ``rollout``
+    on rank 1 named ``<role>_step<step>`` would both write ``actor+rollout_step2``. Each
+    role's own ranks are proven by ``checks``; this proves their union, as boxes."""
+    first = members[0]
+    fields = first.template.fields()
+    if len(members) < 2 or "rank" in fields or {"node", "local_rank"} <= fields or \
+            any(m.template.text != first.template.text for m in members) or \
+            len({str(m.ranks) for m in members}) == 1:
+        return  # one role's proof covers the window; other templates: an error already
+    names = ", ".join(repr(m.name) for m in members[:-1]) + f" and {members[-1].name!r}"
+    label = "+".join(m.name for m in members)
+    if world is None:
+        yield (f"colocated roles {names} select different ranks but share one name "
+               f"({label!r} on every rank), and the name does not show <rank>: two of their "
+               "ranks could write the same file; add <rank>", at, "error")
+        return
+    meshes = {tuple(m.mesh.items()) for m in members}
+    mesh = dict(first.mesh) if len(meshes) == 1 else None
+    if len(meshes) > 1 or (mesh and mesh_size(mesh) != world):
+        return  # the meshes disagree (an error when the name shows coordinates)
+    try:
+        boxes = [box for m in members for box in m.ranks.boxes(world, mesh)]
+    except ValueError:
+        return  # a selector the mesh refuses: reported with its role
+    sizes = list(mesh.values()) if mesh else [world]
+    shown = [i for i, dim in enumerate(mesh or {}) if dim in fields and dim in DIMS]
+    if len(boxes) <= clash.MAX_BOXES:
+        pair = clash.clash(boxes, sizes, shown)
+    elif sum(clash.box_size(box) for box in boxes) <= clash.MAX_LISTED:
+        pair = clash.clash_listed(boxes, sizes, shown)
+    else:
+        yield (f"cannot prove that the name tells apart the ranks of colocated roles {names}, "
+               f"which share one name ({label!r}): their ranks selectors are too complex to "
+               "check; add <rank>", at, "error")
+        return
+    if pair is not None:
+        yield (f"the name cannot tell apart ranks {pair[0]} and {pair[1]} of colocated roles "
+               f"{names}, which share one name on every rank ({label!r}); add <rank>",
+               at, "error")

@@ -22,6 +22,14 @@ def coords_from_mesh(rank: int, mesh: Mapping[str, int]) -> dict[str, int]:
     return {dim: out[dim] for dim in mesh}
 
 
+def effective_mesh(cli: Mapping[str, int] | None, own: Mapping[str, int] | None,
+                   top: Mapping[str, int] | None) -> Mapping[str, int]:
+    """The mesh that places a role's ranks: the CLI's ``--mesh``, else the role's own
+    (``roles.<name>.mesh``, else ``defaults.mesh``), else the top-level ``mesh``; empty when
+    there is none. A mesh replaces, never merges: dimensions are in order."""
+    return cli or own or top or {}
+
+
 def mesh_size(mesh: Mapping[str, int]) -> int:
     total = 1
     for size in mesh.values():

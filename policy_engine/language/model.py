@@ -17,11 +17,12 @@ from typing import Any
 
 import attrs
 
-from policy_engine import backends
-from policy_engine.errors import Problem, json_path
+from policy_engine import settings as registry
+from policy_engine.errors import Problem, did_you_mean, json_path
 from policy_engine.language import schema
 from policy_engine.language.document import Document
 from policy_engine.language.frozen import FrozenDict, deep_merge, freeze, thaw
+from policy_engine.language.mesh import effective_mesh
 from policy_engine.language.naming import NameTemplate, TemplateError
 from policy_engine.language.ranks import RankSelector
 from policy_engine.language.schedule import Schedule
@@ -74,6 +75,8 @@ class RoleSpec:
     #: the role's own ``mesh`` (its block's, else ``defaults``'); empty: the policy's
     #: top-level mesh (:meth:`Policy.mesh_for`). A mesh replaces, never merges.
     mesh: FrozenDict = attrs.field(factory=FrozenDict)
+    #: whether the role's own block wrote ``mesh`` (else it came from ``defaults``)
+    mesh_written: bool = attrs.field(default=False, eq=False)
 
     @property
     def backend_label(self) -> str:
@@ -107,6 +110,13 @@ class Policy:
     def role_names(self) -> tuple[str, ...]:
         return tuple(self.roles)
 
+    def unknown_role(self, name: str) -> str | None:
+        """What a role the policy does not name gets said of it: None when the policy names
+        ``name``; `` (did you mean 'actor'?)`` when it is close to a role the policy names
+        (a typo: the run refuses it, the CLI warns); ``""`` otherwise (it gets the
+        defaults)."""
+        return None if name in self.roles else did_you_mean(name, self.roles)
+
     def group(self, name: str) -> tuple[str, ...]:
         """The colocation group ``name`` belongs to (policy order), or ``()``."""
         return next((group for group in self.colocate if name in group), ())
@@ -114,15 +124,14 @@ class Policy:
     def mesh_for(self, name: str) -> FrozenDict:
         """The mesh of role ``name``: its own (``roles.<name>.mesh``, else
         ``defaults.mesh``), else the top-level ``mesh``; empty when there is none."""
-        return self.role(name).mesh or self.mesh
+        return FrozenDict(effective_mesh(None, self.role(name).mesh, self.mesh))
 
     def mesh_path(self, name: str) -> str:
         """Where the mesh :meth:`mesh_for` gives was written, as a JSON path."""
-        own = self.role(name).mesh
-        if not own:
+        spec = self.role(name)
+        if not spec.mesh:
             return "$.mesh"
-        shared = self.defaults.get("mesh")
-        if name in self.roles and (not shared or list(shared.items()) != list(own.items())):
+        if name in self.roles and spec.mesh_written:
             return json_path(("roles", name, "mesh"))
         return "$.defaults.mesh"
 
@@ -160,7 +169,7 @@ def build_role(name: str, merged_defaults: Mapping[str, Any],
     defaults. The blocks must hold only values the schema and :func:`build` accepted."""
     raw = deep_merge(deep_merge(schema.defaults("role"), merged_defaults), role or {})
     names = raw["backend"] if isinstance(raw["backend"], list) else [raw["backend"]]
-    found = backends.combination(names)[0]
+    found = registry.combination(names)[0]
     backend = found[0]
     return RoleSpec(
         name=name,
@@ -183,6 +192,7 @@ def build_role(name: str, merged_defaults: Mapping[str, Any],
         export_in_flight=raw["export"]["in_flight"],
         # A mesh lists dimensions in order: the role's replaces the defaults' whole.
         mesh=FrozenDict((role or {}).get("mesh", merged_defaults.get("mesh")) or {}),
+        mesh_written="mesh" in (role or {}),
     )
 
 
@@ -226,16 +236,23 @@ def _value_problems(key: str, value: Any) -> Iterator[tuple[str, Path]]:
             (RankSelector if key == "ranks" else StepSet).parse(value)
         except SelectorError as err:
             yield err.message, (key, *err.path)
+    elif key == "triggers" and isinstance(value, Mapping) and \
+            isinstance(value.get("slow_step"), Mapping) and \
+            value["slow_step"].get("reference") is not None:
+        try:  # slow_step's reference ranks: a rank selector
+            RankSelector.parse(value["slow_step"]["reference"])
+        except SelectorError as err:
+            yield err.message, (key, "slow_step", "reference", *err.path)
     elif key == "name":
         try:
             NameTemplate.parse(value)
         except TemplateError as err:
             yield f"bad name template at character {err.offset + 1}: {err.message}", (key,)
     elif key == "backend" and isinstance(value, list):
-        for message, index in backends.combination(value)[1]:
+        for message, index in registry.combination(value)[1]:
             yield message, (key, index)
-    elif key in backends.BACKENDS:
-        for message, sub in backends.check_settings(key, deep_merge(
+    elif key in registry.BACKENDS:
+        for message, sub in registry.check_settings(key, deep_merge(
                 schema.defaults("role")[key], value)):
             # Point at the key the user wrote, or at the block when it came from defaults.
             yield message, (key, *sub) if sub and sub[0] in value else (key,)

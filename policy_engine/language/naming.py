@@ -7,13 +7,16 @@ when every field inside it is empty. Literal text may hold ``[0-9A-Za-z._=+-]`` 
 
 from __future__ import annotations
 
-import hashlib
 import re
 from collections.abc import Mapping
 
 import attrs
 
 from policy_engine.errors import did_you_mean
+
+# Name shortening is the output layout's: one rule for every name the engine makes.
+from policy_engine.files.layout import MAX_COMPONENT_BYTES as MAX_COMPONENT_BYTES
+from policy_engine.files.layout import shorten
 from policy_engine.language.mesh import DIMS
 
 FIELDS: tuple[str, ...] = (
@@ -22,7 +25,6 @@ FIELDS: tuple[str, ...] = (
 )
 #: Fields only known in the running process; explain shows them as placeholders.
 LATE_FIELDS = frozenset({"pid", "host", "timestamp"})
-MAX_COMPONENT_BYTES = 255
 #: What a name becomes when every field in it is empty (a file needs a name).
 EMPTY_NAME = "trace"
 
@@ -136,17 +138,6 @@ def _check_paths(text: str) -> None:
             raise TemplateError(
                 f"{comp!r} cannot be a path component (names stay under output_dir)", pos)
         pos += len(comp) + 1
-
-
-def shorten(component: str, limit: int = MAX_COMPONENT_BYTES) -> str:
-    """``component`` cut to ``limit`` bytes, deterministically: a prefix plus a short hash
-    of the whole, so two long names that differ only at the end stay different."""
-    raw = component.encode()
-    if len(raw) <= limit:
-        return component
-    digest = hashlib.sha256(raw).hexdigest()[:10]
-    keep = raw[: limit - len(digest) - 1].decode(errors="ignore")
-    return f"{keep}-{digest}"
 
 
 @attrs.frozen

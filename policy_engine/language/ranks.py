@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 
 import attrs
 
@@ -199,15 +199,31 @@ class RankSelector:
         the size is unknown, or the rank has no coordinate on a named dimension, that axis
         matches nothing.
         """
-        for axes in self.clauses:
-            if all(
-                axis.hits(rank, world)
-                if axis.dim == _RANK
-                else axis.hits(coords.get(axis.dim), sizes.get(axis.dim))
-                for axis in axes
-            ):
-                return True
-        return False
+        return any(all(axis.hits(rank, world) if axis.dim == _RANK else
+                       axis.hits(coords.get(axis.dim), sizes.get(axis.dim)) for axis in axes)
+                   for axes in self.clauses)
+
+    def matcher(self, world: int, sizes: Mapping[str, int]
+                ) -> Callable[[int, Mapping[str, int]], bool]:
+        """``matcher(world, sizes)(rank, coords)`` is ``matches(rank, world, coords, sizes)``,
+        faster for many ranks (explain places 65,536)."""
+        # Each axis: its answers for the indices below its size, worked out at once.
+        clauses = [[(axis, size, {i for lo, hi in _indices(axis, size, size or 0)
+                                  for i in range(lo, hi + 1)}, size or 0) for axis in axes
+                    for size in [world if axis.dim == _RANK else sizes.get(axis.dim)]]
+                   for axes in self.clauses]
+
+        def match(rank: int, coords: Mapping[str, int]) -> bool:
+            for axes in clauses:
+                for axis, size, inside, below in axes:
+                    index = rank if axis.dim == _RANK else coords.get(axis.dim)
+                    if not (index in inside if index is not None and 0 <= index < below
+                            else axis.hits(index, size)):
+                        break
+                else:
+                    return True
+            return False
+        return match
 
     def check(self, world: int | None, sizes: Mapping[str, int] | None) -> list[SelectorError]:
         """Problems once the world size or the mesh is known (None: not known, not checked).

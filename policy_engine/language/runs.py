@@ -210,14 +210,25 @@ def _period(active: Sequence[Run], cap: int) -> int:
     return period
 
 
+def _paid(runs: Sequence[Run], cells: _Cells
+          ) -> Iterator[tuple[int, int, tuple[Run, ...]] | None]:
+    """``(first, length, active)`` for each stretch of a bounded union, each paid for from
+    ``cells``' allowance as it comes; None, last, when the allowance is spent."""
+    for first, last, active in _segments(runs):
+        assert last is not None
+        if not cells.spend(len(active) + 1):
+            yield None
+            return
+        yield first, last - first + 1, active
+
+
 def _count_marked(runs: Sequence[Run], cells: _Cells) -> int | None:
     """Size of a bounded union from the period of each stretch; None past the allowance."""
     total = 0
-    for first, last, active in _segments(runs):
-        assert last is not None
-        length = last - first + 1
-        if not cells.spend(len(active) + 1):
+    for stretch in _paid(runs, cells):
+        if stretch is None:
             return None
+        first, length, active = stretch
         if not active:
             continue
         if any(stride == 1 for _, _, stride in active):
@@ -256,11 +267,10 @@ def _lengths(runs: Sequence[Run], cells: _Cells) -> Lengths | None:
         if block:
             out.append((block, 1))
 
-    for first, last, active in _segments(runs):
-        assert last is not None
-        length = last - first + 1
-        if not cells.spend(len(active) + 1):
+    for stretch in _paid(runs, cells):
+        if stretch is None:
             return None
+        first, length, active = stretch
         if not active:
             close(carry)
             carry = 0

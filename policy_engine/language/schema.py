@@ -20,7 +20,7 @@ from typing import Any
 
 import attrs
 
-from policy_engine import backends
+from policy_engine import settings as registry
 from policy_engine.errors import KINDS, Problem, describe, did_you_mean, json_path
 from policy_engine.language.base_schema import base_schema
 from policy_engine.language.document import Document
@@ -56,11 +56,11 @@ def schema() -> dict[str, Any]:
     assembled = base_schema()
     defs = assembled["$defs"]
     role = defs.pop("role")  # kept last, after the blocks it refers to
-    names = [*backends.BACKENDS, *backends.ALIASES]
+    names = [*registry.BACKENDS, *registry.ALIASES]
     one, several = role["properties"]["backend"]["oneOf"]
     one["enum"] = several["items"]["enum"] = names
-    for name in backends.BACKENDS:
-        defs[name] = backends.settings_schema(name)
+    for name in registry.BACKENDS:
+        defs[name] = registry.settings_schema(name)
         role["properties"][name] = {"$ref": f"#/$defs/{name}"}
     defs["role"] = role
     return assembled

@@ -48,12 +48,16 @@ def parse_bytes(value: int | str) -> int:
 
 @attrs.frozen
 class SlowStep:
-    """``slow_step: {factor, after, max, window}``."""
+    """``slow_step: {factor, after, max, window, scope, reference}``. ``scope: job``: the
+    slow rank and the ``reference`` ranks (a rank selector) capture one later step, the
+    same on all of them; ``process``: the slow process captures its next step alone."""
 
     factor: float = 2.0
     after: int = 10
     max: int = 3
     window: int = 50
+    scope: str = "process"
+    reference: Any = None  # None, or a rank selector as the policy wrote it
 
 
 @attrs.frozen
@@ -64,6 +68,9 @@ class Triggers:
     signal: bool = False
     slow_step: SlowStep | None = None
     poll_seconds: float = 5.0
+    #: how requests travel: ``auto`` (the job's c10d store when torch.distributed is up,
+    #: else a named Ray actor under Ray, else the triggers/ folder), or one of them
+    channel: str = "auto"
 
     @property
     def any(self) -> bool:
@@ -79,13 +86,20 @@ class Triggers:
                    signal=bool(raw.get("signal", False)),
                    slow_step=None if slow in (None, False) else SlowStep(
                        factor=float(slow.get("factor", 2.0)), after=slow.get("after", 10),
-                       max=slow.get("max", 3), window=slow.get("window", 50)),
-                   poll_seconds=float(raw.get("poll_seconds", 5.0)))
+                       max=slow.get("max", 3), window=slow.get("window", 50),
+                       scope=slow.get("scope", "process"), reference=slow.get("reference")),
+                   poll_seconds=float(raw.get("poll_seconds", 5.0)),
+                   channel=str(raw.get("channel", "auto")))
 
     def to_json(self) -> dict[str, Any]:
-        return {"on_demand": self.on_demand, "signal": self.signal,
-                "slow_step": None if self.slow_step is None else attrs.asdict(self.slow_step),
-                "poll_seconds": self.poll_seconds}
+        slow = None if self.slow_step is None else attrs.asdict(self.slow_step)
+        if slow is not None and slow["scope"] == "process" and slow["reference"] is None:
+            del slow["scope"], slow["reference"]  # as before scope existed: same hashes
+        out: dict[str, Any] = {"on_demand": self.on_demand, "signal": self.signal,
+                               "slow_step": slow, "poll_seconds": self.poll_seconds}
+        if self.channel != "auto":
+            out["channel"] = self.channel
+        return out
 
 
 @attrs.frozen
@@ -122,6 +136,17 @@ def triggers_schema() -> dict[str, Any]:
                     "description": "Captures of slow steps per process, at most."},
             "window": {"type": "integer", "minimum": 3, "default": 50,
                        "description": "How many recent steps the median is taken over."},
+            "scope": {"enum": ["process", "job"], "default": "process",
+                      "description": "process: the slow process captures its next step; "
+                                     "job: the slow rank and the reference ranks capture "
+                                     "the same later step."},
+            "reference": {
+                "oneOf": [{"type": "string"}, {"type": "integer"}, {"type": "array"},
+                          {"type": "object"}, {"type": "null"}],
+                "default": None,
+                "description": "With scope: job, the ranks captured beside the slow one "
+                               "(a rank selector: '0', '0-3', {tp: 0}).",
+                "examples": ["0"]},
         },
     }
     return {
@@ -141,8 +166,13 @@ def triggers_schema() -> dict[str, Any]:
                 "examples": [{"factor": 2.0, "after": 10, "max": 3}],
             },
             "poll_seconds": {"type": ["number", "integer"], "minimum": 0, "default": 5.0,
-                             "description": "How often on_demand looks for requests (one "
-                                            "stat of a folder)."},
+                             "description": "How often a process looks for requests and "
+                                            "reports its progress."},
+            "channel": {"enum": ["auto", "store", "ray", "folder"], "default": "auto",
+                        "description": "How requests reach the processes: auto is the "
+                                       "job's c10d store when torch.distributed is "
+                                       "initialised, a named Ray actor under Ray, else "
+                                       "the triggers/ folder."},
         },
     }
 

@@ -43,22 +43,17 @@ _TYPE_KINDS: Mapping[str, frozenset[str]] = {
 }
 
 
+#: Python types and the JSON Schema type each is (``bool`` before ``int``: it is one).
+_KIND_OF: tuple[tuple[type, str], ...] = (
+    (type(None), "null"), (bool, "boolean"), (int, "integer"), (float, "number"),
+    (str, "string"), (list, "array"), (dict, "object"))
+
+
 def kind(value: object) -> str:
     """The kind of a plain value, as JSON Schema's types name them."""
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "boolean"
-    if isinstance(value, int):
-        return "integer"
-    if isinstance(value, float):
-        return "number"
-    if isinstance(value, str):
-        return "string"
-    if isinstance(value, list):
-        return "array"
-    if isinstance(value, dict):
-        return "object"
+    for python, name in _KIND_OF:
+        if isinstance(value, python):
+            return name
     return type(value).__name__
 
 

@@ -7,6 +7,7 @@ import socket
 import attrs
 
 from policy_engine.errors import PolicyError, Problem
+from policy_engine.language.colocation import window_roles
 from policy_engine.language.frozen import FrozenDict
 from policy_engine.language.mesh import DIMS
 from policy_engine.language.model import Policy, RoleSpec
@@ -33,8 +34,9 @@ def resolve_topology(policy: Policy, topology: Topology | None,
 
 
 def selects(spec: RoleSpec, topo: Topology) -> bool:
-    """Whether ``spec`` profiles on the process ``topo`` describes: the one place that
-    decides it, for the runtime, explain and nsys-args alike."""
+    """Whether ``spec`` profiles on the process ``topo`` describes: the rule of the
+    runtime, explain and nsys-args alike (:func:`~policy_engine.plan.placement.places`
+    asks the same selector for a whole simulated world at once)."""
     return spec.enabled and spec.ranks.matches(
         topo.rank, topo.world, topo.selector_coords(), topo.selector_sizes())
 
@@ -60,15 +62,12 @@ def compile_plan(policy: Policy, role: str, topology: Topology | None = None) ->
         "local_rank": topo.local_rank, "node": topo.node, "backend": spec.backend,
         **{dim: topo.coords.get(dim) for dim in DIMS},
     }
-    label = _fixed_role(role, spec.backend, colocated)
-    if label is not None:
-        bound["role"] = label
+    # <role>: the window's roles, alike on every rank and step (who took part on this
+    # rank is the manifest's `roles`, from Plan.roles_for).
+    bound["role"] = "+".join(window_roles(policy, role))
     if "host" in spec.template.fields() and topo.source != "simulated":
         bound["host"] = socket.gethostname().split(".")[0]
-    regions = tuple(
-        RegionPlan(r.name, r.enabled, r.schedule if r.own_schedule else spec.schedule)
-        for r in spec.regions
-    )
+    regions = region_plans(spec)
     return Plan(
         spec,
         topo.rank,
@@ -84,6 +83,18 @@ def compile_plan(policy: Policy, role: str, topology: Topology | None = None) ->
         policy_hash=policy.policy_hash,
         colocated=colocated,
     )
+
+
+def region_plans(spec: RoleSpec) -> tuple[RegionPlan, ...]:
+    """Each region of ``spec`` with the schedule its calls run (its own, else the role's)."""
+    return tuple(RegionPlan(r.name, r.enabled, r.schedule if r.own_schedule else spec.schedule)
+                 for r in spec.regions)
+
+
+def counting_plan(spec: RoleSpec) -> Plan:
+    """The plan of any process ``spec`` profiles, placed nowhere (rank 0 of 1, its name
+    template unbound): what counts the captures and traces of the role as a whole."""
+    return Plan(spec, 0, 1, True, spec.template, regions=region_plans(spec))
 
 
 def _colocated(policy: Policy, role: str, base: Topology,
@@ -116,16 +127,3 @@ def _placed(policy: Policy, peer: str, role: str, base: Topology, topo: Topology
         return resolve_topology(policy, base, peer)
     except PolicyError:
         return base  # its mesh does not cover this world: validate says so
-
-
-def _fixed_role(role: str, backend: str, colocated: tuple[tuple[str, StepSet], ...]) -> str | None:
-    """What ``<role>`` renders when it is the same for every capture, else None.
-
-    nsys names one report file per process at launch, so nsight always takes every role
-    that shares the process's capture ranges.
-    """
-    if not colocated:
-        return role
-    if backend == "nsight" or len({steps for _, steps in colocated}) == 1:
-        return "+".join(name for name, _ in colocated)
-    return None

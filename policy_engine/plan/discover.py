@@ -104,14 +104,8 @@ def _slurm(env: Mapping[str, str]) -> _Launch | None:
     if rank is None or world is None:
         # Batch scripts and salloc shells carry some SLURM_* variables but are no task.
         return None
-    return _Launch(
-        "slurm",
-        rank,
-        world,
-        local_rank=_env_int(env, "SLURM_LOCALID"),
-        local_world=_slurm_tasks_per_node(env),
-        node=_env_int(env, "SLURM_NODEID"),
-    )
+    return _Launch("slurm", rank, world, local_rank=_env_int(env, "SLURM_LOCALID"),
+                   local_world=_slurm_tasks_per_node(env), node=_env_int(env, "SLURM_NODEID"))
 
 
 def _openmpi(env: Mapping[str, str]) -> _Launch | None:
@@ -121,13 +115,9 @@ def _openmpi(env: Mapping[str, str]) -> _Launch | None:
         return None
     # Open MPI names no node index; rank // local size below assumes its default
     # by-slot mapping (a node's ranks are consecutive).
-    return _Launch(
-        "openmpi",
-        rank,
-        world,
-        local_rank=_env_int(env, "OMPI_COMM_WORLD_LOCAL_RANK"),
-        local_world=_env_int(env, "OMPI_COMM_WORLD_LOCAL_SIZE", minimum=1),
-    )
+    local = _env_int(env, "OMPI_COMM_WORLD_LOCAL_RANK")
+    return _Launch("openmpi", rank, world, local_rank=local,
+                   local_world=_env_int(env, "OMPI_COMM_WORLD_LOCAL_SIZE", minimum=1))
 
 
 def launcher_from_env(env: Mapping[str, str]) -> _Launch | None:

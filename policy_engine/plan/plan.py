@@ -39,8 +39,9 @@ class Plan:
     """The fully resolved decision for one role on one rank. Frozen, hashable, JSON-able.
 
     ``template`` is the name template with every field known at compile time already
-    bound; ``step``, ``region``, ``cycle``, ``pid``, ``host`` and ``timestamp`` are filled
-    in at run time (and ``role`` when colocated roles take part in some steps only).
+    bound, ``role`` included (a colocated capture is named after its whole window:
+    ``language.colocation.window_roles``, the same on every rank and step); ``step``,
+    ``region``, ``cycle``, ``pid``, ``host`` and ``timestamp`` are filled in at run time.
     """
 
     spec: RoleSpec
@@ -172,9 +173,11 @@ class Plan:
         return None
 
     def roles_for(self, first: int | None) -> tuple[str, ...]:
-        """The roles a capture opening at outer step ``first`` belongs to (None: a capture
-        of the whole session): every declared colocated role that profiles that step,
-        whichever of them opens it; this plan's role alone when none is declared."""
+        """The roles that take part in a capture opening at outer step ``first`` on this
+        rank (None: a capture of the whole session), as the manifest's ``roles`` records
+        them: every declared colocated role that selects this rank and profiles that step,
+        whichever of them opens it; this plan's role alone when none is declared. The
+        name does not follow them: it names the whole window (see :class:`Plan`)."""
         if not self.colocated:
             return (self.role,)
         found = tuple(role for role, steps in self.colocated
@@ -198,7 +201,7 @@ class Plan:
         runtime names every file through this method, so explain's names are the run's.
         """
         values: dict[str, object] = {
-            "role": "+".join(self.roles_for(first)),
+            "role": self.role,  # a compiled plan has bound it (the window's roles)
             "step": None if first is None else self.capture_label(first, last) if at is None
             else at,
             "region": region, "cycle": cycle,

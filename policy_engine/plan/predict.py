@@ -2,17 +2,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from types import MappingProxyType
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
-from policy_engine.language.mesh import DIMS
 from policy_engine.language.model import Policy
 from policy_engine.language.schedule import Action, Schedule
 from policy_engine.plan.captures import cycle_step, opened, traces
-from policy_engine.plan.compile import compile_plan, selects
+from policy_engine.plan.compile import compile_plan
+from policy_engine.plan.placement import places
 from policy_engine.plan.plan import Plan
-from policy_engine.plan.topology import Topology
 
 #: Given a plan, what lists the files of one of its traces (by name and position among
 #: the process's traces): ``[{"path": ..., "backend": ..., "when": ...}]``.
@@ -117,32 +115,28 @@ def rank_entry(plan: Plan, lo: int, hi: int, inner: int | None = None,
     return entry
 
 
-def explain(policy: Policy, role: str, *, world: int, mesh: Mapping[str, int] | None = None,
-            lo: int = 0, hi: int = 20, inner: int | None = None,
-            local_world: int | None = None, region_calls: int = 1,
+def explain(policy: Policy, role: str, *, world: int, lo: int = 0, hi: int = 20,
+            inner: int | None = None, local_world: int | None = None, region_calls: int = 1,
             files: Files | None = None) -> dict[str, Any]:
-    """Per rank: profiled or not, coordinates, backend, steps, actions, traces."""
+    """Per rank: profiled or not, coordinates, backend, steps, actions, traces. Each rank
+    is placed in the mesh of ``role`` (:meth:`Policy.mesh_for`; for another mesh, pass
+    ``policy.with_mesh(mesh)``, as the CLI's ``--mesh`` does)."""
     return {"role": role, "world": world,
-            "ranks": list(iter_ranks(policy, role, world=world, mesh=mesh, lo=lo, hi=hi,
-                                     inner=inner, local_world=local_world,
-                                     region_calls=region_calls, files=files))}
+            "ranks": list(iter_ranks(policy, role, world=world, lo=lo, hi=hi, inner=inner,
+                                     local_world=local_world, region_calls=region_calls,
+                                     files=files))}
 
 
-def iter_ranks(policy: Policy, role: str, *, world: int, mesh: Mapping[str, int] | None,
-               lo: int, hi: int, inner: int | None, local_world: int | None,
-               region_calls: int = 1, files: Files | None = None) -> Iterator[dict[str, Any]]:
+def iter_ranks(policy: Policy, role: str, *, world: int, lo: int, hi: int, inner: int | None,
+               local_world: int | None, region_calls: int = 1,
+               files: Files | None = None) -> Iterator[dict[str, Any]]:
     """:func:`rank_entry` for every rank: each rank placed and compiled by the code the
-    runtime runs (:func:`~policy_engine.plan.compile.selects`,
+    runtime runs (:func:`~policy_engine.plan.placement.places`,
     :func:`~policy_engine.plan.compile.compile_plan`)."""
-    mesh = mesh or policy.mesh_for(role)  # the role's own mesh, else the top-level one
-    mesh = MappingProxyType(dict(mesh)) if mesh else None
-    spec = policy.role(role)
-    for rank in range(world):
-        topo = Topology.for_rank(rank, world, mesh, local_world)
-        if not selects(spec, topo):
-            yield {"rank": rank, "profiled": False,
-                   "coords": {dim: topo.coords[dim] for dim in DIMS if dim in topo.coords},
-                   "local_rank": topo.local_rank, "node": topo.node}
-            continue
-        plan = compile_plan(policy, role, topo)
-        yield rank_entry(plan, lo, hi, inner, region_calls, files)
+    for place in places(policy, role, world, local_world):
+        if place.topology is None:
+            yield {"rank": place.rank, "profiled": False, "coords": place.coords,
+                   "local_rank": place.local_rank, "node": place.node}
+        else:
+            yield rank_entry(compile_plan(policy, role, place.topology), lo, hi, inner,
+                             region_calls, files)

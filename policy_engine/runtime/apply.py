@@ -9,7 +9,7 @@ import weakref
 from collections.abc import Mapping
 from typing import Any, Union
 
-from policy_engine.errors import PolicyError, Problem, did_you_mean
+from policy_engine.errors import PolicyError, Problem
 from policy_engine.language.checks import COORDINATES_WITHOUT_MESH
 from policy_engine.language.load import ENV_FILE, load_policy
 from policy_engine.language.mesh import DIMS
@@ -21,7 +21,7 @@ from policy_engine.plan.topology import Topology
 from policy_engine.runtime.off import OffProfiler
 from policy_engine.runtime.profiler import RoleProfiler
 from policy_engine.runtime.state import STATE, warn_once
-from policy_engine.runtime.wrapping import wrap_region
+from policy_engine.runtime.wrapping import Patches, marked
 
 log = logging.getLogger("policy_engine")
 PolicyArg = Union[str, "os.PathLike[str]", Mapping[str, Any], Policy, None]
@@ -40,7 +40,7 @@ def _from_environment(policy: PolicyArg, problems: tuple[Problem, ...]) -> bool:
                for p in problems if p.severity == "error")
 
 
-def _resolve(policy: PolicyArg) -> Policy | None:
+def resolve_policy(policy: PolicyArg) -> Policy | None:
     """The loaded policy; None when profiling is off (no policy, or a broken one from the
     environment: a typo in PROFILE_POLICY_SET must not stop training)."""
     given = policy
@@ -73,9 +73,9 @@ def _resolve(policy: PolicyArg) -> Policy | None:
 def _check_role(policy: Policy, role: str) -> None:
     """A role the policy does not name gets the defaults, unless the name looks like a
     typo of one it does name: that is an error, not a silently idle profiler."""
-    if role in policy.roles:
+    hint = policy.unknown_role(role)
+    if hint is None:
         return
-    hint = did_you_mean(role, policy.roles)
     if hint:
         raise PolicyError.single(
             f"role {role!r} is not in the policy{hint}; roles: {', '.join(policy.roles)}",
@@ -108,7 +108,7 @@ def profile_session(policy: PolicyArg, role: str,
     ``policy``: a path, a mapping, a loaded Policy, or None for ``$PROFILE_POLICY``
     (profiling is off when that is unset too).
     """
-    loaded = _resolve(policy)
+    loaded = resolve_policy(policy)
     if loaded is None:
         topo = topology or Topology.discover()
         return OffProfiler(Plan.off(build_role(role, {}), topo.rank, topo.world))
@@ -120,26 +120,29 @@ def profile_session(policy: PolicyArg, role: str,
     return RoleProfiler(plan, policy_sources=loaded.sources)
 
 
-def _applied(worker: object, role: str) -> RoleProfiler | None:
-    """The profiler ``role`` already has on ``worker`` (found on a wrapped method, or in
-    the process's registry for roles that wrap nothing)."""
+def _applied(worker: object, role: str) -> tuple[RoleProfiler, Patches | None] | None:
+    """The profiler ``role`` already has on ``worker``, with the methods it patched there
+    (found in the process's registry; a worker that cannot be weak-referenced is found
+    through its wrapped methods, and its patches are not known)."""
     entry = STATE.applied.get((id(worker), role))
     if entry is not None:
-        ref, prof = entry
+        ref, prof, patches = entry
         if ref() is worker:
-            return prof  # type: ignore[no-any-return]
+            return prof, patches
         del STATE.applied[(id(worker), role)]
     for value in vars(worker).values() if hasattr(worker, "__dict__") else ():
-        marker = getattr(value, "__policy_engine__", None)
-        if marker is not None and marker[0] == role:
-            return marker[1]  # type: ignore[no-any-return]
+        prof = marked(value, role)
+        if prof is not None:
+            return prof, None
     return None
 
 
-def _unwrap(worker: object, role: str) -> None:
+def _unwrap(worker: object, role: str, patches: Patches | None) -> None:
+    if patches is not None:
+        patches.restore()
+        return
     for name, value in list(vars(worker).items()):
-        marker = getattr(value, "__policy_engine__", None)
-        if marker is not None and marker[0] == role:
+        if marked(value, role) is not None:
             setattr(worker, name, value.__wrapped__)
 
 
@@ -155,25 +158,19 @@ def apply_policy(worker: object, role: str, policy: PolicyArg = None,
     prof = profile_session(policy, role, topology)
     earlier = _applied(worker, role)
     if earlier is not None:
-        if isinstance(prof, RoleProfiler) and prof.plan == earlier.plan:
-            return earlier
-        earlier.close()
-        _unwrap(worker, role)
+        found, patches = earlier
+        if isinstance(prof, RoleProfiler) and prof.plan == found.plan:
+            return found
+        found.close()
+        _unwrap(worker, role, patches)
         STATE.applied.pop((id(worker), role), None)
     if isinstance(prof, OffProfiler):
         return prof
-    for region in prof.plan.regions:
-        if not region.enabled:
-            continue
-        method = getattr(worker, region.name, None)
-        if not callable(method):
-            log.warning("policy-engine: role %r has region %r but %s has no such method",
-                        role, region.name, type(worker).__name__)
-            continue
-        # An instance attribute: other instances of the class stay untouched.
-        setattr(worker, region.name, wrap_region(prof, region.name, method))
+    patches = Patches()
+    patches.regions(worker, role, [r.name for r in prof.plan.regions if r.enabled],
+                    prof.annotate)
     # A worker that cannot be weak-referenced is found through its wrapped methods only.
     with contextlib.suppress(TypeError):
-        STATE.applied[(id(worker), role)] = (weakref.ref(worker), prof)
+        STATE.applied[(id(worker), role)] = (weakref.ref(worker), prof, patches)
     return prof
 

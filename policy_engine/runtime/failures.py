@@ -9,9 +9,11 @@ import time
 from typing import Any
 
 from policy_engine.errors import ProfilingError
+from policy_engine.files.records import close_line, trace_line
 from policy_engine.plan.plan import Plan
 from policy_engine.runtime import manifest
 from policy_engine.runtime.capture import Capture
+from policy_engine.runtime.role_parts import Fixed, Loop
 
 log = logging.getLogger("policy_engine")
 
@@ -20,9 +22,8 @@ class RoleFailures:
     """Failure handling of a RoleProfiler."""
 
     plan: Plan
-    _own: Capture | None
-    _off: str | None
-    _late: list[BaseException]
+    _loop: Loop
+    _fixed: Fixed
 
     def _close(self, capture: Capture | None, status: str) -> None: ...
     def _turn_off(self, why: str) -> None: ...
@@ -31,13 +32,12 @@ class RoleFailures:
         now = time.time()
         message = f"{type(err).__name__}: {err}"
         try:  # the folder may be what failed
-            manifest.append(self.plan.output_dir, dict(
-                record, event="trace", capture=cid, path=None, bytes=None, cycle=0,
-                inner_steps=[], status="failed", start=now, end=now, joined=[],
-                error=message))
-            manifest.append(self.plan.output_dir, {
-                "event": "close", "capture": cid, "status": "failed", "end": now,
-                "steps": record["steps"], "traces": 1, "joined": [], "error": message})
+            manifest.append(self.plan.output_dir, trace_line(
+                record, capture=cid, status="failed", path=None, bytes=None, cycle=0,
+                inner_steps=[], start=now, end=now, joined=[], error=message))
+            manifest.append(self.plan.output_dir, close_line(
+                capture=cid, status="failed", end=now, steps=record["steps"], traces=1,
+                joined=[], error=message))
         except OSError:
             pass
         self._failure(err, "open")
@@ -45,7 +45,7 @@ class RoleFailures:
     def _capture_failed(self, err: BaseException, when: str) -> None:
         """The capture this role owns failed in a backend call (on any thread). The call
         that drove it raises, if its role says so (:meth:`_raise_failure`)."""
-        self._own = None
+        self._loop.own = None
         self._turn_off("failed")
         if self.plan.on_error != "raise":
             log.warning("%s; profiling is off for this role from now on",
@@ -65,9 +65,9 @@ class RoleFailures:
     def _export_failed(self) -> None:
         """A background export of this role failed (recorded in the manifest by the export
         thread): turn off, and raise here, on the training thread, if the role says so."""
-        err = self._late.pop(0)
-        self._late.clear()
-        self._close(self._own, "partial")
+        err = self._fixed.late.pop(0)
+        self._fixed.late.clear()
+        self._close(self._loop.own, "partial")
         self._failure(err, "export")
 
     def _message(self, err: BaseException, when: str) -> str:

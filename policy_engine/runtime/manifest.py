@@ -24,11 +24,15 @@ import math
 import os
 import re
 import stat
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from typing import IO, Any
 
 import attrs
 
+from policy_engine.files.records import CLOSE_STATUSES as CLOSE_STATUSES
+from policy_engine.files.records import COMPANIONS as COMPANIONS
+from policy_engine.files.records import EVENTS, FIELDS, REQUIRED, STATUSES
+from policy_engine.files.records import TRACE_STATUSES as TRACE_STATUSES
 from policy_engine.runtime import manifest_write as _write
 
 # The writing side lives in runtime.manifest_write; writers find its names here too.
@@ -36,12 +40,6 @@ MANIFEST_DIR, MANIFEST_SUFFIX = _write.MANIFEST_DIR, _write.MANIFEST_SUFFIX
 append, encode, manifest_path = _write.append, _write.encode, _write.manifest_path
 host_name, file_hash = _write.host_name, _write.file_hash
 
-EVENTS = ("open", "trace", "close", "note")
-#: Keys of a trace line's ``extra`` that name a file written beside the trace (relative
-#: to the output folder, as ``path`` is).
-COMPANIONS = ("plot", "memory_timeline")
-TRACE_STATUSES = ("complete", "partial", "failed", "oom")
-CLOSE_STATUSES = ("complete", "partial", "failed", "interrupted")
 #: The longest line read; a longer one is reported, not loaded.
 MAX_LINE_BYTES = 1 << 20
 #: The most lines, and bytes, read of one manifest, and records held from all of them: a
@@ -73,64 +71,6 @@ class Scan:
 
     records: tuple[dict[str, Any], ...]
     problems: tuple[Problem, ...]
-
-
-def _is_int(v: Any) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
-
-
-def _is_number(v: Any) -> bool:
-    return (_is_int(v) or isinstance(v, float)) and math.isfinite(v)
-
-
-def _opt(check: Callable[[Any], bool]) -> Callable[[Any], bool]:
-    return lambda v: v is None or check(v)
-
-
-def _list_of(check: Callable[[Any], bool]) -> Callable[[Any], bool]:
-    return lambda v: isinstance(v, list) and all(check(x) for x in v)
-
-
-def _is_label(v: Any) -> bool:
-    return _is_int(v) or isinstance(v, str)
-
-
-def _is_str(v: Any) -> bool:
-    return isinstance(v, str)
-
-
-#: field -> (check, what it must be). A field that is present must pass its check.
-_FIELDS: dict[str, tuple[Callable[[Any], bool], str]] = {
-    "capture": (_is_str, "a string"),
-    "role": (_opt(_is_str), "a string or null"),
-    "roles": (_list_of(_is_str), "a list of strings"),
-    "region": (_opt(_is_str), "a string or null"),
-    "rank": (_opt(_is_int), "an integer or null"),
-    "world": (_opt(_is_int), "an integer or null"),
-    "cycle": (_opt(_is_int), "an integer or null"),
-    "pid": (_opt(lambda v: _is_int(v) and v > 0), "a positive integer or null"),
-    "path": (_opt(_is_str), "a string or null"),
-    "bytes": (_opt(lambda v: _is_int(v) and 0 <= v < 1 << 63), "a byte count or null"),
-    "steps": (_list_of(_is_label), "a list of integers or strings"),
-    "inner_steps": (_list_of(_is_label), "a list of integers or strings"),
-    "joined": (_list_of(_is_label), "a list of integers or strings"),
-    "start": (_is_number, "a number"),
-    "end": (_is_number, "a number"),
-    "error": (_opt(_is_str), "a string or null"),
-    "traces": (lambda v: _is_int(v) and v >= 0, "a count"),
-    "thread_waits": (lambda v: _is_int(v) and v >= 0, "a count"),
-    "stopped_by": (_opt(_is_str), "a string or null"),
-    # What older versions called thread_waits: read, never written, never a missing trace.
-    "deferred": (lambda v: _is_int(v) and v >= 0, "a count"),
-    "coords": (_opt(lambda v: isinstance(v, dict)), "an object or null"),
-    "extra": (_opt(lambda v: isinstance(v, dict)), "an object or null"),
-    "trigger": (_is_str, "a string"),
-    "request": (_opt(_is_str), "a string or null"),
-    "note": (_is_str, "a string"),
-}
-_REQUIRED = {"open": ("capture",), "trace": ("status",), "close": ("capture", "status"),
-             "note": ("note",)}
-_STATUSES = {"open": None, "trace": TRACE_STATUSES, "close": CLOSE_STATUSES, "note": None}
 
 
 def _reject_constant(name: str) -> Any:
@@ -177,13 +117,13 @@ def parse_line(raw: bytes) -> dict[str, Any]:
     if event not in EVENTS:
         raise ValueError(f"event: unknown kind {_clean(event)!r} (expected one of "
                          f"{', '.join(EVENTS)})")
-    for key in _REQUIRED[event]:
+    for key in REQUIRED[event]:
         if key not in record:
             raise ValueError(f"{key}: missing (every {event} record has one)")
-    for key, (check, what) in _FIELDS.items():
+    for key, (check, what) in FIELDS.items():
         if key in record and not check(record[key]):
             raise ValueError(f"{key}: expected {what}, got {_show(record[key])}")
-    statuses = _STATUSES[event]
+    statuses = STATUSES[event]
     if statuses is not None and record["status"] not in statuses:
         raise ValueError(f"status: expected one of {', '.join(statuses)}, got "
                          f"{_show(record['status'])}")

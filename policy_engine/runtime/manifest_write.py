@@ -12,11 +12,10 @@ import socket
 from collections.abc import Mapping
 from typing import Any
 
-from policy_engine.backends.output import folder
+from policy_engine.files.layout import MANIFEST_DIR as MANIFEST_DIR
+from policy_engine.files.layout import MANIFEST_SUFFIX as MANIFEST_SUFFIX
+from policy_engine.files.publish import folder
 from policy_engine.runtime.state import STATE
-
-MANIFEST_DIR = "manifests"
-MANIFEST_SUFFIX = ".manifest.jsonl"
 
 # Read too: the last byte says whether a torn line needs ending first.
 _FILE_FLAGS = os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC

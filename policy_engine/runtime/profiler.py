@@ -24,21 +24,20 @@ from typing import Any, TypeVar
 from policy_engine import backends
 from policy_engine.backends.base import CaptureInfo
 from policy_engine.backends.combined import Combined
+from policy_engine.files.records import note_line, open_line
 from policy_engine.plan.plan import Plan
-from policy_engine.runtime import export, manifest, signals, standing
+from policy_engine.runtime import export, manifest, signals
 from policy_engine.runtime.capture import Capture
 from policy_engine.runtime.failures import RoleFailures
 from policy_engine.runtime.off import _off_region, _off_step, _off_training_step, as_step
-from policy_engine.runtime.state import capture_id, slot, warn_once
-from policy_engine.runtime.triggers import PLAN, Budget, Listener
+from policy_engine.runtime.role_parts import NEW, SESSION, STEPS, Fixed, Loop, Why
+from policy_engine.runtime.state import Slot, capture_id, slot, warn_once
+from policy_engine.runtime.triggers import PLAN
 from policy_engine.runtime.wrapping import _DiscreteBlock, _RegionBlock, wrap_region
 
 log = logging.getLogger("policy_engine")
 F = TypeVar("F", bound=Callable[..., Any])
 _get_ident = threading.get_ident
-
-# How the code drives the profiler; decided by its first call.
-_NEW, _SESSION, _STEPS = "new", "session", "steps"
 
 
 class _StepBlock:
@@ -71,38 +70,13 @@ class RoleProfiler(RoleFailures):
 
     def __init__(self, plan: Plan, *, policy_sources: tuple[str, ...] = ()) -> None:
         self.plan = plan
-        self._slot = slot(plan.backend)
-        self._settings = backends.session_settings(plan.backend, plan)
-        self._mode = _NEW
-        self._off: str | None = None  # why the profiler stopped for good
-        self._outer: int | None = None
-        self._own: Capture | None = None
-        self._combined: Combined | None = None
-        self._env = {f: os.environ.get(f[4:], "") for f in plan.template.fields()
-                     if f.startswith("env:")}
-        self._identity = {
-            "role": plan.role, "rank": plan.rank, "world": plan.world,
-            "coords": dict(plan.coords), "local_rank": plan.local_rank, "node": plan.node,
-            "backend": plan.spec.backend_label, "plan_hash": plan.plan_hash,
-            "policy_file": plan.policy_source, "policy_hash": plan.policy_hash,
-            "policy_file_hash": manifest.file_hash(policy_sources), "pid": os.getpid(),
-        }
+        self.slot: Slot[Capture] = slot(plan.backend)
+        self._loop = Loop()
+        loop = self._loop
+        self._fixed = Fixed(plan, backends.session_settings(plan.backend, plan),
+                            policy_sources, self._note)
+        self._fixed.keep_history(plan, _process_backend, lambda: loop.outer, self._note)
         spec = plan.spec
-        limits = spec.limits
-        self._budget = Budget(limits, self._note, plan.role) if (
-            limits.captures is not None or limits.bytes is not None) else None
-        self._listener = Listener(plan, spec.triggers, self._note) if spec.triggers.any \
-            else None
-        self._why: tuple[str, str | None, int] | None = None  # this step's trigger
-        self._exporter = export.exporter(spec.export_in_flight) \
-            if spec.export == "background" else None
-        self._late: list[BaseException] = []  # background exports that failed
-        self._captured = False  # the step under way is inside a capture
-        # The whole-session capture `with prof:` opened, until the first step() keeps it:
-        # a training_step(n) before that drops it (__enter__).
-        self._provisional: Capture | None = None
-        self._release = standing.arm(plan, self._identity, self._settings, _process_backend,
-                                     lambda: self._outer, self._note)  # history: always
         if spec.triggers.signal:
             problem = signals.install_usr2()
             if problem is not None:
@@ -113,27 +87,27 @@ class RoleProfiler(RoleFailures):
         """A ``note`` line in the manifest: a trigger, a slow step, a limit reached."""
         keys = ("role", "rank", "world", "pid", "plan_hash")
         with contextlib.suppress(OSError):
-            manifest.append(self.plan.output_dir, dict(
-                {k: self._identity[k] for k in keys}, event="note", note=kind,
+            manifest.append(self.plan.output_dir, note_line(
+                {k: self._fixed.identity[k] for k in keys}, note=kind,
                 time=time.time(), host=manifest.host_name(), **fields))
 
     # -- opening and closing captures ----------------------------------------------
     def _open(self, first: int | None, region: str | None,
-              why: tuple[str, str | None, int] | None = None) -> Capture | None:
+              why: Why | None = None) -> Capture | None:
         """Open a capture, or join the one running on this backend (None when joined or
         when the role's limits are spent). ``why``: what triggered it beyond the plan."""
         plan = self.plan
-        with self._slot.lock:
-            running = self._slot.capture
+        with self.slot.lock:
+            running = self.slot.capture
             if running is not None:
                 self._join(running, region)
                 return None
-            if self._budget is not None and not self._budget.room():
+            if self._fixed.budget is not None and not self._fixed.budget.room():
                 return None
             cid = capture_id()
             steps = [] if first is None else [first]
-            record = dict(self._identity, roles=list(plan.roles_for(first)), region=region,
-                          steps=steps, trigger=PLAN if why is None else why[0])
+            record = dict(self._fixed.identity, roles=list(plan.roles_for(first)),
+                          region=region, steps=steps, trigger=PLAN if why is None else why[0])
             if why is not None and why[1] is not None:
                 record["request"] = why[1]
             last = (None if first is None else plan.capture_last(first)) if why is None \
@@ -142,12 +116,11 @@ class RoleProfiler(RoleFailures):
             try:
                 # Write-ahead: a process killed from here on leaves a capture that
                 # `traces` reports as interrupted.
-                manifest.append(plan.output_dir, dict(
-                    record, event="open", capture=cid, start=time.time(),
-                    host=manifest.host_name(),
+                manifest.append(plan.output_dir, open_line(
+                    record, capture=cid, start=time.time(), host=manifest.host_name(),
                     thread=threading.current_thread().name))
                 info = CaptureInfo(plan.role, plan.rank, plan.world, plan.coords, region,
-                                   tuple(steps), plan.output_dir, self._settings,
+                                   tuple(steps), plan.output_dir, self._fixed.settings,
                                    plan.plan_hash, plan.on_error)
                 session = self._backend().open(info)
             except Exception as err:
@@ -157,20 +130,20 @@ class RoleProfiler(RoleFailures):
             if region is not None:
                 found = plan.region(region)
                 schedule = found.schedule if found is not None else schedule
-            env = self._env
+            env = self._fixed.env
 
             def name(*, cycle: int | None, timestamp: str, at: int | None = None) -> str:
                 late = {"pid": os.getpid(), "timestamp": timestamp, **env}
                 return plan.capture_name(first=first, region=region, cycle=cycle, late=late,
                                          at=at, last=None if why is None else last)
-            capture = Capture(slot=self._slot, session=session, schedule=schedule,
+            capture = Capture(slot=self.slot, session=session, schedule=schedule,
                               owner=plan.role, capture_id=cid, record=record, name=name,
                               output_dir=plan.output_dir,
                               last_step=last, on_failure=self._capture_failed,
                               step_per_cycle=first is not None and plan.step_per_cycle,
-                              budget=self._budget, exporter=self._exporter,
-                              on_export_failure=self._late.append)
-            self._slot.capture = capture
+                              budget=self._fixed.budget, exporter=self._fixed.exporter,
+                              on_export_failure=self._fixed.late.append)
+            self.slot.hold(capture)
             if capture.begin():
                 self._raise_failure(capture)
                 return None
@@ -178,9 +151,8 @@ class RoleProfiler(RoleFailures):
 
     def _join(self, running: Capture, region: str | None) -> None:
         role = self.plan.role
-        if role == running.owner or role in running.joined:
+        if not running.span.join(role):
             return
-        running.joined.append(role)
         declared = dict(self.plan.colocated)
         if role in declared and running.owner in declared:
             return
@@ -189,24 +161,24 @@ class RoleProfiler(RoleFailures):
                   "policy-engine: roles %r and %r share this process and its %s capture, "
                   "but the policy does not say so%s: add `colocate: [[%s, %s]]` so that "
                   "validate checks them and explain names their traces",
-                  running.owner, role, self._slot.name, mode, running.owner, role)
+                  running.owner, role, self.slot.name, mode, running.owner, role)
 
     def _backend(self) -> Any:
         if len(self.plan.backends) == 1:
             return _process_backend(self.plan.backend)
-        if self._combined is None:
+        if self._fixed.combined is None:
             blocks = self.plan.spec.blocks
-            self._combined = Combined(
+            self._fixed.combined = Combined(
                 [(name, _process_backend(name)) for name in self.plan.backends],
-                {name: self._settings if name == self.plan.backend else blocks[name]
+                {name: self._fixed.settings if name == self.plan.backend else blocks[name]
                  for name in self.plan.backends}, note=self._note)
-        return self._combined
+        return self._fixed.combined
 
     def _close(self, capture: Capture | None, status: str) -> None:
         if capture is None:
             return
-        if self._own is capture:
-            self._own = None
+        if self._loop.own is capture:
+            self._loop.own = None
         try:
             capture.end(status)
         except Exception as err:
@@ -214,9 +186,8 @@ class RoleProfiler(RoleFailures):
 
     def _turn_off(self, why: str) -> None:
         """From now on every method does nothing (instance attributes shadow the class's)."""
-        self._off = why
-        if self._release is not None:  # history kept outside captures ends with the role
-            self._release = self._release()
+        self._loop.off = why
+        self._fixed.let_go()  # history kept outside captures ends with the role
         self.step = _off_step  # type: ignore[method-assign]
         self.training_step = _off_training_step  # type: ignore[method-assign]
         self.region = _off_region  # type: ignore[method-assign]
@@ -227,59 +198,59 @@ class RoleProfiler(RoleFailures):
         return _StepBlock(self, n if n.__class__ is int else as_step(n))
 
     def _enter_step(self, n: int) -> None:
-        with self._slot.lock:
+        with self.slot.lock:
             self._enter_step_locked(n)
 
     def _enter_step_locked(self, n: int) -> None:
-        if self._late:
+        if self._fixed.late:
             self._export_failed()
         plan = self.plan
-        own = self._own
-        if own is not None and own.pending:
+        own = self._loop.own
+        if own is not None and own.home.pending:
             own.catch_up()
-        if self._mode is not _STEPS:
-            if self._mode is _SESSION:
-                if own is not None and own is self._provisional:
+        if self._loop.mode is not STEPS:
+            if self._loop.mode is SESSION:
+                if own is not None and own is self._loop.provisional:
                     self._drop_session(own, n)
                 else:
                     self._close(own, "complete")  # the code switched to training steps
                 own = None
-            self._mode = _STEPS
-        self._outer = n
-        listener = self._listener
+            self._loop.mode = STEPS
+        self._loop.outer = n
+        listener = self._fixed.listener
         planned = n in plan.steps
         why = None
-        if listener is not None and not self._off:
-            why = listener.at_step(n, self._captured)
+        if listener is not None and not self._loop.off:
+            why = listener.at_step(n, self._loop.captured)
             if planned:
                 why = None  # the plan captures it anyway
-            self._why = why
-        if plan.discrete or self._off or (why is None and not planned):
-            self._captured = False
+            self._loop.why = why
+        if plan.discrete or self._loop.off or (why is None and not planned):
+            self._loop.captured = False
             if own is not None:
                 self._close(own, "complete")
             return
-        self._captured = True
+        self._loop.captured = True
         if own is not None:
-            if own.steps[-1] == n - 1 and (own.last_step is None or n <= own.last_step):
+            if own.span.goes_on_into(n):
                 own.add_step(n)  # a merged capture goes on
                 return
             self._close(own, "complete")
-        self._own = self._open(n, None, why)
+        self._loop.own = self._open(n, None, why)
 
     def _exit_step(self, n: int, *, failed: bool) -> None:
-        with self._slot.lock:
+        with self.slot.lock:
             self._exit_step_locked(n, failed=failed)
 
     def _exit_step_locked(self, n: int, *, failed: bool) -> None:
-        self._outer = None
-        own = self._own
+        self._loop.outer = None
+        own = self._loop.own
         if own is None:
             return
         if failed:
             self._close(own, "partial")
-        elif own.last_step is None or n < own.last_step:
-            if own.pending:
+        elif own.span.last_step is None or n < own.span.last_step:
+            if own.home.pending:
                 own.catch_up()  # a merged capture goes on into the next step
         else:
             self._close(own, "complete")
@@ -287,17 +258,18 @@ class RoleProfiler(RoleFailures):
     # -- inner steps ----------------------------------------------------------------
     def step(self) -> None:
         """Advance the schedule of the capture running on this backend by one inner step."""
-        capture = self._slot.capture
+        capture = self.slot.capture
         if capture is not None:
-            n = next(capture.ticks)  # the quiet path of a step: a count and a comparison
-            if n >= capture.quiet_until and capture.advance(n):
+            cursor = capture.cursor
+            n = next(cursor.ticks)  # the quiet path of a step: a count and a comparison
+            if n >= cursor.quiet_until and capture.advance(n):
                 self._raise_failure(capture)
-        elif self._mode is _NEW and not self.plan.discrete:
+        elif self._loop.mode is NEW and not self.plan.discrete:
             # A plain loop that never calls training_step(): one capture for the session.
-            with self._slot.lock:
-                if self._mode is _NEW:
-                    self._mode = _SESSION
-                    self._own = self._open(None, None)
+            with self.slot.lock:
+                if self._loop.mode is NEW:
+                    self._loop.mode = SESSION
+                    self._loop.own = self._open(None, None)
 
     # -- regions --------------------------------------------------------------------
     def region(self, name: str) -> AbstractContextManager[None]:
@@ -306,24 +278,30 @@ class RoleProfiler(RoleFailures):
             return _DiscreteBlock(self, name)
         return _RegionBlock(self, name)
 
-    def _open_region(self, name: str) -> Capture | None:
+    def open_region(self, name: str) -> Capture | None:
+        """A discrete region's call starts: its own capture (None: joined another role's
+        capture, or nothing to capture, or failed)."""
         plan = self.plan
         found = plan.region(name)
-        if self._off or (found is not None and not found.enabled):
+        if self._loop.off or (found is not None and not found.enabled):
             return None
-        n = self._outer
+        n = self._loop.outer
         why = None
         if n is not None and n not in plan.steps:
-            if self._why is None:
+            if self._loop.why is None:
                 return None
-            why = (self._why[0], self._why[1], n)  # a step a trigger captures
-        elif n is None and self._mode is _STEPS:
+            why = (self._loop.why[0], self._loop.why[1], n)  # a step a trigger captures
+        elif n is None and self._loop.mode is STEPS:
             return None
-        self._captured = True
+        self._loop.captured = True
         capture = self._open(n, name, why)
         if capture is not None:
-            self._own = capture
+            self._loop.own = capture
         return capture  # None: joined another role's capture, or failed
+
+    def close_region(self, capture: Capture, status: str) -> None:
+        """A discrete region's call ended: its capture ends (``partial`` on an exception)."""
+        self._close(capture, status)
 
     def annotate(self, name: str | None = None) -> Callable[[F], F]:
         """Decorator: each call of the function is the region ``name`` (default: its name)."""
@@ -335,13 +313,15 @@ class RoleProfiler(RoleFailures):
     def close(self) -> None:
         """Stop whatever this role opened; the profiler does nothing from then on.
         Idempotent."""
-        if self._off == "closed":
+        if self._loop.off == "closed":
             return
-        own = self._own
+        own = self._loop.own
         self._turn_off("closed")
+        if self._fixed.listener is not None:
+            self._fixed.listener.close()  # its listener thread, when it has one
         self._close(own, "complete")
         export.flush()
-        if self._late:
+        if self._fixed.late:
             self._export_failed()
 
     def __enter__(self) -> RoleProfiler:
@@ -352,11 +332,11 @@ class RoleProfiler(RoleFailures):
         any ``step()`` drops it (no trace; its close line says why), so a loop of training
         steps inside the block writes its per-step captures only, as ``explain`` lists.
         """
-        if self._mode is _NEW and not self._off and not self.plan.discrete:
-            self._mode = _SESSION
-            self._own = self._open(None, None)
-            if self._own is not None:
-                self._provisional = self._own
+        if self._loop.mode is NEW and not self._loop.off and not self.plan.discrete:
+            self._loop.mode = SESSION
+            self._loop.own = self._open(None, None)
+            if self._loop.own is not None:
+                self._loop.provisional = self._loop.own
                 self.step = self._first_step  # type: ignore[method-assign]
         return self
 
@@ -367,16 +347,16 @@ class RoleProfiler(RoleFailures):
         self.step()
 
     def _keep_session(self) -> None:
-        self._provisional = None
+        self._loop.provisional = None
         if self.__dict__.get("step") == self._first_step:  # not when turned off since
             del self.step
 
     def _drop_session(self, capture: Capture, n: int) -> None:
         self._keep_session()
-        if self._own is capture:
-            self._own = None
-        if capture.recording and self._budget is not None:
-            self._budget.give_back()  # its cycle is dropped: limits count it not
+        if self._loop.own is capture:
+            self._loop.own = None
+        if capture.cycle.recording and self._fixed.budget is not None:
+            self._fixed.budget.give_back()  # its cycle is dropped: limits count it not
         try:
             capture.drop(f"the `with` block's loop called training_step({n}) before any "
                          "prof.step(): per-step captures replace the whole-session capture")
@@ -384,7 +364,7 @@ class RoleProfiler(RoleFailures):
             self._failure(err, "stop", raising=False)
 
     def __exit__(self, exc_type: object, *rest: object) -> None:
-        own = self._own
+        own = self._loop.own
         if exc_type is not None:
             self._close(own, "partial")
         self.close()

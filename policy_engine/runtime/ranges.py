@@ -12,10 +12,13 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 from typing import Any
 
 from policy_engine.backends.base import Session
-from policy_engine.runtime.state import Slot, warn_once
+from policy_engine.runtime.cycle import Cycle
+from policy_engine.runtime.home import Home
+from policy_engine.runtime.state import GuardedLock, warn_once
 
 log = logging.getLogger("policy_engine")
 _get_ident = threading.get_ident
@@ -32,41 +35,46 @@ class Region:
         self.range: Any = None
 
 
-class RegionRanges:
-    """The region half of :class:`~policy_engine.runtime.capture.Capture`."""
+class Regions:
+    """The regions open while one capture runs, and their ranges. Changed here, under
+    the slot's lock, except the home thread's own ``stack``: a wrapped method on the home
+    thread outside recording pushes and pops it directly (runtime.wrapping), the one
+    place where a region costs no call."""
 
-    slot: Slot
-    session: Session
-    home: int
-    any_thread: bool
-    pending: bool
-    recording: bool
-    stack: list[str]
-    ranges: dict[int, Any]
-    others: list[Region]
+    __slots__ = ("backend", "catch_up", "cycle", "home", "lock", "others", "ranges",
+                 "session", "stack")
 
-    def catch_up(self) -> bool:
-        raise NotImplementedError
+    def __init__(self, backend: str, lock: GuardedLock, session: Session, home: Home,
+                 cycle: Cycle, catch_up: Callable[[], object]) -> None:
+        self.backend = backend
+        self.lock = lock  # the slot's
+        self.session = session
+        self.home = home
+        self.cycle = cycle  # ranges exist while it records
+        self.catch_up = catch_up  # applies what other threads left for the home thread
+        self.stack: list[str] = []  # regions open on the home thread, outermost first
+        self.ranges: dict[int, Any] = {}  # depth in ``stack`` -> its open range
+        self.others: list[Region] = []  # regions open on other threads (any_thread)
 
     def region_enter(self, name: str) -> int | Region | None:
         """A region call starts on this thread; its range opens now if recording, else
         when recording starts. Returns what :meth:`region_exit` takes (None: nothing)."""
         tid = _get_ident()
-        if tid == self.home:
-            if self.pending:
+        if tid == self.home.ident:
+            if self.home.pending:
                 self.catch_up()
             self.stack.append(name)
             depth = len(self.stack)
-            if self.recording:
-                with self.slot.lock:
+            if self.cycle.recording:
+                with self.lock:
                     self._open_home(depth, depth)
             return depth
-        if not self.any_thread:
+        if not self.home.any_thread:
             return None
         entry = Region(name, tid)
         self.others.append(entry)
-        if self.recording:
-            with self.slot.lock:
+        if self.cycle.recording:
+            with self.lock:
                 self._open_range(entry)
         return entry
 
@@ -75,7 +83,7 @@ class RegionRanges:
             self.stack.pop()
             self.home_exit(token)
             return
-        with self.slot.lock:
+        with self.lock:
             if token in self.others:
                 self.others.remove(token)
             self._close_range(token)
@@ -84,11 +92,11 @@ class RegionRanges:
         """After a home-thread region at ``depth`` left the stack: close its range, and
         apply what other threads left pending."""
         if self.ranges:
-            with self.slot.lock:
+            with self.lock:
                 for key in sorted((k for k in self.ranges if k >= depth), reverse=True):
                     self._end_range(self.ranges.pop(key), self.stack[key - 1]
                                     if key <= len(self.stack) else "region")
-        if self.pending:
+        if self.home.pending:
             self.catch_up()
 
     def _start_range(self, name: str) -> Any:
@@ -96,7 +104,7 @@ class RegionRanges:
             rng = self.session.range(name)
             rng.__enter__()
         except Exception as err:
-            warn_once(("range", self.slot.name, name),
+            warn_once(("range", self.backend, name),
                       "policy-engine: range %r could not open: %s", name, err)
             return None
         return rng
@@ -124,18 +132,18 @@ class RegionRanges:
         if rng is not None:
             self._end_range(rng, entry.name)
 
-    def _open_ranges(self) -> None:
+    def open_all(self) -> None:
         """Recording starts: ranges for the regions already open, outermost first (on
         the home thread; on every thread when the session takes calls from any)."""
-        if self.any_thread or _get_ident() == self.home:
+        if self.home.here():
             self._open_home(1, len(self.stack))
         for entry in list(self.others):
             self._open_range(entry)
 
-    def _close_ranges(self) -> None:
+    def close_all(self) -> None:
         for entry in reversed(list(self.others)):
             self._close_range(entry)
-        if self.ranges and (self.any_thread or _get_ident() == self.home):
+        if self.ranges and self.home.here():
             for depth in sorted(self.ranges, reverse=True):
                 name = self.stack[depth - 1] if depth <= len(self.stack) else "region"
                 self._end_range(self.ranges.pop(depth), name)

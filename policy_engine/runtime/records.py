@@ -1,5 +1,6 @@
 """The manifest lines of one capture (:mod:`policy_engine.runtime.manifest`): a ``trace``
-line per file or failure, a ``close`` line at the end."""
+line per file or failure, a ``close`` line at the end; and the background export of a
+saved cycle, whose lines it writes from the export thread."""
 
 from __future__ import annotations
 
@@ -9,11 +10,11 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from policy_engine.backends.base import Artifact, Session
-from policy_engine.language.schedule import Schedule
+from policy_engine.backends.base import Artifact
+from policy_engine.files.records import close_line, trace_line
 from policy_engine.runtime import manifest
+from policy_engine.runtime.budget import Budget
 from policy_engine.runtime.export import Exporter
-from policy_engine.runtime.triggers import Budget
 
 
 class Recorded(RuntimeError):
@@ -21,86 +22,53 @@ class Recorded(RuntimeError):
 
 
 def timestamp() -> str:
+    """Now, to the millisecond, as capture names and engine windows spell it."""
     now = time.time()
     return time.strftime("%Y%m%d%H%M%S", time.localtime(now)) + f"{int(now * 1000) % 1000:03d}"
 
 
-class CaptureRecords:
-    """What :class:`~policy_engine.runtime.capture.Capture` writes to the manifest."""
+class Lines:
+    """The manifest lines of one capture, and its background exports. Changed only here;
+    ``traces`` counts the trace lines written (the close line says how many)."""
 
-    record: dict[str, Any]
-    id: str
-    output_dir: str
-    cycle: int | None
-    cycle_steps: list[int]
-    cycle_started: float
-    steps: list[int]
-    cycle_from: int  # a trace line lists steps[cycle_from:] (a merged cycle's own steps)
-    joined: list[str]
-    traces: int
-    thread_waits: int
-    stopped_by: str | None
-    stem: str
-    inner: int
-    schedule: Schedule | None
-    name: Callable[..., str]
-    budget: Budget | None
-    exhausted: bool
-    reason: str | None
-    exporter: Exporter | None
-    queued: bool  # an export of this capture was queued: its lines go through the queue
-    on_export_failure: Callable[[BaseException], None]
-    saved: int
-    export_error: str | None
-    session: Session
-    step_unknown: bool
-    phase: str
-    recording: bool
+    __slots__ = ("budget", "export_error", "exporter", "id", "on_export_failure",
+                 "output_dir", "queued", "record", "snapshot", "traces")
 
-    def _name_cycle(self) -> None: ...
-    def _close_ranges(self) -> None: ...
+    def __init__(self, record: dict[str, Any], capture_id: str, output_dir: str,
+                 snapshot: Callable[[], dict[str, Any]], budget: Budget | None,
+                 exporter: Exporter | None,
+                 on_export_failure: Callable[[BaseException], None]) -> None:
+        self.record = record  # identity fields of every manifest line of the capture
+        self.id = capture_id
+        self.output_dir = output_dir
+        self.snapshot = snapshot  # the cycle under way, as a trace line says it
+        self.budget = budget  # limits.bytes: what its files weigh
+        # export: background: saves hand their writing to the exporter (runtime.export)
+        self.exporter = exporter
+        self.on_export_failure = on_export_failure
+        self.traces = 0  # trace lines written
+        self.queued = False  # an export was queued: later lines go through the queue
+        self.export_error: str | None = None  # a background export of it failed
 
-    def _report(self, artifact: Artifact, status: str) -> None:
+    def report(self, artifact: Artifact, status: str) -> None:
         """A file the session wrote outside a save (an out-of-memory snapshot), from
         whatever thread the tool called it on."""
         with contextlib.suppress(OSError):
-            self._trace(artifact, status)
+            self.trace(artifact, status)
 
-    def _current_name(self) -> str:
-        """The name of the cycle under way, or of the one the capture is at."""
-        if self.stem:
-            return self.stem
-        cycle = self.schedule.cycle(self.inner) if self.schedule is not None else None
-        return self.name(cycle=cycle, timestamp=timestamp())
+    def export(self, write: Callable[[], list[Artifact]], status: str) -> None:
+        """Hand what a save left (``write``) to the export thread, with its lines."""
+        assert self.exporter is not None
+        fields = self.snapshot()
+        self.queued = True
 
-    def _save(self, status: str) -> None:
-        if self.step_unknown:
-            self._name_cycle()
-        self.phase = "save"
-        self._close_ranges()
-        self.recording = False
-        note = getattr(self.session, "note", None)
-        if note is not None:  # backends that label their own traces (torch metadata)
-            note({"joined": list(self.joined), "inner_steps": list(self.cycle_steps),
-                  "capture": self.id})
-        cycle = 0 if self.cycle is None else self.cycle
-        self.saved += 1
-        later = getattr(self.session, "save_later", None) if self.exporter else None
-        if later is not None and self.exporter is not None:
-            write = later(self.stem, cycle)  # the backend stops here, on this thread
-            fields = self._line_fields()
-            self.queued = True
-            def job() -> None:
-                self._export(write, status, fields)
-            budget = self.budget  # limits.bytes: in flight until written (runtime.budget)
-            self.exporter.submit(job if budget is None else budget.carry(job), export=True)
-            return
-        failed = self._record_artifacts(self.session.save(self.stem, cycle), status)
-        if failed is not None:  # recorded; the capture fails as a whole
-            raise Recorded(failed)
+        def job() -> None:
+            self._export(write, status, fields)
+        budget = self.budget  # limits.bytes: in flight until written (runtime.budget)
+        self.exporter.submit(job if budget is None else budget.carry(job), export=True)
 
-    def _record_artifacts(self, artifacts: list[Artifact], status: str,
-                          fields: dict[str, Any] | None = None) -> str | None:
+    def record_artifacts(self, artifacts: list[Artifact], status: str,
+                         fields: dict[str, Any] | None = None) -> str | None:
         """A trace line per file a save wrote, or per part that failed (or one when it
         wrote nothing); the first failure, if any."""
         if not artifacts:
@@ -109,18 +77,11 @@ class CaptureRecords:
         for artifact in artifacts:
             if artifact.failed is not None:
                 failed = failed or artifact.failed
-                self._trace(None, "failed", error=artifact.failed, backend=artifact.backend,
-                            fields=fields)
+                self.trace(None, "failed", error=artifact.failed, backend=artifact.backend,
+                           fields=fields)
             else:
-                self._trace(artifact, status, fields=fields)
+                self.trace(artifact, status, fields=fields)
         return failed
-
-    def _line_fields(self) -> dict[str, Any]:
-        """What a trace line says of the cycle under way, as it is now (a background
-        export writes its lines later, from this snapshot)."""
-        return {"cycle": 0 if self.cycle is None else self.cycle,
-                "inner_steps": list(self.cycle_steps), "start": self.cycle_started,
-                "steps": self.steps[self.cycle_from:], "joined": list(self.joined)}
 
     def _emit(self, line: Callable[[], None]) -> None:
         """Write a manifest line now, or after the exports already queued (their lines
@@ -131,49 +92,50 @@ class CaptureRecords:
         else:
             line()
 
-    def _trace(self, artifact: Artifact | None, status: str, error: str | None = None,
-               backend: str | None = None, fields: dict[str, Any] | None = None) -> None:
-        record = dict(self.record)
-        record.update({
-            "event": "trace", "capture": self.id,
-            "path": os.path.relpath(artifact.path, self.output_dir) if artifact else None,
-            "bytes": artifact.bytes if artifact else None, "status": status,
-            "end": time.time(), **(fields or self._line_fields()),
-        })
+    def trace(self, artifact: Artifact | None, status: str, error: str | None = None,
+              backend: str | None = None, fields: dict[str, Any] | None = None) -> None:
+        more: dict[str, Any] = {}
         if artifact is not None and artifact.extra:
-            record["extra"] = dict(artifact.extra)
+            more["extra"] = dict(artifact.extra)
         part = artifact.backend if artifact is not None else backend
         if part is not None:
-            record["backend"] = part
+            more["backend"] = part
         if error:
-            record["error"] = error
+            more["error"] = error
+        record = trace_line(
+            self.record, capture=self.id, status=status,
+            path=os.path.relpath(artifact.path, self.output_dir) if artifact else None,
+            bytes=artifact.bytes if artifact else None, end=time.time(),
+            **(fields or self.snapshot()), **more)
         self.traces += 1
         if self.budget is not None and artifact is not None:
             self.budget.wrote(artifact.bytes)
         self._emit(lambda: manifest.append(self.output_dir, record))
 
-    def _close_record(self, status: str, error: str | None = None) -> None:
-        record: dict[str, Any] = {
-            "event": "close", "capture": self.id, "status": status, "end": time.time(),
-            "steps": list(self.steps), "joined": list(self.joined),
-        }
-        if self.thread_waits:
-            record["thread_waits"] = self.thread_waits
-        if self.stopped_by is not None:
-            record["stopped_by"] = self.stopped_by
-        if self.exhausted and self.budget is not None:
+    def close(self, status: str, error: str | None = None, *, steps: list[int],
+              joined: list[str], waits: int = 0, stopped_by: str | None = None,
+              limited: bool = False, reason: str | None = None) -> None:
+        """The capture's ``close`` line (after its queued exports' lines). ``limited``:
+        the budget ended its schedule; ``reason``: why it recorded less than planned."""
+        record: dict[str, Any] = {"end": time.time(), "steps": list(steps),
+                                  "joined": list(joined)}
+        if waits:
+            record["thread_waits"] = waits
+        if stopped_by is not None:
+            record["stopped_by"] = stopped_by
+        if limited and self.budget is not None:
             record["limit"] = self.budget.spent_why
-        if self.reason:  # it recorded less than its schedule plans (runtime.shortfall)
-            record["reason"] = self.reason
+        if reason:  # it recorded less than its schedule plans (runtime.shortfall)
+            record["reason"] = reason
         if error:
             record["error"] = error
 
         def line() -> None:  # after the queued exports: their traces are counted
             final = {**record, "traces": self.traces}
-            failed = self.export_error
-            if failed is not None and final["status"] == "complete":
-                final.update(status="failed", error=failed)  # an export of it failed
-            manifest.append(self.output_dir, final)
+            ends, failed = status, self.export_error
+            if failed is not None and status == "complete":
+                ends, final["error"] = "failed", failed  # an export of it failed
+            manifest.append(self.output_dir, close_line(capture=self.id, status=ends, **final))
         self._emit(line)
 
     def _export(self, write: Callable[[], list[Artifact]], status: str,
@@ -185,7 +147,7 @@ class CaptureRecords:
         except Exception as err:
             artifacts = [Artifact("", None, failed=f"{type(err).__name__}: {err}")]
         try:
-            failed = self._record_artifacts(artifacts, status, fields)
+            failed = self.record_artifacts(artifacts, status, fields)
         except OSError as err:
             failed = f"the manifest could not be written: {err}"
         if failed is not None:

@@ -23,15 +23,16 @@ from typing import Any
 
 import attrs
 
-from policy_engine.backends.output import write_atomic
+from policy_engine.files.layout import TRIGGERS_DIR
+from policy_engine.files.publish import write_atomic
 from policy_engine.runtime import manifest
 
-__all__ = ["MAX_BYTES", "MAX_COUNT", "MAX_STEP", "MAX_TEXT", "REQUESTS_DIR", "REQUEST_SUFFIX",
-           "BadRequest", "Request", "is_request_name", "parse_request", "read_request",
-           "write_request"]
+__all__ = ["MAX_ALSO", "MAX_BYTES", "MAX_COUNT", "MAX_STEP", "MAX_TEXT", "REQUESTS_DIR",
+           "REQUEST_SUFFIX", "WHYS", "BadRequest", "Request", "is_request_name", "load_bounded",
+           "parse_request", "read_bounded", "read_request", "request_body", "write_request"]
 
 #: The folder under an output_dir that holds trigger requests.
-REQUESTS_DIR = "triggers"
+REQUESTS_DIR = TRIGGERS_DIR
 REQUEST_SUFFIX = ".json"
 #: A request is a few fields: anything larger is not one.
 MAX_BYTES = 4096
@@ -43,6 +44,10 @@ _MAX_DEPTH = 8  # brackets: a ranks mapping of lists is 3 deep
 _MAX_DIGITS = 24  # characters of one JSON number
 #: Characters of a request's role, and of a ranks string.
 MAX_TEXT = 256
+#: Ranks a request may name besides its selector (``also``: the slow rank of a slow step).
+MAX_ALSO = 64
+#: Why a request was made (the capture's ``trigger``).
+WHYS = ("on_demand", "signal", "slow_step")
 _OPEN_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 
 
@@ -58,13 +63,19 @@ class BadRequest(ValueError):
 
 @attrs.frozen
 class Request:
-    """A request, checked: ``step`` None is the next step each process starts."""
+    """A request, checked: ``step`` None is the next step each process starts. ``also``:
+    ranks selected besides ``ranks``; ``why``: what asked (``on_demand`` from the command,
+    ``signal`` and ``slow_step`` from a process of the job); ``slow``: the slow step that
+    asked ({rank, step, seconds, median}), with ``ranks`` then its reference ranks."""
 
     id: str
     role: str
     ranks: Any  # None, a rank selector string, or its mapping / list form
     step: int | None
     count: int
+    also: tuple[int, ...] = ()
+    why: str = "on_demand"
+    slow: dict[str, Any] | None = None
 
 
 def is_request_name(name: str) -> bool:
@@ -77,23 +88,33 @@ def is_request_name(name: str) -> bool:
 # ------------------------------------------------------------------ writing
 
 
-def write_request(output_dir: str, *, role: str, ranks: Any, step: int | None,
-                  count: int) -> dict[str, Any]:
-    """Publish a request under ``output_dir/triggers/`` (created if missing, never through
-    a link: :class:`~policy_engine.backends.output.UnsafePathError` when a component is
-    one). Written whole under a hidden name, then given its final name, so a process never
-    reads half of it. Returns the request; ValueError for values no process would take."""
+def request_body(*, role: str, ranks: Any, step: int | None, count: int,
+                 **more: Any) -> tuple[dict[str, Any], str]:
+    """A new request and its JSON text, as every channel carries it. ``more``: ``also``,
+    ``why``, ``slow``. ValueError for values no process would take."""
     if not 1 <= count <= MAX_COUNT:
         raise ValueError(f"count must be 1 to {MAX_COUNT}, got {count}")
     if step is not None and not 0 <= step <= MAX_STEP:
         raise ValueError(f"step must be 0 to {MAX_STEP}, got {step}")
     rid = f"{time.strftime('%Y%m%d%H%M%S')}-{secrets.token_hex(4)}"
     request = {"id": rid, "role": role, "ranks": ranks, "step": step, "count": count,
-               "created": time.time(), "host": manifest.host_name(), "pid": os.getpid()}
+               "created": time.time(), "host": manifest.host_name(), "pid": os.getpid(),
+               **{k: v for k, v in more.items() if v not in (None, (), [])}}
     body = json.dumps(request)
     if len(body.encode()) > MAX_BYTES:
         raise ValueError(f"the request would be {len(body.encode())} bytes; processes read "
                          f"at most {MAX_BYTES} (a shorter --role or --ranks)")
+    return request, body
+
+
+def write_request(output_dir: str, *, role: str, ranks: Any, step: int | None,
+                  count: int, **more: Any) -> dict[str, Any]:
+    """Publish a request under ``output_dir/triggers/`` (created if missing, never through
+    a link: :class:`~policy_engine.files.publish.UnsafePathError` when a component is
+    one). Written whole under a hidden name, then given its final name, so a process never
+    reads half of it. Returns the request; ValueError for values no process would take."""
+    request, body = request_body(role=role, ranks=ranks, step=step, count=count, **more)
+    rid = request["id"]
 
     def write(path: str) -> None:
         with open(path, "w", encoding="utf-8") as f:
@@ -108,6 +129,13 @@ def write_request(output_dir: str, *, role: str, ranks: Any, step: int | None,
 def read_request(dir_fd: int, name: str) -> Request | None:
     """The request in file ``name`` of the folder ``dir_fd``; None when the file is gone.
     Raises :class:`BadRequest` for anything else that is not a request."""
+    data = read_bounded(dir_fd, name)
+    return None if data is None else parse_request(name[:-len(REQUEST_SUFFIX)], data)
+
+
+def read_bounded(dir_fd: int, name: str) -> bytes | None:
+    """The bytes of the small file ``name`` in ``dir_fd`` (at most :data:`MAX_BYTES`,
+    never through a link, never blocking); None when it is gone; :class:`BadRequest`."""
     try:
         info = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
     except FileNotFoundError:
@@ -139,7 +167,7 @@ def read_request(dir_fd: int, name: str) -> Request | None:
         os.close(fd)
     if size > MAX_BYTES:
         raise BadRequest(f"it is larger than {MAX_BYTES} bytes; a request is a few fields")
-    return parse_request(name[:-len(REQUEST_SUFFIX)], b"".join(chunks))
+    return b"".join(chunks)
 
 
 def _check_kind(info: os.stat_result) -> None:
@@ -198,8 +226,12 @@ def _depth(text: str) -> int:
     return deepest
 
 
-def parse_request(rid: str, data: bytes) -> Request:
-    """A request from a file's bytes, every field checked (:class:`BadRequest`)."""
+def load_bounded(data: bytes) -> Any:
+    """JSON from untrusted bytes: at most :data:`MAX_BYTES`, brackets at most 8 deep,
+    numbers of at most 24 characters (:class:`BadRequest`; ``final`` False when it may
+    still be being written)."""
+    if len(data) > MAX_BYTES:
+        raise BadRequest(f"it is larger than {MAX_BYTES} bytes; a request is a few fields")
     if not data.strip():
         raise BadRequest("it is empty", final=False)
     try:
@@ -214,6 +246,12 @@ def parse_request(rid: str, data: bytes) -> Request:
         raise BadRequest(str(err)) from None
     except ValueError as err:  # cut short, perhaps: still being written
         raise BadRequest(f"not JSON ({err})", final=False) from None
+    return value
+
+
+def parse_request(rid: str, data: bytes) -> Request:
+    """A request from a file's bytes, every field checked (:class:`BadRequest`)."""
+    value = load_bounded(data)
     if not isinstance(value, dict):
         raise BadRequest(f"expected a JSON object, got {_kind(value)}")
     role = value.get("role")
@@ -231,7 +269,19 @@ def parse_request(rid: str, data: bytes) -> Request:
     count = value.get("count", 1)
     if not (_is_int(count) and 1 <= count <= MAX_COUNT):
         raise BadRequest(f"count: expected 1 to {MAX_COUNT} steps, got {_shown(count)}")
-    return Request(rid, role, ranks, step, count)
+    also = value.get("also") or []
+    if not (isinstance(also, list) and len(also) <= MAX_ALSO and
+            all(_is_int(r) and 0 <= r <= MAX_STEP for r in also)):
+        raise BadRequest(f"also: expected a list of at most {MAX_ALSO} rank numbers")
+    why = value.get("why", "on_demand")
+    if why not in WHYS:
+        raise BadRequest(f"why: expected one of {', '.join(WHYS)}, got {_shown(why)}")
+    slow = value.get("slow")
+    if slow is not None and not (isinstance(slow, dict) and len(slow) <= 8 and all(
+            isinstance(k, str) and len(k) <= 32 and (_is_int(v) or isinstance(v, float))
+            for k, v in slow.items())):
+        raise BadRequest("slow: expected an object of a few numbers")
+    return Request(rid, role, ranks, step, count, tuple(also), why, slow)
 
 
 def _is_int(value: object) -> bool:

@@ -10,13 +10,9 @@ The capture says so once at run time and on its manifest ``close`` line (``reaso
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 from policy_engine.language.schedule import FIELDS, Schedule
 from policy_engine.runtime.state import warn_once
-
-if TYPE_CHECKING:
-    from policy_engine.runtime.capture import Capture
 
 
 def schedule_text(schedule: Schedule) -> str:
@@ -65,24 +61,20 @@ def cut_short(schedule: Schedule, seen: int, cycle: int | None, recorded: int,
             f"{span}: saved partial with {recorded} of {schedule.active} active steps")
 
 
-def check(capture: Capture, *, recorded: bool) -> str | None:
-    """At the end of ``capture`` (which ended normally, not from an exception or a signal):
-    why its schedule recorded nothing (``recorded`` False) or cut its cycle short, or None
-    when there is nothing to say. Warns once per role and region per process; the capture
-    puts the text on its close line (``reason``)."""
-    schedule = capture.schedule
-    if schedule is None:
-        return None  # no schedule records every capture whole
-    seen = next(capture.ticks) - 1  # the prof.step() calls so far (the capture is ending)
-    region = capture.record.get("region")
-    if recorded:
-        text = cut_short(schedule, seen, capture.cycle, len(capture.cycle_steps),
-                         capture.steps, region)
+def check(schedule: Schedule, *, seen: int, owner: str, region: str | None,
+          steps: Sequence[int], cycle: int | None, recorded: int | None) -> str | None:
+    """At the end of a capture of role ``owner`` (which ended normally, not from an
+    exception or a signal) after ``seen`` ``prof.step()`` calls: why its schedule recorded
+    nothing (``recorded`` None) or cut cycle ``cycle`` short after ``recorded`` active
+    inner steps. Warns once per role and region per process; the capture puts the text on
+    its close line (``reason``)."""
+    if recorded is not None:
+        text = cut_short(schedule, seen, cycle, recorded, steps, region)
     else:
-        text = nothing_recorded(schedule, seen, capture.steps, region)
-    warn_once(("shortfall", capture.owner, region, recorded),
+        text = nothing_recorded(schedule, seen, steps, region)
+    warn_once(("shortfall", owner, region, recorded is not None),
               "policy-engine: role %r: %s; %s (said once per process; each capture's manifest "
-              "close line says it as `reason`)", capture.owner, text, ADVICE)
+              "close line says it as `reason`)", owner, text, ADVICE)
     return text
 
 

@@ -16,19 +16,14 @@ capture either running (and saves what it recorded) or finished.
 from __future__ import annotations
 
 import atexit
-import contextlib
 import logging
 import os
 import signal
 import threading
 from types import FrameType
-from typing import TYPE_CHECKING
 
 from policy_engine.runtime import export
 from policy_engine.runtime.state import STATE, in_critical
-
-if TYPE_CHECKING:
-    from policy_engine.runtime.capture import Capture
 
 log = logging.getLogger("policy_engine")
 
@@ -48,8 +43,8 @@ def stop_all(why: str) -> None:
             log.warning("policy-engine: the %s capture stayed busy on another thread for "
                         "%.0f s; %s without waiting for it", found.name, WAIT_LIMIT, why)
             capture = found.capture
-            if capture is not None:
-                _abandon(capture, why)
+            if capture is not None:  # its close line says what it was stuck in
+                capture.abandon(why)
             continue
         try:
             capture = found.capture
@@ -57,17 +52,6 @@ def stop_all(why: str) -> None:
                 capture.terminate(why)
         finally:
             found.lock.release()
-
-
-def _abandon(capture: Capture, why: str) -> None:
-    """Another thread is stuck inside the capture's transition: its close line says so."""
-    if capture.ended:
-        return
-    thread = capture.busy or capture.home
-    name = next((t.name for t in threading.enumerate() if t.ident == thread), thread)
-    with contextlib.suppress(OSError):
-        capture._close_record("interrupted", f"{why} while thread {name!r} was still in "
-                                             f"the capture's {capture.phase} step")
 
 
 def _flush(why: str) -> None:
@@ -82,21 +66,21 @@ def _on_exit() -> None:
 
 
 def _on_sigterm(signum: int, frame: FrameType | None) -> None:
-    if in_critical() or STATE.terminating:
-        STATE.pending_signal = signum  # delivered as the critical stretch ends (state.py)
+    if in_critical() or STATE.hooks.terminating:
+        STATE.hooks.pending_signal = signum  # delivered as the critical stretch ends (state.py)
         return
     _terminate(signum, frame)
 
 
 def _terminate(signum: int, frame: FrameType | None) -> None:
-    STATE.terminating = True
+    STATE.hooks.terminating = True
     try:
         stop_all("SIGTERM arrived")
         _flush("the process ends")
     finally:
-        STATE.pending_signal = None  # one that came meanwhile is this one
-        STATE.terminating = False
-    previous = STATE.previous_sigterm
+        STATE.hooks.pending_signal = None  # one that came meanwhile is this one
+        STATE.hooks.terminating = False
+    previous = STATE.hooks.previous_sigterm
     if callable(previous):
         previous(signum, frame)
     elif previous == signal.SIG_DFL:
@@ -106,9 +90,9 @@ def _terminate(signum: int, frame: FrameType | None) -> None:
 
 def deliver_pending() -> None:
     """Run the SIGTERM that waited for a critical stretch to end."""
-    if STATE.terminating:
+    if STATE.hooks.terminating:
         return  # the handler at work delivers it
-    signum, STATE.pending_signal = STATE.pending_signal, None
+    signum, STATE.hooks.pending_signal = STATE.hooks.pending_signal, None
     if signum is not None:
         _terminate(signum, None)
 
@@ -117,23 +101,23 @@ def install() -> None:
     """Register the exit hook once per process, and the SIGTERM hook once, from the main
     thread (Python lets only the main thread set signal handlers)."""
     with STATE.lock:
-        first = not STATE.hooks_installed
-        STATE.hooks_installed = True
-        sigterm = not STATE.sigterm_installed and (
+        first = not STATE.hooks.exit_installed
+        STATE.hooks.exit_installed = True
+        sigterm = not STATE.hooks.sigterm_installed and (
             threading.current_thread() is threading.main_thread())
-        STATE.sigterm_installed = STATE.sigterm_installed or sigterm
+        STATE.hooks.sigterm_installed = STATE.hooks.sigterm_installed or sigterm
     if first:
-        STATE.signal_hook = deliver_pending
+        STATE.hooks.signal_hook = deliver_pending
         atexit.register(_on_exit)
     if sigterm:
-        STATE.previous_sigterm = signal.getsignal(signal.SIGTERM)
-        if STATE.previous_sigterm is not signal.SIG_IGN:
+        STATE.hooks.previous_sigterm = signal.getsignal(signal.SIGTERM)
+        if STATE.hooks.previous_sigterm is not signal.SIG_IGN:
             signal.signal(signal.SIGTERM, _on_sigterm)
 
 
 def _on_usr2(signum: int, frame: FrameType | None) -> None:
-    STATE.usr2_count += 1  # read at the next training-step boundary (runtime.triggers)
-    previous = STATE.previous_usr2
+    STATE.hooks.usr2_count += 1  # read at the next training-step boundary (runtime.triggers)
+    previous = STATE.hooks.previous_usr2
     if callable(previous):
         previous(signum, frame)
 
@@ -144,12 +128,12 @@ def install_usr2() -> str | None:
     if not hasattr(signal, "SIGUSR2"):
         return "this platform has no SIGUSR2"
     with STATE.lock:
-        if STATE.usr2_installed:
+        if STATE.hooks.usr2_installed:
             return None
         if threading.current_thread() is not threading.main_thread():
             return (f"Python lets only the main thread install signal handlers, and this "
                     f"runs on thread {threading.current_thread().name!r}")
-        STATE.usr2_installed = True
-        STATE.previous_usr2 = signal.getsignal(signal.SIGUSR2)
+        STATE.hooks.usr2_installed = True
+        STATE.hooks.previous_usr2 = signal.getsignal(signal.SIGUSR2)
         signal.signal(signal.SIGUSR2, _on_usr2)
     return None

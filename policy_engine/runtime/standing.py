@@ -18,6 +18,7 @@ from typing import Any
 
 from policy_engine.backends.base import Artifact, BackendUnavailable, CaptureInfo
 from policy_engine.errors import ProfilingError
+from policy_engine.files.records import trace_line
 from policy_engine.plan.plan import Plan
 from policy_engine.runtime import manifest
 from policy_engine.runtime.records import timestamp
@@ -52,12 +53,12 @@ class Keeper:
     def report(self, artifact: Artifact, status: str, step: int | None) -> None:
         plan, now = self.plan, time.time()
         steps = [] if step is None else [step]
-        record = dict(
-            self.identity, event="trace", capture=capture_id(), trigger=OOM,
+        record = trace_line(
+            self.identity, capture=capture_id(), status=status, trigger=OOM,
             roles=list(plan.roles_for(step)), region=None, steps=steps, cycle=0,
             inner_steps=[], joined=[], start=now, end=now, host=manifest.host_name(),
             path=os.path.relpath(artifact.path, plan.output_dir), bytes=artifact.bytes,
-            status=status, extra=dict(artifact.extra))
+            extra=dict(artifact.extra))
         if artifact.backend is not None:
             record["backend"] = artifact.backend
         try:

@@ -21,10 +21,7 @@ import signal
 import threading
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from policy_engine.runtime.capture import Capture
+from typing import Any, Generic, Protocol, TypeVar
 
 log = logging.getLogger("policy_engine")
 
@@ -44,10 +41,11 @@ def enter_critical() -> None:
 def leave_critical() -> None:
     """The stretch ends; the outermost on the main thread delivers a waiting SIGTERM."""
     _DEPTH.n -= 1
-    if _DEPTH.n or STATE.pending_signal is None or STATE.signal_hook is None:
+    hooks = STATE.hooks
+    if _DEPTH.n or hooks.pending_signal is None or hooks.signal_hook is None:
         return
     if threading.current_thread() is threading.main_thread():  # where handlers run
-        STATE.signal_hook()
+        hooks.signal_hook()
 
 
 def in_critical() -> bool:
@@ -98,33 +96,51 @@ class GuardedLock:
         self.release()
 
 
-class Slot:
+class Running(Protocol):
+    """What this module and runtime.signals ask of a running capture (runtime.capture
+    builds it; this module only holds it, so it never imports it)."""
+
+    def end(self, status: str = ..., stopped_by: str | None = ...) -> None: ...
+    def terminate(self, why: str) -> None: ...
+    def abandon(self, why: str) -> None: ...
+
+
+C = TypeVar("C", bound=Running)
+
+
+class Slot(Generic[C]):
     """The one capture a backend may run in this process, and the backend object itself."""
 
     __slots__ = ("backend", "capture", "lock", "name")
 
     def __init__(self, name: str) -> None:
         self.name = name
-        self.capture: Capture | None = None
+        self.capture: C | None = None
         self.backend: Any = None  # created on first use; tests may install their own
         # Serializes transitions of the slot's capture, the opening of one, and its save.
         # Re-entrant: a transition may end the capture it runs in (a failure).
         self.lock = GuardedLock()
 
+    def hold(self, capture: C) -> None:
+        """``capture`` runs on this backend now (under the lock)."""
+        self.capture = capture
 
-class ProcessState:
-    """What this process holds. One instance, :data:`STATE`."""
+    def release(self, capture: C) -> None:
+        """``capture`` ended: the slot is free, unless another holds it already."""
+        if self.capture is capture:
+            self.capture = None
+
+
+class Hooks:
+    """The process's signal and exit hooks: installed once, never undone, so they outlive
+    :func:`reset` (runtime.signals owns them)."""
+
+    __slots__ = ("exit_installed", "pending_signal", "previous_sigterm", "previous_usr2",
+                 "signal_hook", "sigterm_installed", "terminating", "usr2_count",
+                 "usr2_installed")
 
     def __init__(self) -> None:
-        # Re-entrant; a SIGTERM waits while the main thread holds it (GuardedLock).
-        self.lock = GuardedLock()
-        self.slots: dict[str, Slot] = {}
-        self.capture_ids = itertools.count(1)
-        self.warned: set[object] = set()
-        # (pid, output_dir) -> this process's manifest file (a forked child has its own)
-        self.manifests: dict[tuple[int, str], str] = {}
-        self.started = time.strftime("%Y%m%d%H%M%S")
-        self.hooks_installed = False  # atexit
+        self.exit_installed = False  # atexit
         self.sigterm_installed = False
         self.previous_sigterm: Any = signal.SIG_DFL
         self.pending_signal: int | None = None  # SIGTERM that arrived in a critical stretch
@@ -133,15 +149,52 @@ class ProcessState:
         self.previous_usr2: Any = signal.SIG_DFL
         self.usr2_count = 0  # SIGUSR2s received (runtime.triggers reads it)
         self.signal_hook: Callable[[], None] | None = None  # delivers it (runtime.signals)
-        self.applied: dict[tuple[int, str], Any] = {}  # (id(worker), role) -> profiler
+
+
+class ProcessState:
+    """What this process holds. One instance, :data:`STATE`."""
+
+    def __init__(self, hooks: Hooks | None = None) -> None:
+        # Re-entrant; a SIGTERM waits while the main thread holds it (GuardedLock).
+        self.lock = GuardedLock()
+        self.slots: dict[str, Slot[Any]] = {}
+        self.capture_ids = itertools.count(1)
+        self.warned: set[object] = set()
+        # (pid, output_dir) -> this process's manifest file (a forked child has its own)
+        self.manifests: dict[tuple[int, str], str] = {}
+        self.started = time.strftime("%Y%m%d%H%M%S")
+        self.hooks = hooks or Hooks()
+        # (id(worker), role) -> (worker's weak reference, profiler, its runtime.wrapping.Patches)
+        self.applied: dict[tuple[int, str], Any] = {}
         self.exporter: Any = None  # runtime.export.Exporter, made on first use
         self.budgets: dict[tuple[int, str], Any] = {}  # (pid, role) -> runtime.budget.Spend
+
+    # The hooks' fields that other modules and tests name on STATE itself.
+    @property
+    def previous_sigterm(self) -> Any:
+        return self.hooks.previous_sigterm
+
+    @previous_sigterm.setter
+    def previous_sigterm(self, value: Any) -> None:
+        self.hooks.previous_sigterm = value
+
+    @property
+    def usr2_count(self) -> int:
+        return self.hooks.usr2_count
+
+    @property
+    def usr2_installed(self) -> bool:
+        return self.hooks.usr2_installed
+
+    @usr2_installed.setter
+    def usr2_installed(self, value: bool) -> None:
+        self.hooks.usr2_installed = value
 
 
 STATE = ProcessState()
 
 
-def slot(name: str) -> Slot:
+def slot(name: str) -> Slot[Any]:
     """The slot of backend ``name`` (created on first use)."""
     with STATE.lock:
         found = STATE.slots.get(name)
@@ -150,7 +203,7 @@ def slot(name: str) -> Slot:
         return found
 
 
-def captures() -> list[Capture]:
+def captures() -> list[Running]:
     """The captures running now, one per backend at most."""
     with STATE.lock:
         return [s.capture for s in STATE.slots.values() if s.capture is not None]
@@ -179,16 +232,10 @@ def reset() -> None:
             log.debug("reset: ending a capture failed: %r", err)
     if STATE.exporter is not None:
         STATE.exporter.flush()
-    fresh = ProcessState()
     # atexit and signal handlers cannot be undone; they read STATE whenever they run.
-    fresh.hooks_installed = STATE.hooks_installed
-    fresh.sigterm_installed = STATE.sigterm_installed
-    fresh.previous_sigterm = STATE.previous_sigterm
-    fresh.signal_hook = STATE.signal_hook
-    fresh.usr2_installed = STATE.usr2_installed
-    fresh.previous_usr2 = STATE.previous_usr2
-    fresh.usr2_count = STATE.usr2_count
-    STATE.__dict__.update(fresh.__dict__)
+    hooks = STATE.hooks
+    hooks.pending_signal, hooks.terminating = None, False
+    STATE.__dict__.update(ProcessState(hooks).__dict__)
 
 
 def _after_fork() -> None:

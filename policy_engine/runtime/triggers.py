@@ -3,15 +3,20 @@
 :class:`Listener` is what a role with ``triggers:`` runs at each ``training_step(n)``
 boundary: one clock read, then a comparison or two. It notices
 
-- ``on_demand``: request files that ``policy-engine trigger`` writes under
-  ``<output_dir>/triggers/`` (one ``lstat`` of that folder every ``poll_seconds`` at most;
-  never a collective), each honoured once per process. Every file there is read as
-  hostile (:mod:`policy_engine.runtime.requests`): a bad one gets one warning and a
-  manifest ``note``; one that does not parse yet (half-written) is read again at the next
-  polls, for a bounded time;
-- ``signal``: ``SIGUSR2`` arrived since the last step (the handler only counts);
+- ``on_demand``: requests of ``policy-engine trigger``. In a job of several ranks they
+  come through the job's channel (:mod:`policy_engine.runtime.courier`, a listener thread
+  that does every network call), already resolved to one step for every rank; otherwise
+  from request files under ``<output_dir>/triggers/`` (one ``lstat`` of that folder every
+  ``poll_seconds`` at most; never a collective), each honoured once per process. Every
+  request is read as hostile (:mod:`policy_engine.runtime.requests`): a bad one gets one
+  warning and a manifest ``note``; a file that does not parse yet (half-written) is read
+  again at the next polls, for a bounded time;
+- ``signal``: ``SIGUSR2`` arrived since the last step (the handler only counts). In a job
+  of several ranks, the listener thread turns it into a request of the whole role for
+  one agreed step;
 - ``slow_step``: the step that just ended took more than ``factor`` x the running median
-  of recent steps (start of one step to the start of the next).
+  of recent steps (start of one step to the start of the next). With ``scope: job`` the
+  slow rank and its ``reference`` ranks capture one agreed later step.
 
 Nothing here may stop training: whatever goes wrong in the listener is caught, warned
 about once, and the step goes on as the plan says. The budget that bounds every capture
@@ -29,18 +34,21 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from policy_engine.backends.output import make_folders, open_folder
+from policy_engine.files.publish import make_folders, open_folder
 from policy_engine.language.ranks import RankSelector
 from policy_engine.language.selector import SelectorError
-from policy_engine.language.triggers import Triggers
+from policy_engine.language.triggers import SlowStep, Triggers
 from policy_engine.plan.plan import Plan
+from policy_engine.runtime import manifest
 from policy_engine.runtime.budget import Budget, spend_of
+from policy_engine.runtime.courier import Courier, courier_for
 from policy_engine.runtime.requests import (
     REQUEST_SUFFIX,
     REQUESTS_DIR,
     BadRequest,
     Request,
     is_request_name,
+    parse_request,
     read_request,
     write_request,
 )
@@ -73,6 +81,129 @@ class _Want:
         self.first, self.last, self.why, self.rid, self.merged = first, last, why, rid, merged
 
 
+class _Slow:
+    """``slow_step``: each step's time (start of one step to the start of the next) against
+    ``factor`` x the median of recent steps."""
+
+    def __init__(self, spec: SlowStep) -> None:
+        self.spec = spec
+        self.left = spec.max
+        self.last_start = 0.0
+        self.last_step = -2  # no step yet: the first one is never measured
+        self.measured = 0
+        self.recent: deque[float] = deque(maxlen=spec.window)
+        # factor x the median of ``recent``, refreshed every few measured steps (infinite
+        # until ``after`` steps are measured): a step costs a comparison, not a sort
+        self.median = 0.0
+        self.threshold = float("inf")
+
+    def measure(self, n: int, now: float, captured: bool) -> float | None:
+        """Step n-1's time when it was slow (None otherwise); ``now`` is step n's start."""
+        slow = None
+        if self.left and n == self.last_step + 1 and not captured:
+            took = now - self.last_start  # one training step's time, not a profiled one
+            if took > self.threshold:
+                self.left -= 1
+                slow = took
+            self.recent.append(took)
+            self.measured += 1
+            if (self.measured % _REFRESH == 0 or self.measured == self.spec.after) and \
+                    self.measured >= self.spec.after:
+                self.median = statistics.median(self.recent)
+                self.threshold = self.spec.factor * self.median
+        self.last_start, self.last_step = now, n
+        return slow
+
+
+class _Folder:
+    """Request files under ``<output_dir>/triggers/``, read on the training thread: one
+    ``lstat`` every ``poll_seconds``, the listing only when the folder changed."""
+
+    def __init__(self, plan: Plan, poll: float) -> None:
+        self.output_dir = plan.output_dir
+        self.path = os.path.join(plan.output_dir, REQUESTS_DIR)
+        self.poll = poll
+        self.seen: set[str] = set()  # request files done with: read, refused or not ours
+        self.retry: dict[str, tuple[int, float]] = {}  # half-written: (tries, first seen)
+        self.backlog = False  # more new files than one poll reads
+        self.next_poll = 0.0
+        self.mtime = -1
+
+    def start(self, role: str) -> None:
+        try:  # the folder tells `policy-engine trigger` that someone listens
+            make_folders(self.output_dir, REQUESTS_DIR)
+            fd = open_folder(self.output_dir, REQUESTS_DIR, create=False)
+            try:
+                # Requests older than this process are not for it (a restarted job).
+                self.seen = {n for n in os.listdir(fd) if is_request_name(n)}
+            finally:
+                os.close(fd)
+        except Exception as err:  # a planted link, a read-only folder: listen to nothing
+            log.warning("policy-engine: role %r cannot listen for trigger requests in %s: "
+                        "%s", role, self.path, getattr(err, "strerror", None) or err)
+
+    def look(self, now: float) -> list[tuple[Any, ...]]:
+        """What is new, at most every ``poll`` seconds: ``("request", Request)`` or
+        ``("bad", request id, why)``."""
+        if now < self.next_poll:
+            return []
+        self.next_poll = now + self.poll
+        try:
+            found = os.stat(self.path, follow_symlinks=False)
+        except OSError:
+            return []
+        if not stat.S_ISDIR(found.st_mode):
+            warn_once(("requests-folder", self.path),
+                      "policy-engine: %s is not a folder (a symbolic link?): trigger "
+                      "requests there are not read", self.path)
+            return []
+        # A folder changed within the last seconds is listed again: a request written in
+        # the same tick of its clock as the last listing would be missed otherwise.
+        if found.st_mtime_ns == self.mtime and time.time() - found.st_mtime > 2 and \
+                not self.retry and not self.backlog:
+            return []
+        self.mtime = found.st_mtime_ns
+        try:
+            fd = open_folder(self.output_dir, REQUESTS_DIR, create=False)
+        except OSError as err:
+            warn_once(("requests-folder", self.path),
+                      "policy-engine: trigger requests in %s are not read: %s", self.path,
+                      err.strerror or err)
+            return []
+        try:
+            new = sorted(name for name in os.listdir(fd)
+                         if name not in self.seen and is_request_name(name))
+            self.backlog = len(new) > READS_PER_POLL
+            return [item for name in new[:READS_PER_POLL]
+                    for item in self._consider(fd, name)]
+        finally:
+            os.close(fd)
+
+    def _consider(self, fd: int, name: str) -> list[tuple[Any, ...]]:
+        rid = name[:-len(REQUEST_SUFFIX)]
+        try:
+            request = read_request(fd, name)
+        except BadRequest as bad:
+            if not bad.final and self._again(name):
+                return []  # perhaps still being written: read it at the next poll
+            self.seen.add(name)
+            self.retry.pop(name, None)
+            return [("bad", rid, bad.message)]
+        self.seen.add(name)
+        self.retry.pop(name, None)
+        return [] if request is None else [("request", request)]
+
+    def _again(self, name: str) -> bool:
+        """Whether a file that does not parse yet is tried again later."""
+        now = _clock()
+        tries, since = self.retry.get(name, (0, now))
+        tries += 1
+        if tries >= RETRY_TRIES and now - since >= RETRY_SECONDS:
+            return False
+        self.retry[name] = (tries, since)
+        return True
+
+
 # ------------------------------------------------------------------ the listener
 
 
@@ -85,42 +216,20 @@ class Listener:
         self.wanted: list[_Want] = []
         self.on_demand = triggers.on_demand
         self.signal = triggers.signal
-        self.poll = triggers.poll_seconds
-        self.folder = os.path.join(plan.output_dir, REQUESTS_DIR)
-        self.seen: set[str] = set()  # request files done with: read, refused or not ours
-        self.retry: dict[str, tuple[int, float]] = {}  # half-written: (tries, first seen)
-        self.backlog = False  # more new files than one poll reads
-        self.next_poll = 0.0
-        self.mtime = -1
         self.signals = STATE.usr2_count
+        self.folder = _Folder(plan, triggers.poll_seconds)
         slow = triggers.slow_step
-        self.slow = slow
-        self.slow_left = 0 if slow is None else slow.max
-        self.after = 0 if slow is None else slow.after
-        self.last_start = 0.0
-        self.last_step = -2  # no step yet: the first one is never measured
-        self.measured = 0
-        self.recent: deque[float] = deque(maxlen=50 if slow is None else slow.window)
-        # factor x the median of ``recent``, refreshed every few measured steps (infinite
-        # until ``after`` steps are measured): a step costs a comparison, not a sort
-        self.median = 0.0
-        self.threshold = float("inf")
+        self.slow = None if slow is None else _Slow(slow)
+        self.job_slow = slow is not None and slow.scope == "job"
+        # the listener thread, in a job of several ranks (None: this process alone)
+        self.courier: Courier | None = courier_for(plan, triggers)
         if self.on_demand:
-            self._start_listening()
+            self.folder.start(plan.role)
 
-    def _start_listening(self) -> None:
-        plan = self.plan
-        try:  # the folder tells `policy-engine trigger` that someone listens
-            make_folders(plan.output_dir, REQUESTS_DIR)
-            fd = open_folder(plan.output_dir, REQUESTS_DIR, create=False)
-            try:
-                # Requests older than this process are not for it (a restarted job).
-                self.seen = {n for n in os.listdir(fd) if is_request_name(n)}
-            finally:
-                os.close(fd)
-        except Exception as err:  # a planted link, a read-only folder: listen to nothing
-            log.warning("policy-engine: role %r cannot listen for trigger requests in %s: "
-                        "%s", plan.role, self.folder, getattr(err, "strerror", None) or err)
+    def close(self) -> None:
+        """The profiler closed: its listener thread stops."""
+        if self.courier is not None:
+            self.courier.close()
 
     def at_step(self, n: int, captured: bool) -> tuple[str, str | None, int] | None:
         """At the start of outer step ``n``: why to capture it beyond the plan (None: no
@@ -138,22 +247,24 @@ class Listener:
 
     def _at_step(self, n: int, captured: bool) -> tuple[str, str | None, int] | None:
         now = _clock()
-        if self.slow_left and n == self.last_step + 1 and not captured:
-            # one training step's time, and not a profiled one
-            took = now - self.last_start
-            if took > self.threshold:
+        if self.slow is not None:
+            took = self.slow.measure(n, now, captured)
+            if took is not None:
                 self._slow(n, took)
-            self.recent.append(took)
-            self.measured += 1
-            if self.measured % _REFRESH == 0 or self.measured == self.after:
-                self._refresh()
-        self.last_start, self.last_step = now, n
+        courier = self.courier
+        if courier is not None:  # two attribute writes: the thread publishes them
+            courier.step, courier.stamp = n, now
+            if courier.inbox:
+                self._handle(courier.inbox.popleft(), n)
         if self.signal and STATE.usr2_count != self.signals:
             self.signals = STATE.usr2_count
-            self.wanted.append(_Want(n, n, SIGNAL, None, False))
-        if self.on_demand and now >= self.next_poll:
-            self.next_poll = now + self.poll
-            self._look(n)
+            if courier is None:
+                self.wanted.append(_Want(n, n, SIGNAL, None, False))
+            else:  # the job's signal: every rank of the role, one agreed step
+                courier.outbox.append(("post", {"ranks": None, "why": SIGNAL}))
+        if self.on_demand and (courier is None or not courier.live):
+            for item in self.folder.look(now):
+                self._handle(item, n)
         if not self.wanted:
             return None
         return self._take(n)
@@ -172,92 +283,70 @@ class Listener:
         self.wanted = keep
         return found
 
-    # -- slow steps -------------------------------------------------------------
     def _slow(self, n: int, took: float) -> None:
-        """Step n-1 took ``took`` seconds, past the threshold: capture step n."""
-        self.slow_left -= 1
+        """Step n-1 took ``took`` seconds, past the threshold: capture step n, or with
+        ``scope: job`` ask the slow rank and the reference ranks for one agreed step."""
+        assert self.slow is not None
+        median = round(self.slow.median, 6)
+        if self.job_slow and self.courier is not None:
+            self.note("slow_step", step=n - 1, seconds=round(took, 6), median=median,
+                      scope="job")
+            slow = {"rank": self.plan.rank, "step": n - 1, "seconds": round(took, 6),
+                    "median": median}
+            self.courier.outbox.append(("post", {
+                "ranks": self.slow.spec.reference, "also": [self.plan.rank],
+                "why": SLOW_STEP, "slow": slow}))
+            return
         self.wanted.append(_Want(n, n, SLOW_STEP, None, False))
-        self.note("slow_step", step=n - 1, seconds=round(took, 6),
-                  median=round(self.median, 6), captures=[n])
+        self.note("slow_step", step=n - 1, seconds=round(took, 6), median=median,
+                  captures=[n])
 
-    def _refresh(self) -> None:
-        if self.measured >= self.after and self.slow is not None:
-            self.median = statistics.median(self.recent)
-            self.threshold = self.slow.factor * self.median
+    # -- requests -----------------------------------------------------------------
+    def _handle(self, item: tuple[Any, ...], n: int) -> None:
+        if item[0] == "bad":
+            self._refuse(item[1], item[2])
+        elif item[0] == "store":  # from the listener thread: parsed here, read as hostile
+            try:
+                request = parse_request(item[1], item[2])
+            except BadRequest as bad:
+                self._refuse(item[1], bad.message)
+                return
+            if request.role == self.plan.role:
+                self._offer(request, n)
+        elif item[0] == "request":
+            self._offer(item[1], n)
 
-    # -- requests ---------------------------------------------------------------
-    def _look(self, n: int) -> None:
-        """One lstat of the requests folder; its listing only when something is new."""
-        try:
-            found = os.stat(self.folder, follow_symlinks=False)
-        except OSError:
-            return
-        if not stat.S_ISDIR(found.st_mode):
-            warn_once(("requests-folder", self.folder),
-                      "policy-engine: %s is not a folder (a symbolic link?): trigger "
-                      "requests there are not read", self.folder)
-            return
-        # A folder changed within the last seconds is listed again: a request written in
-        # the same tick of its clock as the last listing would be missed otherwise.
-        if found.st_mtime_ns == self.mtime and time.time() - found.st_mtime > 2 and \
-                not self.retry and not self.backlog:
-            return
-        self.mtime = found.st_mtime_ns
-        try:
-            fd = open_folder(self.plan.output_dir, REQUESTS_DIR, create=False)
-        except OSError as err:
-            warn_once(("requests-folder", self.folder),
-                      "policy-engine: trigger requests in %s are not read: %s", self.folder,
-                      err.strerror or err)
-            return
-        try:
-            new = sorted(name for name in os.listdir(fd)
-                         if name not in self.seen and is_request_name(name))
-            self.backlog = len(new) > READS_PER_POLL
-            for name in new[:READS_PER_POLL]:
-                self._consider(fd, name, n)
-        finally:
-            os.close(fd)
-
-    def _consider(self, fd: int, name: str, n: int) -> None:
-        rid = name[:-len(REQUEST_SUFFIX)]
-        try:
-            request = read_request(fd, name)
-        except BadRequest as bad:
-            if not bad.final and self._again(name):
-                return  # perhaps still being written: read it at the next poll
-            self.seen.add(name)
-            self.retry.pop(name, None)
-            self._refuse(rid, bad.message)
-            return
-        self.seen.add(name)
-        self.retry.pop(name, None)
-        if request is not None and self._for_me(request):
+    def _offer(self, request: Request, n: int) -> None:
+        if self._for_me(request):
             self._accept(request, n)
+        elif request.role == self.plan.role and self.courier is not None:
+            self._answer(request.id, status="not_selected", note=False)
 
-    def _again(self, name: str) -> bool:
-        """Whether a file that does not parse yet is tried again later."""
-        now = _clock()
-        tries, since = self.retry.get(name, (0, now))
-        tries += 1
-        if tries >= RETRY_TRIES and now - since >= RETRY_SECONDS:
-            return False
-        self.retry[name] = (tries, since)
-        return True
+    def _answer(self, rid: str, *, note: bool = True, **fields: Any) -> None:
+        """A request's answer: a manifest note, and the job's channel when it carries it."""
+        if note:
+            self.note("trigger", request=rid, **fields)
+        courier = self.courier
+        if courier is not None and courier.live:
+            plan = self.plan
+            courier.outbox.append(("answer", rid, dict(
+                fields, rank=plan.rank, pid=os.getpid(), host=manifest.host_name())))
 
     def _refuse(self, rid: str, why: str) -> None:
-        """A file that is not a request: one warning per process, one note per role."""
-        key = ("bad-request", self.folder, rid)
+        """A request that is not one: one warning per process, one note per role."""
+        key = ("bad-request", self.folder.path, rid)
         warn_once(key, "policy-engine: ignoring trigger request %s: %s",
-                  os.path.join(self.folder, rid + REQUEST_SUFFIX), why)
-        self.note("trigger", request=rid, status="refused", message=why)
+                  os.path.join(self.folder.path, rid + REQUEST_SUFFIX), why)
+        self._answer(rid, status="refused", message=why)
 
     def _for_me(self, request: Request) -> bool:
         plan = self.plan
         if request.role != plan.role:
             return False
-        if request.ranks is None:
+        if plan.rank in request.also:
             return True
+        if request.ranks is None:
+            return not request.also
         try:
             selector = RankSelector.parse(request.ranks)
         except SelectorError as err:
@@ -270,9 +359,13 @@ class Listener:
         rid = request.id
         first = n if request.step is None else request.step
         last = first + request.count - 1
+        why: dict[str, Any] = {} if request.why == ON_DEMAND else {"trigger": request.why}
+        if request.slow is not None:
+            why.update(slow=request.slow, reference=request.ranks)
         if last < n:
-            self.note("trigger", request=rid, status="missed", at=n,
-                      message=f"asked for steps {first}-{last}; this process is at step {n}")
+            self._answer(rid, status="missed", at=n, first=first, last=last, **why,
+                         message=f"asked for steps {first}-{last}; this process is at "
+                                 f"step {n}")
             return
         first = max(first, n)
         merged = self.plan.merge_steps
@@ -280,15 +373,14 @@ class Listener:
         left = self._captures_left()
         if left is not None:
             if left == 0:
-                self.note("trigger", request=rid, status="refused", at=n,
-                          message="limits.captures is spent in this process")
+                self._answer(rid, status="refused", at=n, **why,
+                             message="limits.captures is spent in this process")
                 return
             if not merged and last - first + 1 > left:  # one capture per step
                 last = first + left - 1
                 extra["message"] = f"limits.captures allows {left} more capture(s)"
-        self.wanted.append(_Want(first, last, ON_DEMAND, rid, merged))
-        self.note("trigger", request=rid, status="accepted", at=n, first=first, last=last,
-                  **extra)
+        self.wanted.append(_Want(first, last, request.why, rid, merged))
+        self._answer(rid, status="accepted", at=n, first=first, last=last, **why, **extra)
 
     def _captures_left(self) -> int | None:
         """Captures the role's limits still allow in this process (None: unlimited)."""

@@ -26,7 +26,7 @@ from typing import Any
 
 from policy_engine import Topology, profile_session
 from policy_engine.backends.base import Artifact, CaptureInfo
-from policy_engine.backends.output import write_atomic
+from policy_engine.files.publish import write_atomic
 from policy_engine.runtime.state import slot
 
 USE_TORCH = "--torch" in sys.argv

@@ -14,12 +14,13 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import inspect
 import json
 import threading
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 
@@ -144,9 +145,17 @@ class Target:
             self._check(what)
             future = _in_thread(self._call(what, kwargs, timeout), f"policy-engine-{what}")
             self._busy = future
-        try:
+        with self._reported(what, timeout, concurrent.futures.TimeoutError):
             future.result(timeout)
-        except concurrent.futures.TimeoutError:
+
+    @contextlib.contextmanager
+    def _reported(self, what: str, timeout: float,
+                  timed_out: type[BaseException]) -> Iterator[None]:
+        """Any failure of the call ``what`` inside, as EngineTimeout (for ``timed_out``)
+        or EngineCallError naming the engine."""
+        try:
+            yield
+        except timed_out:
             raise EngineTimeout(f"{what} on {self.describe()} did not return within "
                                 f"{timeout:g} s") from None
         except EngineCallError:
@@ -160,7 +169,7 @@ class Target:
                     timeout: float) -> None:
         """:meth:`call` for async code: an ``async def`` engine method is awaited on this
         loop; anything else runs on a thread while the loop goes on."""
-        try:
+        with self._reported(what, timeout, asyncio.TimeoutError):
             if self.kind == "async":
                 self._check(what)
                 task = asyncio.ensure_future(getattr(self.engine, what)(**dict(kwargs or {})))
@@ -178,11 +187,3 @@ class Target:
                                     f"policy-engine-{what}")
                 self._busy = future
             await asyncio.wait_for(asyncio.wrap_future(future), timeout)
-        except asyncio.TimeoutError:
-            raise EngineTimeout(f"{what} on {self.describe()} did not return within "
-                                f"{timeout:g} s") from None
-        except EngineCallError:
-            raise
-        except Exception as err:
-            raise EngineCallError(f"{what} on {self.describe()} failed: "
-                                  f"{type(err).__name__}: {err}") from err

@@ -22,19 +22,17 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import time
 from collections.abc import Callable, Mapping
-from typing import Any
 
 import attrs
 
-from policy_engine.backends.output import write_atomic
+from policy_engine.files.publish import moved_from, write_atomic
+from policy_engine.settings.sglang import STAGES as STAGES
 
 #: What vLLM accepts as a profile prefix (``validate_profile_prefix``).
 VLLM_PREFIX = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 _UNSAFE = re.compile(r"[^A-Za-z0-9.-]+")
-STAGES = ("extend", "decode")
 
 _VLLM_WORKER = re.compile(
     r"_dp(?P<dp>\d+)_pp(?P<pp>\d+)_tp(?P<tp>\d+)_dcp(?P<dcp>\d+)_ep(?P<ep>\d+)"
@@ -160,17 +158,7 @@ def wait_for(folder: str, parse: Parser, expected: int, timeout: float,
         time.sleep(poll)
 
 
-def _move(src: str) -> Callable[[str], Any]:
-    def writer(temp: str) -> None:
-        try:
-            os.replace(src, temp)  # same file system: the engine's bytes, not a copy
-        except OSError:
-            shutil.copyfile(src, temp)
-            os.unlink(src)
-    return writer
-
-
 def publish(src: str, output_dir: str, stem: str, ext: str) -> tuple[str, int]:
     """Move the engine's file ``src`` to ``output_dir/stem+ext`` (published whole, never
     over another file); its path and size."""
-    return write_atomic(output_dir, stem, ext, _move(src))
+    return write_atomic(output_dir, stem, ext, moved_from(src))

@@ -10,22 +10,12 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-_UNITS = ("B", "KiB", "MiB", "GiB", "TiB")
+from policy_engine.language.sizes import UNITS, byte_unit, human_bytes
+
 # The picture, and the plot area inside it.
 _W, _H = 960, 390
 _LEFT, _TOP, _PW, _PH = 80, 20, 860, 310
 _ALLOCATED, _RESERVED, _MARK = "#2a6fb8", "#e8862a", "#c00"
-
-
-def _byte_unit(n: float) -> int:
-    """The index in _UNITS of the largest unit not above ``n``."""
-    return min(len(_UNITS) - 1, max(0, (int(abs(n)).bit_length() - 1) // 10))
-
-
-def human_bytes(n: float) -> str:
-    """Bytes, readably: 1536 -> '1.5 KiB'."""
-    k = _byte_unit(n)
-    return f"{n / 1024 ** k:.4g} {_UNITS[k]}"
 
 
 def _time_unit(us: float) -> tuple[str, float]:
@@ -74,7 +64,7 @@ def chart(times: Sequence[int], allocated: Sequence[int], reserved: Sequence[int
     t0, base = min(times), _TOP + _PH  # should a clock ever run backwards
     span = max(max(times) - t0, 1)
     top = max(max(allocated), max(reserved), 1)
-    k = _byte_unit(top)
+    k = byte_unit(top)
     yticks = _ticks(top / 1024 ** k, 5)
     ytop = max(yticks[-1] * 1024 ** k, top) * 1.05
 
@@ -92,7 +82,7 @@ def chart(times: Sequence[int], allocated: Sequence[int], reserved: Sequence[int
         at = y(v * 1024 ** k)
         out.append(f'<line x1="{_LEFT}" x2="{_LEFT + _PW}" y1="{at}" y2="{at}" '
                    f'stroke="#e4e4e4"/><text x="{_LEFT - 6}" y="{at}" dy="4" '
-                   f'text-anchor="end">{v:g} {_UNITS[k]}</text>')
+                   f'text-anchor="end">{v:g} {UNITS[k]}</text>')
     unit, scale = _time_unit(span) if in_us else ("", 1.0)
     for v in _ticks(span / scale, 8) if len(times) > 1 else ():
         at = x(t0 + v * scale)

@@ -26,14 +26,15 @@ from array import array
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-from policy_engine.backends.memory.chart import chart, human_bytes, human_time
+from policy_engine.backends.memory.chart import chart, human_time
 from policy_engine.backends.memory.snapshot import (
     MAX_SNAPSHOT_BYTES,
     SnapshotError,
     check_snapshot,
     load_snapshot,
 )
-from policy_engine.backends.output import publish
+from policy_engine.files.publish import publish
+from policy_engine.language.sizes import human_bytes
 
 __all__ = ["MAX_SNAPSHOT_BYTES", "SnapshotError", "Summary", "check_snapshot",
            "load_snapshot", "render_html", "summarize", "write_plot"]
@@ -291,7 +292,7 @@ pre{{margin:0;font:12px/1.35 monospace;white-space:pre-wrap}}
 def write_plot(snapshot_path: str, out_path: str, *, device: int | None = None,
                top: int = 10, title: str | None = None, force: bool = False) -> str:
     """Plot the snapshot at ``snapshot_path`` into ``out_path``, written whole or not at
-    all (:func:`~policy_engine.backends.output.publish`). FileExistsError when
+    all (:func:`~policy_engine.files.publish.publish`). FileExistsError when
     ``out_path`` exists, unless ``force``. Returns ``out_path``."""
     try:
         summary = summarize(load_snapshot(snapshot_path), device, top=top)

@@ -25,7 +25,7 @@ from typing import Any, ClassVar, Protocol
 from policy_engine.backends.base import Artifact, BackendUnavailable, CaptureInfo
 from policy_engine.backends.files import OOM, SNAPSHOT
 from policy_engine.backends.memory.device import MemoryApi, detect
-from policy_engine.backends.output import write_atomic
+from policy_engine.files.publish import write_atomic
 
 log = logging.getLogger("policy_engine")
 

@@ -27,42 +27,32 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from policy_engine.backends.base import Artifact, BackendUnavailable, CaptureInfo
-from policy_engine.backends.mstx.checks import (
-    _DOMAINS,
+from policy_engine.files.publish import make_folders, rename_folder
+from policy_engine.settings.mstx import (
+    ACTIVITIES,
+    AIC_METRICS,
     CANN,
+    DOMAINS,
+    EXPORT_TYPES,
+    FLAGS,
     INSTALL,
+    LEVELS,
     Params,
-    _as_list,
     aic_metrics,
+    as_list,
     check_runtime,
     check_settings,
     version_warnings,
 )
 
-# The validate-time part lives in _mstx_checks; the names imported "as" themselves are
-# re-exported so that tests and callers reaching for them here keep working.
-from policy_engine.backends.mstx.checks import _NEEDS as _NEEDS
-from policy_engine.backends.mstx.checks import EMPTY as EMPTY
-from policy_engine.backends.mstx.checks import SOURCES as SOURCES
-from policy_engine.backends.mstx.checks import _db_problem as _db_problem
-from policy_engine.backends.mstx.checks import source_params as source_params
-from policy_engine.backends.output import make_folders
+# The validate-time part and the value tables live in policy_engine.settings.mstx; the
+# names imported "as" themselves are re-exported for callers reaching for them here.
+from policy_engine.settings.mstx import EMPTY as EMPTY
+from policy_engine.settings.mstx import SOURCES as SOURCES
+from policy_engine.settings.mstx import source_params as source_params
 
-__all__ = ["MstxBackend", "MstxSession", "check_runtime", "check_settings", "version_warnings"]
-
-# Policy value -> attribute of torch_npu's class, which holds torch_npu's own constant.
-LEVELS = {"level_none": "Level_none", "level0": "Level0", "level1": "Level1", "level2": "Level2"}
-# fmt: off
-AIC_METRICS = {
-    "none": "AiCoreNone", "pipe_utilization": "PipeUtilization",
-    "arithmetic_utilization": "ArithmeticUtilization", "memory": "Memory",
-    "memory_l0": "MemoryL0", "memory_ub": "MemoryUB", "l2_cache": "L2Cache",
-    "resource_conflict_ratio": "ResourceConflictRatio", "memory_access": "MemoryAccess",
-}
-# fmt: on
-EXPORT_TYPES = {"text": "Text", "db": "Db"}
-ACTIVITIES = {"cpu": "CPU", "npu": "NPU"}
-FLAGS = ("record_shapes", "profile_memory", "with_stack", "with_modules", "with_flops")
+__all__ = ["ACTIVITIES", "AIC_METRICS", "EXPORT_TYPES", "FLAGS", "LEVELS", "MstxBackend",
+           "MstxSession", "check_runtime", "check_settings", "version_warnings"]
 
 # torch_npu names its folder "<worker>_<pid>_<%Y%m%d%H%M%S + ms>_ascend_pt" and refuses worker
 # names of 226 characters or more; with 7 pid digits (Linux's most) the folder fits 255 bytes.
@@ -82,7 +72,7 @@ def _keywords(fn: Callable[..., Any]) -> frozenset[str] | None:
     return frozenset(n for n, p in sig.parameters.items() if p.kind in kinds) - {"self"}
 
 
-def _worker_name(base: str) -> str:
+def worker_name(base: str) -> str:
     """``base`` as torch_npu takes it: safe characters, at most WORKER_MAX (cut + hash)."""
     name = _UNSAFE.sub("-", base) or "capture"
     if len(name) <= WORKER_MAX:
@@ -239,7 +229,7 @@ class MstxSession:
             )
         sub, base = os.path.split(self._stem or self._provisional())
         self._dir = make_folders(self._info.output_dir, sub)
-        self._worker, self._before = _worker_name(base), _folders(self._dir)
+        self._worker, self._before = worker_name(base), _folders(self._dir)
         prof, s = self._npu_prof, self._s
         sent = self._experimental()
         config = prof._ExperimentalConfig(**sent)
@@ -283,14 +273,14 @@ class MstxSession:
             "aic_metrics": getattr(prof.AiCMetrics, AIC_METRICS[aic_metrics(s)]),
             "export_type": [
                 getattr(prof.ExportType, EXPORT_TYPES[t])
-                for t in _as_list(s["export_type"])
+                for t in as_list(s["export_type"])
             ],
             "mstx": bool(s["ranges"]),
             "data_simplification": bool(s["data_simplification"]),
             "l2_cache": bool(s["l2_cache"]),
             "record_op_args": bool(s["record_op_args"]),
         }
-        kw.update({k: list(s[k]) for k in _DOMAINS if s[k]})
+        kw.update({k: list(s[k]) for k in DOMAINS if s[k]})
         known = self._params.get("_ExperimentalConfig")
         if known is not None and "mstx" not in known and "msprof_tx" in known:
             kw["msprof_tx"] = kw.pop("mstx")  # torch_npu < 2.7 names the same switch msprof_tx
@@ -336,23 +326,20 @@ class MstxSession:
         """Name the folder after ``stem`` if it was unknown at start, keeping torch_npu's tail."""
         sub, base = os.path.split(stem)
         tail = os.path.basename(folder)[len(self._worker) :]  # "_<pid>_<timestamp>_ascend_pt"
-        target = os.path.join(self._info.output_dir, sub, _worker_name(base) + tail)
+        target = os.path.join(self._info.output_dir, sub, worker_name(base) + tail)
         if os.path.normpath(target) == os.path.normpath(folder):
             return folder
         make_folders(self._info.output_dir, sub)
-        try:
-            os.mkdir(target)  # claims the name: rename then replaces only our empty folder
-        except FileExistsError:
+        if not rename_folder(folder, target):
             _warn(f"{target} exists; the capture stays at {folder}")
             return folder
-        os.rename(folder, target)
         return target
 
     def _artifact(self, folder: str) -> Artifact:
         extra: dict[str, Any] = {
             "worker_name": os.path.basename(folder).rsplit("_", 4)[0],
             "torch_npu": self._version,
-            "export_type": _as_list(self._s["export_type"]),
+            "export_type": as_list(self._s["export_type"]),
             "analysed": self._analysed,
         }
         if not self._analysed:

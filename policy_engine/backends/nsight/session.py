@@ -27,7 +27,6 @@ from typing import Any, ClassVar
 
 from policy_engine.backends.base import Artifact, BackendUnavailable, CaptureInfo
 from policy_engine.backends.files import numbered_reports
-from policy_engine.backends.nsight.checks import NO_CUDA
 from policy_engine.backends.nsight.launch import (
     CAPTURE_DOMAIN,
     CAPTURE_RANGE,
@@ -35,9 +34,10 @@ from policy_engine.backends.nsight.launch import (
     report_path,
     resolve_output,
 )
-from policy_engine.backends.output import make_folders
+from policy_engine.files.publish import make_tool_folder
 from policy_engine.plan.captures import count_ranges
 from policy_engine.plan.plan import Plan
+from policy_engine.settings.nsight import NO_CUDA
 
 log = logging.getLogger("policy_engine")
 
@@ -254,11 +254,7 @@ class NsightBackend:
         folder = os.path.dirname(self._output) if self._output else self._output_dir
         if not folder:
             return
-        rel = os.path.relpath(folder, self._output_dir) if self._output_dir else folder
-        if self._output_dir and not rel.startswith(".."):
-            make_folders(self._output_dir, "" if rel == "." else rel)
-        else:  # an output named outside output_dir by the launch itself
-            os.makedirs(folder, exist_ok=True)
+        make_tool_folder(self._output_dir, folder)
 
     def report(self, index: int, stem: str) -> str:
         """Where nsys writes the report of capture range ``index``."""

@@ -1,145 +1,15 @@
-"""The sglang backend's settings (SGLang's own names), and what validate checks of them.
-
-SGLang takes its profiler settings per request: ``Engine.start_profile(**kwargs)`` and the
-server's ``/start_profile`` build a ``ProfileReq`` (``srt/managers/io_struct.py``;
-``ProfileReqInput`` in older releases). Only defaults come from the launch environment:
-``SGLANG_TORCH_PROFILER_DIR`` (the folder when a request names none, else ``/tmp``),
-``SGLANG_PROFILE_WITH_STACK`` and ``SGLANG_PROFILE_RECORD_SHAPES`` (either set to false
-turns the feature off whatever a request asks), which ``policy-engine engine-args``
-prints. ``start_step`` counts the engine's forward passes since it started, which the
-driver cannot see, so a schedule maps only as ``{active: N}`` -> ``num_steps: N``.
-
-Pure Python: validate imports this module, never SGLang.
-"""
+"""What the driver hands SGLang at launch and per capture (the sglang backend's part that
+runs). Its settings live in :mod:`policy_engine.settings.sglang`, the checks of a
+whole role in :mod:`policy_engine.language.engine_roles`."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from typing import Any
 
-from policy_engine.backends.engine import roles
-from policy_engine.backends.engine.files import STAGES
+from policy_engine.settings.sglang import SETTINGS as SETTINGS
 
-CHECKED_VERSION = "0.5.23"
-ACTIVITIES = ("CPU", "GPU", "MEM")
-
-
-def _flag(default: bool, meaning: str) -> dict[str, Any]:
-    return {"type": "boolean", "default": default, "description": meaning}
-
-
-#: The ``sglang:`` block of a role, as a JSON Schema fragment: every setting with its default.
-SETTINGS: Mapping[str, Any] = {
-    "type": "object",
-    "additionalProperties": False,
-    "description": "SGLang's profiler (ProfileReq), for a role whose work runs in an "
-                   "SGLang engine driven by policy_engine.integrations.engines. See "
-                   "docs/engines.md.",
-    "properties": {
-        "output_dir": {
-            "type": "string", "default": "",
-            "description": "Per request. ProfileReq.output_dir: where the engine writes, an "
-                           "absolute path. Empty: <output_dir>/<role>/.engine. The driver "
-                           "moves each capture's files from there into the policy's layout.",
-        },
-        "activities": {
-            "type": "array", "uniqueItems": True, "default": ["CPU", "GPU"],
-            "items": {"enum": list(ACTIVITIES)},
-            "description": "Per request. ProfileReq.activities: CPU and GPU record a torch "
-                           "trace, MEM a CUDA memory snapshot per rank (<name>.pickle). RPD "
-                           "and CUDA_PROFILER are not driven (their files carry no prefix, "
-                           "or there is none). An empty list is an error, never all.",
-        },
-        "with_stack": _flag(True, "Per request. ProfileReq.with_stack (SGLang's default: "
-                                  "true)."),
-        "record_shapes": _flag(False, "Per request. ProfileReq.record_shapes (SGLang's "
-                                      "default: true; off here, as for torch)."),
-        "profile_by_stage": _flag(
-            False, "Per request. ProfileReq.profile_by_stage: a trace per stage and rank. "
-                   "Needs discrete: true with regions [extend, decode] (the stages: each "
-                   "is named by <region>) and schedule {active: N, repeat: 1} (N forward "
-                   "passes each)."),
-        "profile_stages": {
-            "type": ["array", "null"], "default": None, "uniqueItems": True,
-            "items": {"type": "string", "minLength": 1},
-            "description": "Per request. ProfileReq.profile_stages (with profile_by_stage; "
-                           "read by SGLang's SGLANG_PROFILE_V2 profiler).",
-        },
-        "merge_profiles": _flag(
-            False, "Per request. ProfileReq.merge_profiles. Must stay false: the per-rank "
-                   "files are the layout; `policy-engine merge` joins a window."),
-        "version": {
-            "type": ["string", "null"], "default": None,
-            "description": "The SGLang version the job runs, when known: validate warns "
-                           "about what versions before the one checked (0.5.23) may lack.",
-        },
-    },
-}
-
-
-def check_settings(settings: Mapping[str, Any]) -> list[tuple[str, tuple[str | int, ...]]]:
-    """What the schema cannot say about an ``sglang:`` block (merged over its defaults)."""
-    problems = roles.absolute_dir(settings, "output_dir", "SGLang")
-    if not settings["activities"]:
-        problems.append(("activities is empty: list at least one of "
-                         f"{', '.join(ACTIVITIES)} (an empty list never means all)",
-                         ("activities",)))
-    if settings["merge_profiles"]:
-        problems.append(("merge_profiles: true writes one merged file on one rank in place "
-                         "of the per-rank traces the layout keeps; join a window afterwards "
-                         "with `policy-engine merge`", ("merge_profiles",)))
-    if settings["profile_stages"] is not None and not settings["profile_by_stage"]:
-        problems.append(("profile_stages needs profile_by_stage: true", ("profile_stages",)))
-    return problems
-
-
-def check_runtime(settings: Mapping[str, Any]) -> list[str]:
-    # The engine may run in other processes or behind a URL: nothing to import here.
-    return []
-
-
-_ONLY_ACTIVE = ("only {active: N, repeat: 1} maps onto SGLang (num_steps: N); start_step "
-                "counts the engine's forward passes since it started, which the driver cannot "
-                "see, SGLang has no warm-up and records one cycle")
-
-
-def check_role(spec: Any, mesh: Mapping[str, int] | None) -> list[roles.RoleProblem]:
-    """What an enabled role with this backend asks of SGLang that SGLang cannot do."""
-    problems = roles.common("sglang", spec, mesh)
-    settings = spec.settings
-    schedule = spec.schedule
-    if schedule is not None and (schedule.skip_first or schedule.skip_first_wait or
-                                 schedule.wait or schedule.warmup or schedule.repeat != 1):
-        problems += roles.schedule_problem("SGLang", spec, _ONLY_ACTIVE)
-    names = [r.name for r in spec.regions if r.enabled]
-    if settings["profile_by_stage"]:
-        if schedule is None:
-            problems.append(("profile_by_stage needs schedule {active: N, repeat: 1}: SGLang "
-                             "stops each stage after num_steps forward passes", "sglang",
-                             "error"))
-        if not spec.discrete or not names or any(n not in STAGES for n in names):
-            problems.append(("profile_by_stage writes a trace per stage: give discrete: true "
-                             "and regions [extend, decode] (the stages, named by <region>)",
-                             "sglang", "error"))
-        if any(r.own_schedule for r in spec.regions):
-            problems.append(("the stages share one num_steps: regions cannot have their own "
-                             "schedule", "regions", "error"))
-    elif spec.discrete:
-        problems.append(("SGLang profiles whole forward passes: discrete: true needs "
-                         "profile_by_stage: true (regions extend and decode)", "discrete",
-                         "error"))
-    if "MEM" in settings["activities"] and mesh and (mesh.get("pp", 1) > 1 or
-                                                     mesh.get("ep", 1) > 1):
-        problems.append(("SGLang names memory snapshots by TP rank only: ranks of different "
-                         "PP or EP stages would overwrite each other's; leave MEM out",
-                         "sglang", "error"))
-    version = settings.get("version")
-    if version and roles.version_tuple(version) < roles.version_tuple(CHECKED_VERSION):
-        problems.append((f"SGLang {version} is older than {CHECKED_VERSION}, the version "
-                         "policy-engine was checked against: its request may be "
-                         "ProfileReqInput and lack profile_prefix, which keeps replicas' "
-                         "files apart", "sglang", "warning"))
-    return problems
+__all__ = ["launch_env", "start_kwargs"]
 
 
 def start_kwargs(settings: Mapping[str, Any], schedule: Any, folder: str, prefix: str,

@@ -1,5 +1,5 @@
-"""The nsight backend's settings, what the schema cannot say about them, and what stops the
-backend here.
+"""The nsight backend's settings (and the NVTX range names a launch and a process share),
+what the schema cannot say about them, and what stops the backend here.
 
 Pure Python: validate imports this module, never nvtx or torch.
 """
@@ -8,10 +8,81 @@ from __future__ import annotations
 
 import glob
 import importlib.util
+import re
 from collections.abc import Mapping
 from typing import Any
 
-from policy_engine.backends.nsight.launch import CAPTURE_DOMAIN, options_problems
+#: The NVTX range the engine opens around every capture, and its domain. Fixed, so that
+#: ``--nvtx-capture=NAME@DOMAIN`` never depends on the policy; region names are method
+#: names (no dots), so they cannot collide with it.
+CAPTURE_RANGE = "policy_engine.capture"
+CAPTURE_DOMAIN = "policy_engine"
+_SHORT = {
+    "t": "trace",
+    "c": "capture-range",
+    "p": "nvtx-capture",
+    "o": "output",
+    "f": "force-overwrite",
+}
+#: nsys options the engine sets itself, and what to change instead.
+_RESERVED = {
+    "capture-range": "set nsight.capture instead",
+    "capture-range-end": "set nsight.capture_range_end instead",
+    "nvtx-capture": "the engine names its capture range itself",
+    "output": "the policy's name template sets it",
+    "force-overwrite": "traces are never overwritten",
+}
+
+
+def long_option(key: str) -> str:
+    """The long nsys option a settings key names (``t`` -> ``trace``)."""
+    key = key.replace("_", "-")
+    return _SHORT.get(key, key)
+
+
+def option_text(value: object) -> str:
+    return ("true" if value else "false") if isinstance(value, bool) else str(value)
+
+
+def options_problems(settings: Mapping[str, Any]) -> list[tuple[str, tuple[str | int, ...]]]:
+    """What is wrong in an ``nsight`` block (merged over its defaults) beyond the schema,
+    which checked each option's name and value: (message, sub-path)."""
+    problems: list[tuple[str, tuple[str | int, ...]]] = []
+    options: Mapping[str, Any] = settings["options"]
+    seen: dict[str, str] = {}
+    for key, value in options.items():
+        where: tuple[str | int, ...] = ("options", key)
+        name = long_option(key)
+        if name in _RESERVED:
+            problems.append((f"option {key!r} is set by the engine: {_RESERVED[name]}", where))
+        elif name in seen:
+            # Options merge over the defaults' {trace: ...}, so `t:` meets `trace:` there.
+            hint = " (the defaults set it as 'trace')" if name == "trace" else ""
+            problems.append(
+                (
+                    f"options {seen[name]!r} and {key!r} both set nsys --{name}: keep one{hint}",
+                    where,
+                )
+            )
+        # Ray joins the options with spaces into a shell command line.
+        if re.search(r"\s", option_text(value)):
+            problems.append((f"option {key!r}: value {value!r} must not contain spaces", where))
+        seen[name] = key
+    trace = next((option_text(v) for k, v in options.items() if long_option(k) == "trace"), "")
+    traced = set(trace.split(","))
+    if settings["capture"] != "cuda_profiler_api" and "nvtx" not in traced:
+        problems.append(
+            (f"capture by NVTX range needs 'nvtx' in options.trace (got {trace!r})", ("options",))
+        )
+    elif settings["ranges"] and "nvtx" not in traced:
+        problems.append(
+            (
+                f"ranges: true needs 'nvtx' in options.trace (got {trace!r}); or set ranges: false",
+                ("ranges",),
+            )
+        )
+    return problems
+
 
 NO_CUDA = "capture cuda_profiler_api needs a CUDA device; use capture: nvtx (or auto) without one"
 

@@ -1,4 +1,5 @@
-"""The mstx backend's settings and their validate-time checks, without importing torch_npu.
+"""The mstx backend's settings, value tables and validate-time checks, without importing
+torch_npu.
 
 :data:`SETTINGS` is the ``mstx:`` block of a role as a JSON Schema fragment, every setting
 with its default; :func:`aic_metrics` resolves the one default that depends on another
@@ -18,18 +19,42 @@ from pathlib import Path
 from typing import Any
 
 __all__ = [
+    "ACTIVITIES",
+    "AIC_METRICS",
     "CANN",
+    "DOMAINS",
     "EMPTY",
+    "EXPORT_TYPES",
+    "FLAGS",
     "INSTALL",
+    "LEVELS",
     "SETTINGS",
     "SOURCES",
     "Params",
     "aic_metrics",
+    "as_list",
     "check_runtime",
     "check_settings",
     "source_params",
     "version_warnings",
 ]
+
+# The value tables: policy value -> attribute of torch_npu's class, which holds torch_npu's
+# own constant. The schema's enums below are read from them, so the two cannot differ.
+LEVELS = {"level_none": "Level_none", "level0": "Level0", "level1": "Level1", "level2": "Level2"}
+# fmt: off
+AIC_METRICS = {
+    "none": "AiCoreNone", "pipe_utilization": "PipeUtilization",
+    "arithmetic_utilization": "ArithmeticUtilization", "memory": "Memory",
+    "memory_l0": "MemoryL0", "memory_ub": "MemoryUB",
+    "resource_conflict_ratio": "ResourceConflictRatio", "l2_cache": "L2Cache",
+    "memory_access": "MemoryAccess",
+}
+# fmt: on
+EXPORT_TYPES = {"text": "Text", "db": "Db"}
+ACTIVITIES = {"cpu": "CPU", "npu": "NPU"}
+#: Settings passed to torch_npu.profiler.profile() as they are.
+FLAGS = ("record_shapes", "profile_memory", "with_stack", "with_modules", "with_flops")
 
 
 def _flag(default: bool, meaning: str) -> dict[str, Any]:
@@ -53,7 +78,7 @@ SETTINGS: Mapping[str, Any] = {
     "description": "Ascend NPU profiler (torch_npu.profiler) settings; see docs/ascend.md.",
     "properties": {
         "level": {
-            "enum": ["level_none", "level0", "level1", "level2"],
+            "enum": list(LEVELS),
             "default": "level1",
             "description": (
                 "torch_npu ProfilerLevel: level_none (mstx ranges only), level0 "
@@ -65,7 +90,7 @@ SETTINGS: Mapping[str, Any] = {
         "activities": {
             "type": "array",
             "uniqueItems": True,
-            "items": {"enum": ["cpu", "npu"]},
+            "items": {"enum": list(ACTIVITIES)},
             "default": ["cpu", "npu"],
             "description": (
                 "torch_npu ProfilerActivity values; an empty list is an error "
@@ -85,12 +110,12 @@ SETTINGS: Mapping[str, Any] = {
         ),
         "export_type": {
             "oneOf": [
-                {"enum": ["text", "db"]},
+                {"enum": list(EXPORT_TYPES)},
                 {
                     "type": "array",
                     "minItems": 1,
                     "uniqueItems": True,
-                    "items": {"enum": ["text", "db"]},
+                    "items": {"enum": list(EXPORT_TYPES)},
                 },
             ],
             "default": "text",
@@ -115,19 +140,7 @@ SETTINGS: Mapping[str, Any] = {
         },
         "aic_metrics": {
             "oneOf": [
-                {
-                    "enum": [
-                        "none",
-                        "pipe_utilization",
-                        "arithmetic_utilization",
-                        "memory",
-                        "memory_l0",
-                        "memory_ub",
-                        "resource_conflict_ratio",
-                        "l2_cache",
-                        "memory_access",
-                    ]
-                },
+                {"enum": list(AIC_METRICS)},
                 {"type": "null"},
             ],
             "default": None,
@@ -168,14 +181,14 @@ CANN = "it needs the Ascend CANN toolkit installed and its set_env.sh sourced"
 INSTALL = (
     f"torch_npu is not installed: `pip install torch_npu` (the release matching torch); {CANN}"
 )
-_DOMAINS = ("mstx_domain_include", "mstx_domain_exclude")
+DOMAINS = ("mstx_domain_include", "mstx_domain_exclude")
 _RESETS = "torch_npu resets it to none"
 _KEEPS = "torch_npu keeps only the include list"
 # (setting, torch_npu callable, keyword it needs there), for version_warnings.
 _NEEDS = (
     ("ranges", "_ExperimentalConfig", "mstx"),
     *((k, "_ExperimentalConfig", k) for k in ("l2_cache", "data_simplification", "record_op_args")),
-    *((k, "_ExperimentalConfig", k) for k in _DOMAINS),
+    *((k, "_ExperimentalConfig", k) for k in DOMAINS),
     ("with_flops", "profile", "with_flops"),
     ("domain", "range_start", "domain"),  # range_end takes domain in the same releases
 )
@@ -190,14 +203,14 @@ SOURCES = {
 Params = Mapping[str, "frozenset[str] | None"]  # keywords per callable; None = unknown, allow all
 
 
-def _as_list(value: Any) -> list[str]:
+def as_list(value: Any) -> list[str]:
     return [value] if isinstance(value, str) else [str(v) for v in value or ()]
 
 
 def _problems(s: Mapping[str, Any]) -> Iterator[tuple[str, str]]:
     acts, level = list(s["activities"]), s["level"]
     ranges, aic, domain = bool(s["ranges"]), s["aic_metrics"], s["domain"]
-    include, exclude = (list(s[key] or ()) for key in _DOMAINS)
+    include, exclude = (list(s[key] or ()) for key in DOMAINS)
     if not acts:
         yield "activities", EMPTY
     if aic not in (None, "none") and level in _LEVELS_WITHOUT_AIC:
@@ -205,8 +218,8 @@ def _problems(s: Mapping[str, Any]) -> Iterator[tuple[str, str]]:
     if level == "level_none" and not ranges:
         yield "ranges", "level_none records only mstx ranges: set ranges: true"
     if include and exclude:
-        yield _DOMAINS[1], f"{_DOMAINS[1]} cannot be set with {_DOMAINS[0]} ({_KEEPS})"
-    for key in _DOMAINS if not ranges else ():
+        yield DOMAINS[1], f"{DOMAINS[1]} cannot be set with {DOMAINS[0]} ({_KEEPS})"
+    for key in DOMAINS if not ranges else ():
         if s[key]:
             yield key, f"{key} needs ranges: true (torch_npu ignores it while mstx is off)"
     if domain and ranges and ((include and domain not in include) or domain in exclude):
@@ -300,6 +313,6 @@ def check_runtime(settings: Mapping[str, Any]) -> list[str]:
         except OSError:
             found = None
         out += version_warnings(settings, source_params(root), found[1] if found else "?")
-    if "db" in _as_list(settings["export_type"]) and (problem := _db_problem()):
+    if "db" in as_list(settings["export_type"]) and (problem := _db_problem()):
         out.append(problem)
     return out

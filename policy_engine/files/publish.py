@@ -1,4 +1,6 @@
-"""Writing under an output folder: never outside it, never over another file, never half.
+"""The one file publisher: files written whole or not at all, never over another file,
+never outside their folder (the per-process manifests, appended to a line at a time, are
+the one kind of file written elsewhere: policy_engine.runtime.manifest_write).
 
 ``output_dir`` is shared: several ranks, jobs or users may write into it, and any of them
 can plant a symbolic link where the engine is about to write. So everything below
@@ -8,31 +10,28 @@ above it) is the user's choice and may be a link.
 
 A file is written under an unpredictable temporary name in its final folder, and gets its
 final name only when whole, by a hard link that cannot replace an existing file. A crash
-leaves at most a hidden temporary file, which :func:`find_leftovers` finds
-(``policy-engine traces`` lists them); never a final name with nothing or half a file in it.
+leaves at most a hidden temporary file, which
+:func:`~policy_engine.files.layout.find_leftovers` finds (``policy-engine traces`` lists
+them); never a final name with nothing or half a file in it. Tools given a file name by
+the user (``report -o``, ``merge -o``) write through :func:`publish`, which replaces an
+existing file only when asked (``--force``).
 """
 
 from __future__ import annotations
 
 import contextlib
 import errno
-import fnmatch
 import logging
 import os
 import posixpath
-import re
-import secrets
+import shutil
 import stat
 from collections.abc import Callable, Iterator
 from typing import IO, Any
 
-from policy_engine.language.naming import MAX_COMPONENT_BYTES, shorten
+from policy_engine.files.layout import MAX_COMPONENT_BYTES, shorten, temp_name
 
 log = logging.getLogger("policy_engine")
-
-TEMP_PREFIX = ".policy-engine-"
-_TEMP_PATTERN = TEMP_PREFIX + "*.tmp*"
-_TEMP_PID = re.compile(re.escape(TEMP_PREFIX) + r"(\d+)-")
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _NEW_FILE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -130,6 +129,17 @@ def make_folders(output_dir: str, rel: str) -> str:
     return os.path.join(output_dir, *_components(rel))
 
 
+def make_tool_folder(output_dir: str, path: str) -> None:
+    """Create the folder ``path`` a tool writes into: below ``output_dir`` safely (see
+    :func:`make_folders`); elsewhere (a folder the user named outside it, their choice as
+    ``output_dir`` is) as ``os.makedirs`` does."""
+    rel = os.path.relpath(path, output_dir) if output_dir else path
+    if output_dir and rel != ".." and not rel.startswith("../"):
+        make_folders(output_dir, "" if rel == "." else rel)
+    else:
+        os.makedirs(path, exist_ok=True)
+
+
 def _fsync(fd: int) -> None:
     try:
         os.fsync(fd)
@@ -158,7 +168,7 @@ def write_atomic(output_dir: str, stem: str, ext: str, writer: Callable[[str], A
     base = shorten(base, MAX_COMPONENT_BYTES - len(ext.encode()) - 4)
     folder_path = os.path.join(output_dir, *_components(rel_folder))
     with folder(output_dir, rel_folder) as dir_fd:
-        temp = f"{TEMP_PREFIX}{os.getpid()}-{secrets.token_hex(16)}.tmp{ext}"
+        temp = temp_name(ext)
         try:
             os.close(os.open(temp, _NEW_FILE_FLAGS, 0o644, dir_fd=dir_fd))
             writer(os.path.join(folder_path, temp))
@@ -258,14 +268,7 @@ def _publish(dir_fd: int, temp: str, base: str, ext: str, info: os.stat_result) 
                 os.link(temp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd,
                         follow_symlinks=False)
             else:
-                # No hard links here: claim the name exclusively, then move the file onto it.
-                os.close(os.open(name, _NEW_FILE_FLAGS, 0o644, dir_fd=dir_fd))
-                try:
-                    os.replace(temp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
-                except BaseException:
-                    with contextlib.suppress(OSError):
-                        os.unlink(name, dir_fd=dir_fd)
-                    raise
+                _claim_and_move(dir_fd, temp, name)
         except FileExistsError:
             n += 1
             continue
@@ -291,26 +294,6 @@ def _same_file(dir_fd: int, name: str, info: os.stat_result) -> None:
         raise UnsafePathError(f"{name} was replaced while it was being published")
 
 
-def is_temp_name(name: str) -> bool:
-    """Whether a file name is one of :func:`write_atomic`'s temporary files."""
-    return fnmatch.fnmatchcase(name, _TEMP_PATTERN)
-
-
-def temp_pid(name: str) -> int | None:
-    """The id of the process that made a temporary file, from its name."""
-    match = _TEMP_PID.match(name)
-    return int(match.group(1)) if match else None
-
-
-def find_leftovers(root: str) -> list[str]:
-    """Temporary files under ``root`` (paths relative to it, sorted): saves that never
-    finished, or that are being written right now. Links are not followed."""
-    found: list[str] = []
-    for here, dirs, files in os.walk(root):
-        dirs.sort()
-        rel = os.path.relpath(here, root)
-        found.extend(os.path.normpath(os.path.join(rel, f)) for f in files if is_temp_name(f))
-    return sorted(found)
 
 
 def publish(path: str, write: Callable[[IO[bytes]], object], *, force: bool = False) -> int:
@@ -318,14 +301,15 @@ def publish(path: str, write: Callable[[IO[bytes]], object], *, force: bool = Fa
     by the user (``report -o``, ``merge -o``, ``memory-plot -o``).
 
     ``write(f)`` writes the bytes to ``f``, a new hidden temporary file (a name
-    :func:`find_leftovers` knows, made with ``O_EXCL | O_NOFOLLOW``) in ``path``'s folder.
+    :func:`~policy_engine.files.layout.find_leftovers` knows, made with ``O_EXCL |
+    O_NOFOLLOW``) in ``path``'s folder.
     The file is synced, then named ``path`` by a hard link, which never replaces a file:
     FileExistsError when ``path`` exists, unless ``force``, which replaces it (a link at
     ``path`` is replaced, never followed). The temporary file is removed whatever happens.
     """
     where, name = os.path.split(os.path.abspath(path))
     dir_fd = os.open(where, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    temp = f"{TEMP_PREFIX}{os.getpid()}-{secrets.token_hex(16)}.tmp"
+    temp = temp_name()
     try:
         fd = os.open(temp, _NEW_FILE_FLAGS, 0o644, dir_fd=dir_fd)
         try:
@@ -355,7 +339,12 @@ def _link_new(dir_fd: int, temp: str, name: str) -> None:
     except OSError as err:
         if err.errno not in _NO_HARD_LINKS:
             raise
-    # No hard links here: claim the name exclusively, then move the file onto it.
+    _claim_and_move(dir_fd, temp, name)
+
+
+def _claim_and_move(dir_fd: int, temp: str, name: str) -> None:
+    """Where there are no hard links: claim ``name`` exclusively (FileExistsError when it
+    exists), then move the file onto it."""
     os.close(os.open(name, _NEW_FILE_FLAGS, 0o644, dir_fd=dir_fd))
     try:
         os.replace(temp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
@@ -363,3 +352,28 @@ def _link_new(dir_fd: int, temp: str, name: str) -> None:
         with contextlib.suppress(OSError):
             os.unlink(name, dir_fd=dir_fd)
         raise
+
+
+def moved_from(src: str) -> Callable[[str], None]:
+    """A writer for :func:`write_atomic` that moves the file ``src`` (another tool's output)
+    onto the temporary name: a rename on the same file system (the tool's bytes, not a
+    copy), else a copy and the removal of ``src``."""
+    def writer(temp: str) -> None:
+        try:
+            os.replace(src, temp)
+        except OSError:
+            shutil.copyfile(src, temp)
+            os.unlink(src)
+    return writer
+
+
+def rename_folder(src: str, target: str) -> bool:
+    """Give the folder ``src`` (a tool wrote it) the name ``target`` if that name is free:
+    the name is claimed first with ``mkdir``, so the rename replaces only that empty folder,
+    never another one. False, and ``src`` left as it is, when ``target`` exists."""
+    try:
+        os.mkdir(target)
+    except FileExistsError:
+        return False
+    os.rename(src, target)
+    return True

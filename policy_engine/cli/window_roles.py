@@ -1,0 +1,71 @@
+"""Which roles a trace line belongs to, and which lines of the ranks make one window.
+
+Colocated roles share a capture, named after their whole ``colocate`` group on every rank;
+which of them took part is the manifest's ``roles``, and it may differ from rank to rank
+(verl's rollout profiles rank 0 only: ``[actor, ref, rollout]`` there, ``[actor, ref]``
+on the other ranks). So ``merge``, ``report`` and ``analyze`` key a window on its
+*family*: the roles of every line that shares a role with it, which is the group as the
+traces' names show it. ``--role R`` selects the lines whose roles hold R.
+
+Manifests written before ``roles`` existed name a shared capture's roles in ``role``
+(``actor+ref``); those are split at ``+``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+
+def _names(value: Any) -> list[str]:
+    """A manifest's list of role names (anything else, from a damaged line: none)."""
+    return [str(v) for v in value] if isinstance(value, list) else []
+
+
+def participants(record: Mapping[str, Any]) -> tuple[str, ...]:
+    """The roles that took part in the capture of ``record`` on its rank: those recorded
+    (``roles``) and any that joined it undeclared, in that order."""
+    declared = _names(record.get("roles"))
+    joined = _names(record.get("joined"))
+    if not declared:
+        declared = str(record.get("role")).split("+")
+    return tuple(dict.fromkeys(declared + joined))
+
+
+def label(record: Mapping[str, Any]) -> str:
+    """``actor+ref``: :func:`participants` as ``traces`` shows them."""
+    return "+".join(participants(record))
+
+
+def holds(record: Mapping[str, Any], role: str) -> bool:
+    """Whether the capture of ``record`` holds ``role`` (``a+b``: both of them)."""
+    found = participants(record)
+    return all(part in found for part in role.split("+"))
+
+
+def families(records: Iterable[Mapping[str, Any]]) -> dict[str, str]:
+    """For each :func:`label` among ``records``, its window family's label: the labels
+    that share a role, joined (a role lives in one process group, so they are one group).
+    Its roles come in the order of the longest label that holds them, then the others'."""
+    parent: dict[str, str] = {}
+
+    def root(name: str) -> str:
+        while parent[name] != name:
+            parent[name] = parent[parent[name]]
+            name = parent[name]
+        return name
+
+    labels: dict[str, tuple[str, ...]] = {}
+    for record in records:
+        found = participants(record)
+        labels.setdefault("+".join(found), found)
+    for found in labels.values():
+        for name in found:
+            parent.setdefault(name, name)
+        for name in found[1:]:
+            parent[root(name)] = root(found[0])
+    members: dict[str, list[str]] = {}
+    for text in sorted(labels, key=lambda t: (-len(labels[t]), t)):
+        order = members.setdefault(root(labels[text][0]), [])
+        order.extend(name for name in labels[text] if name not in order)
+    return {text: "+".join(members[root(found[0])]) for text, found in labels.items()}

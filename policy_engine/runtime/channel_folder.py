@@ -1,0 +1,106 @@
+"""The ``triggers/`` folder's part in the channel: the advert that tells
+``policy-engine trigger`` where the job's store is, the progress files of a job without
+one, and requests a process posts there (a signal, a slow step).
+
+Every file is written whole by the publisher and read back as hostile
+(:func:`~policy_engine.runtime.requests.read_bounded`): never through a link, never more
+than a request's size.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from typing import Any
+
+from policy_engine.files.publish import make_folders, open_folder, publish, write_atomic
+from policy_engine.runtime.channel import MAX_LISTENERS
+from policy_engine.runtime.requests import (
+    REQUEST_SUFFIX,
+    REQUESTS_DIR,
+    BadRequest,
+    load_bounded,
+    read_bounded,
+)
+
+__all__ = ["ADVERT", "PROGRESS_DIR", "advertise", "post_request", "publish_progress",
+           "read_advert", "read_progress"]
+
+#: The file under triggers/ that says where the job's channel is (not a request: no
+#: ``.json``), and the folder of progress files.
+ADVERT = "channel"
+PROGRESS_DIR = f"{REQUESTS_DIR}/progress"
+_NAME = re.compile(r"^[A-Za-z0-9_.+-]{1,128}$")
+
+
+def _read(output_dir: str, rel: str, name: str) -> Any:
+    """A small JSON file, or None (missing, a link, too large, not JSON)."""
+    try:
+        fd = open_folder(output_dir, rel, create=False)
+    except (OSError, ValueError):
+        return None
+    try:
+        data = read_bounded(fd, name)
+        return None if data is None else load_bounded(data)
+    except BadRequest:
+        return None
+    finally:
+        os.close(fd)
+
+
+def advertise(output_dir: str, kind: str, where: str) -> None:
+    """Say in ``triggers/channel`` where the job's channel is (left alone when it says
+    so already: every listener of a node-local folder writes its own)."""
+    advert = {"kind": kind, "where": where}
+    if read_advert(output_dir) == advert:
+        return
+    folder = make_folders(output_dir, REQUESTS_DIR)
+    publish(os.path.join(folder, ADVERT),
+            lambda f: f.write(json.dumps(advert).encode()), force=True)
+
+
+def read_advert(output_dir: str) -> dict[str, str] | None:
+    """``{kind, where}`` from ``triggers/channel``, None when there is none to trust."""
+    value = _read(output_dir, REQUESTS_DIR, ADVERT)
+    if not isinstance(value, dict) or value.get("kind") not in ("store", "ray") or \
+            not isinstance(value.get("where"), str) or len(value["where"]) > 256:
+        return None
+    return {"kind": value["kind"], "where": value["where"]}
+
+
+def publish_progress(output_dir: str, role: str, rank: int, report: dict[str, Any]) -> None:
+    if not _NAME.match(role):
+        return
+    folder = make_folders(output_dir, PROGRESS_DIR)
+    publish(os.path.join(folder, f"{role}.{rank}"),
+            lambda f: f.write(json.dumps(report).encode()), force=True)
+
+
+def read_progress(output_dir: str, role: str) -> list[Any]:
+    """The progress files of ``role``'s processes (what parses; the rest is None)."""
+    if not _NAME.match(role):
+        return []
+    try:
+        fd = open_folder(output_dir, PROGRESS_DIR, create=False)
+    except (OSError, ValueError):
+        return []
+    found: list[Any] = []
+    try:
+        for name in os.listdir(fd)[:MAX_LISTENERS]:
+            if name.startswith(role + ".") and name[len(role) + 1:].isdigit():
+                try:
+                    data = read_bounded(fd, name)
+                    found.append(None if data is None else load_bounded(data))
+                except BadRequest:
+                    found.append(None)
+    finally:
+        os.close(fd)
+    return found
+
+
+def post_request(output_dir: str, rid: str, body: str) -> None:
+    def write(path: str) -> None:
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(body)
+    write_atomic(output_dir, f"{REQUESTS_DIR}/{rid}", REQUEST_SUFFIX, write)

@@ -1,0 +1,49 @@
+"""Which channel a listener uses: the job's c10d store, a named Ray actor, or neither
+(the ``triggers/`` folder). Looked at from the listener thread, at every poll until one
+is found, because ``apply_policy`` often runs before ``init_process_group``.
+
+Nothing is imported here that the job has not imported itself: torch.distributed and Ray
+are looked at only when they are already in ``sys.modules``.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from policy_engine.plan.plan import Plan
+from policy_engine.runtime.channel import JobChannel, connect_store
+
+__all__ = ["pick_channel", "store_address"]
+
+
+def store_address() -> tuple[str, int] | None:
+    """``MASTER_ADDR:MASTER_PORT`` when torch.distributed is initialised (env://)."""
+    dist = sys.modules.get("torch.distributed")
+    if dist is None or not dist.is_available() or not dist.is_initialized():
+        return None
+    host, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT", "")
+    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        return None
+    return host, int(port)
+
+
+def pick_channel(plan: Plan, choice: str) -> tuple[str, str, JobChannel] | None:
+    """``(kind, where, channel)``, or None while there is none (yet)."""
+    if choice in ("auto", "store"):
+        address = store_address()
+        if address is not None:
+            try:
+                kv = connect_store(*address)
+            except Exception as err:
+                first = (str(err).strip().splitlines() or [""])[0][:200]
+                raise ConnectionError(f"the store at {address[0]}:{address[1]}: {first}") \
+                    from None
+            return "store", f"{address[0]}:{address[1]}", JobChannel(kv, plan.role)
+    if choice in ("auto", "ray"):
+        ray = sys.modules.get("ray")
+        if ray is not None and ray.is_initialized():
+            from policy_engine.runtime.channel_ray import ACTOR, actor_kv
+
+            return "ray", ACTOR, JobChannel(actor_kv(), plan.role)
+    return None

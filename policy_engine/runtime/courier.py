@@ -1,0 +1,261 @@
+"""The listener thread of a role's triggers: every network call and file write of the
+channel happens here, never on the training thread.
+
+The training thread hands it two numbers per step (the step and its clock, two attribute
+writes) and, rarely, an answer or a request to post (a signal, a slow step), through a
+deque. Every ``poll_seconds`` the thread publishes the process's progress, reads the new
+requests of its role and queues them for the training thread, which accepts them at its
+next step boundary (:class:`~policy_engine.runtime.triggers.Listener`).
+
+Which channel: the job's c10d store when torch.distributed is initialised (torchrun,
+Megatron, verl's workers), a named Ray actor under Ray without it, else the
+``triggers/`` folder (progress files beside the requests; requests themselves are read
+by the training thread's one ``lstat`` per poll, as before). A store that stops
+answering turns the channel off with one warning: the folder takes over.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import threading
+import time
+import weakref
+from collections import deque
+from typing import Any
+
+from policy_engine.language.triggers import Triggers
+from policy_engine.plan.plan import Plan
+from policy_engine.runtime import channel_folder
+from policy_engine.runtime.channel import JobChannel, agreed_step
+from policy_engine.runtime.channel_pick import pick_channel
+from policy_engine.runtime.requests import request_body
+from policy_engine.runtime.state import warn_once
+
+__all__ = ["Courier", "courier_for"]
+
+log = logging.getLogger("policy_engine")
+#: Requests read at one poll, at most; and how far behind the list's end a listener
+#: may fall (a counter bumped by someone else is skipped, not read through).
+READS_PER_POLL = 16
+MAX_BEHIND = 256
+#: Polls a request index that is counted but not yet written is waited for.
+MISSING_POLLS = 3
+#: Seconds between two reports of a process whose step does not move.
+REPUBLISH = 10.0
+
+
+class _Pace:
+    """The process's progress as its listener thread sees it: the step, when, and the
+    rate measured between two polls."""
+
+    __slots__ = ("rate", "sent", "step", "when")
+
+    def __init__(self) -> None:
+        self.step, self.when, self.rate = -1, 0.0, 0.0
+        self.sent = (-1, 0.0)  # the step last published, and when
+
+    def due(self, step: int) -> bool:
+        """Whether to publish now: the step moved, or a while passed (a live process)."""
+        last, when = self.sent
+        now = time.monotonic()
+        if step < 0 or (step == last and now - when < REPUBLISH):
+            return False
+        self.sent = (step, now)
+        return True
+
+    def sample(self, step: int, stamp: float) -> dict[str, Any] | None:
+        """The report to publish for the training thread's last step (None: no step
+        yet). ``stamp`` is its ``perf_counter``: turned into wall-clock time here."""
+        if step < 0:
+            return None
+        when = time.time() - max(0.0, time.perf_counter() - stamp)
+        if self.step >= 0 and when > self.when and step >= self.step:
+            measured = (step - self.step) / (when - self.when)
+            self.rate = measured if not self.rate else 0.5 * self.rate + 0.5 * measured
+        self.step, self.when = step, when
+        return {"step": step, "time": when, "rate": round(self.rate, 6)}
+
+
+class _Link:
+    """The channel this process is on now: the job's (store or Ray) or the folder."""
+
+    __slots__ = ("channel", "cursor", "gone", "kind", "missing", "slot", "where")
+
+    def __init__(self) -> None:
+        self.channel: JobChannel | None = None
+        self.kind = "folder"
+        self.where = ""
+        self.slot = -1
+        self.cursor = 0
+        self.missing = 0  # polls the request at ``cursor`` was counted but not there
+        self.gone = False  # the job's channel failed: the folder from now on
+
+
+class Courier:
+    """A role's listener thread and the two queues between it and the training thread."""
+
+    def __init__(self, plan: Plan, triggers: Triggers) -> None:
+        self.step = -1  # written by the training thread at every step
+        self.stamp = 0.0
+        self.inbox: deque[Any] = deque()  # ("request", Request) | ("bad", rid, why)
+        self.outbox: deque[Any] = deque()  # ("answer", rid, dict) | ("post", dict)
+        self.live = False  # the job's channel carries the requests (no folder polls)
+        self.plan = plan
+        self.triggers = triggers
+        self.link = _Link()
+        self.pace = _Pace()
+        self.stop = threading.Event()
+        thread = threading.Thread(target=_run, args=(weakref.ref(self), self.stop),
+                                  name=f"policy-engine-listener-{plan.role}", daemon=True)
+        thread.start()
+
+    def close(self) -> None:
+        self.stop.set()
+
+    def interval(self) -> float:
+        return max(self.triggers.poll_seconds, 0.05)
+
+    # -- one poll ------------------------------------------------------------------
+    def tick(self) -> None:
+        link = self.link
+        if link.channel is None and not link.gone:
+            try:
+                self._connect()
+            except Exception as err:  # no store at MASTER_ADDR:MASTER_PORT after all
+                self._drop(err, "could not be reached")
+        report = self.pace.sample(self.step, self.stamp) if self.pace.due(self.step) \
+            else None
+        try:
+            if link.channel is not None:
+                self._job_tick(link.channel, report)
+                return
+        except Exception as err:  # the store went away, or answers nonsense
+            self._drop(err)
+        self._folder_tick(report)
+
+    def _connect(self) -> None:
+        found = pick_channel(self.plan, self.triggers.channel)
+        if found is None:
+            return
+        link = self.link
+        link.kind, link.where, channel = found
+        link.slot = channel.register()
+        link.cursor = channel.cursor()  # requests older than this process are not for it
+        link.channel = channel
+        self.live = True
+        try:  # where `policy-engine trigger` finds the channel
+            channel_folder.advertise(self.plan.output_dir, link.kind, link.where)
+        except OSError as err:
+            warn_once(("advert", self.plan.output_dir), "policy-engine: cannot tell %s "
+                      "where the job's %s is (%s): `policy-engine trigger` needs --store",
+                      self.plan.output_dir, link.kind, err.strerror or err)
+
+    def _drop(self, err: BaseException, what: str = "stopped answering") -> None:
+        """The job's channel is off for this process from now on: one warning."""
+        link = self.link
+        subject = f"the job's {link.kind} at {link.where}" if link.channel is not None \
+            else "the job's channel"
+        said = (str(err).strip().splitlines() or [""])[0][:200]
+        warn_once(("channel-gone", self.plan.role),
+                  "policy-engine: role %r: %s %s (%s: %s); trigger requests now come "
+                  "through %s", self.plan.role, subject, what, type(err).__name__, said,
+                  os.path.join(self.plan.output_dir, "triggers"))
+        link.channel, link.gone, self.live = None, True, False
+
+    def _job_tick(self, channel: JobChannel, report: dict[str, Any] | None) -> None:
+        link = self.link
+        if report is not None:
+            channel.publish(link.slot, self._report(report))
+        end = channel.cursor()
+        if end - link.cursor > MAX_BEHIND:
+            warn_once(("channel-behind", self.plan.role), "policy-engine: role %r: %s "
+                      "requests arrived at once on the job's %s; reading the last %s",
+                      self.plan.role, end - link.cursor, link.kind, MAX_BEHIND)
+            link.cursor = end - MAX_BEHIND
+        for _ in range(READS_PER_POLL):
+            if link.cursor >= end:
+                break
+            found = channel.request(link.cursor)
+            if found is None:  # counted, not written yet: wait a few polls for it
+                link.missing += 1
+                if link.missing < MISSING_POLLS:
+                    break
+                found = (f"store-request-{link.cursor}", b"")
+            link.cursor += 1
+            link.missing = 0
+            self.inbox.append(("store", *found))
+        self._drain(channel)
+
+    def _folder_tick(self, report: dict[str, Any] | None) -> None:
+        plan = self.plan
+        if report is not None:
+            channel_folder.publish_progress(plan.output_dir, plan.role, plan.rank,
+                                            self._report(report))
+        self._drain(None)
+
+    def _report(self, report: dict[str, Any]) -> dict[str, Any]:
+        return dict(report, rank=self.plan.rank, pid=os.getpid(),
+                    poll=self.triggers.poll_seconds)
+
+    # -- what the training thread asked for ---------------------------------------------
+    def _drain(self, channel: JobChannel | None) -> None:
+        while self.outbox:
+            item = self.outbox.popleft()
+            if item[0] == "answer":
+                if channel is not None:
+                    channel.answer(item[1], item[2])
+            elif item[0] == "post":
+                self._post(channel, item[1])
+
+    def _post(self, channel: JobChannel | None, ask: dict[str, Any]) -> None:
+        """Post a request of this process (a signal, a slow step) at the agreed step."""
+        plan, poll = self.plan, self.triggers.poll_seconds
+        reports = channel.reports() if channel is not None else \
+            channel_folder.read_progress(plan.output_dir, plan.role)
+        mine = self.pace.sample(self.step, self.stamp)
+        target = agreed_step([*reports, mine], time.time(), poll)
+        at = max(self.step, 0)
+        if target is None or target <= at:
+            target = at + math.ceil(2 * poll * max(self.pace.rate, 1.0)) + 2
+        if ask.get("why") == "signal" and channel is not None and \
+                not channel.claim_signal(target, at):
+            return  # another rank's signal already asked for a step still ahead
+        request, body = request_body(role=plan.role, step=target, count=1, **ask)
+        if channel is not None:
+            channel.post(body)
+        else:
+            channel_folder.post_request(plan.output_dir, request["id"], body)
+
+
+def _run(ref: weakref.ref[Courier], stop: threading.Event) -> None:
+    """The thread: a poll every ``poll_seconds`` until the listener is closed or gone.
+    Whatever fails here is warned about once per kind; the thread goes on."""
+    while True:
+        courier = ref()
+        if courier is None:
+            return
+        wait = courier.interval()
+        try:
+            courier.tick()
+        except Exception as err:
+            warn_once(("courier", courier.plan.role, type(err).__name__),
+                      "policy-engine: role %r: the trigger listener thread failed (%s: %s); "
+                      "it goes on", courier.plan.role, type(err).__name__, err)
+        del courier
+        if stop.wait(wait):
+            return
+
+
+def courier_for(plan: Plan, triggers: Triggers) -> Courier | None:
+    """A listener thread when the role's triggers concern the job (more than one rank,
+    or a channel chosen), None when this process decides alone, as a single process
+    always has."""
+    if plan.world <= 1 and triggers.channel == "auto":
+        return None
+    slow = triggers.slow_step
+    if not (triggers.on_demand or triggers.signal or (slow is not None and
+                                                       slow.scope == "job")):
+        return None  # slow steps of this process alone: nothing to tell the job
+    return Courier(plan, triggers)

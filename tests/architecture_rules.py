@@ -1,0 +1,281 @@
+"""The rules tests/test_architecture.py holds the source to, as functions of a module's text
+(or of a package folder), so that each rule can be shown to catch a planted violation.
+
+Every rule reads the code with ``ast``, never by importing it.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterable, Iterator, Mapping
+from pathlib import Path
+
+#: The kinds of manifest line (policy_engine.files.records.EVENTS, spelled here so that
+#: the rule does not import the code it checks).
+MANIFEST_EVENTS = frozenset({"open", "trace", "close", "note"})
+#: Calls that publish a file by name: only the one publisher may make them.
+PUBLISHING_CALLS = frozenset({"link", "rename", "replace", "renames", "move"})
+#: The most instance attributes a class of runtime/ may carry.
+MAX_ATTRIBUTES = 12
+#: Class decorators whose annotated class-body names are instance attributes.
+_FIELD_DECORATORS = frozenset({"define", "frozen", "mutable", "s", "attrs", "dataclass"})
+
+
+def module_name(path: Path, root: Path) -> str:
+    """``policy_engine.runtime.capture`` for ``root/policy_engine/runtime/capture.py``."""
+    parts = path.relative_to(root).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def modules_under(root: Path, package: str) -> dict[str, Path]:
+    return {module_name(p, root): p for p in (root / package).rglob("*.py")}
+
+
+def _package_of(name: str, path: Path) -> str:
+    return name if path.name == "__init__.py" else name.rpartition(".")[0]
+
+
+def imports(tree: ast.AST, name: str, path: Path, modules: Iterable[str]) -> set[str]:
+    """Modules of ``modules`` that module ``name`` imports, wherever in the file: inside
+    functions, under ``if TYPE_CHECKING:`` (a typing import stands for a real dependency),
+    and named by a string that is a module's full name (what importlib is handed)."""
+    known = set(modules)
+    package = _package_of(name, path)
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".")
+                base = ".".join(parts[: len(parts) - node.level + 1] + ([base] if base else []))
+            for alias in node.names:
+                full = f"{base}.{alias.name}"
+                found.add(full if full in known else base)
+        elif isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) \
+                and "." in node.value and node.value in known:
+            found.add(node.value)  # a dotted name: "policy_engine" alone is also a word
+    return {m for m in found if m in known and m != name}
+
+
+def graph(modules: Mapping[str, Path]) -> dict[str, set[str]]:
+    return {name: imports(ast.parse(path.read_text()), name, path, modules)
+            for name, path in modules.items()}
+
+
+def cycles(edges: Mapping[str, Iterable[str]]) -> list[list[str]]:
+    """The import cycles (strongly connected components of more than one module)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:  # Tarjan's algorithm
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for dep in edges[node]:
+            if dep not in index:
+                visit(dep)
+                low[node] = min(low[node], low[dep])
+            elif dep in on_stack:
+                low[node] = min(low[node], index[dep])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                top = stack.pop()
+                on_stack.discard(top)
+                component.append(top)
+                if top == node:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for node in edges:
+        if node not in index:
+            visit(node)
+    return sorted(found)
+
+
+def layer(name: str) -> str:
+    """The top-level package (or module) of ``policy_engine.<layer>...``."""
+    return name.split(".")[1] if "." in name else "__init__"
+
+
+def upward(edges: Mapping[str, Iterable[str]], layers: list[str]) -> list[tuple[str, str]]:
+    """Imports from a layer to one above it (to its right in ``layers``)."""
+    out = []
+    for name, deps in edges.items():
+        if layer(name) not in layers:
+            continue
+        here = layers.index(layer(name))
+        out += [(name, dep) for dep in sorted(deps)
+                if layer(dep) in layers and layers.index(layer(dep)) > here]
+    return sorted(out)
+
+
+def _lines(found: Iterable[tuple[int, str]]) -> list[str]:
+    return [f"line {line}: {what}" for line, what in sorted(found)]
+
+
+def publishing(tree: ast.AST) -> list[str]:
+    """Calls that give a file its name, or make one exclusively, outside the publisher:
+    ``os.link``/``os.rename``/``os.replace``/``shutil.move`` (called, or imported by
+    name), ``Path.rename``/``Path.replace``/``Path.hardlink_to`` and ``O_EXCL``."""
+    found: list[tuple[int, str]] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute):
+            owner = node.value.id if isinstance(node.value, ast.Name) else None
+            if node.attr == "O_EXCL":
+                found.append((node.lineno, "O_EXCL"))
+            elif owner in ("os", "shutil") and node.attr in PUBLISHING_CALLS:
+                found.append((node.lineno, f"{owner}.{node.attr}"))
+            elif node.attr == "hardlink_to":
+                found.append((node.lineno, node.attr))
+        elif isinstance(node, ast.Name) and node.id == "O_EXCL":
+            found.append((node.lineno, "O_EXCL"))
+        elif isinstance(node, ast.ImportFrom) and node.module in ("os", "shutil"):
+            found += [(node.lineno, f"from {node.module} import {a.name}")
+                      for a in node.names if a.name in PUBLISHING_CALLS | {"O_EXCL"}]
+    return _lines(found)
+
+
+def _says_trace_events(node: ast.AST) -> bool:
+    return isinstance(node, ast.Constant) and isinstance(node.value, str) \
+        and "traceEvents" in node.value
+
+
+def trace_parsing(tree: ast.AST) -> list[str]:
+    """Reading a Chrome trace's ``traceEvents`` outside the one reader: the key used as a
+    subscript, asked of a mapping (``get``, ``pop``, ``in``), or looked for in text
+    (``find``, ``index``, ``split``, a regular expression)."""
+    found: list[tuple[int, str]] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Subscript) and _says_trace_events(node.slice):
+            found.append((node.lineno, "['traceEvents']"))
+        elif isinstance(node, ast.Compare) and _says_trace_events(node.left) \
+                and any(isinstance(op, (ast.In, ast.NotIn)) for op in node.ops):
+            found.append((node.lineno, "'traceEvents' in ..."))
+        elif isinstance(node, ast.Call) and any(map(_says_trace_events, node.args)):
+            func = node.func
+            called = func.attr if isinstance(func, ast.Attribute) else \
+                func.id if isinstance(func, ast.Name) else "?"
+            found.append((node.lineno, f"{called}('...traceEvents...')"))
+    return _lines(found)
+
+
+def _event_value(node: ast.AST | None) -> bool:
+    return isinstance(node, ast.Constant) and node.value in MANIFEST_EVENTS
+
+
+def record_building(tree: ast.AST) -> list[str]:
+    """Manifest lines built outside the one builder module: a dict display with the key
+    ``"event"`` set to a manifest kind (open, trace, close, note), a call given
+    ``event=<kind>`` (``dict(...)``, ``.update(...)``), or ``x["event"] = <kind>``."""
+    found: list[tuple[int, str]] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Dict):
+            found += [(node.lineno, f"{{'event': {v.value!r}}}")  # type: ignore[attr-defined]
+                      for k, v in zip(node.keys, node.values, strict=True)
+                      if isinstance(k, ast.Constant) and k.value == "event"
+                      and _event_value(v)]
+        elif isinstance(node, ast.Call):
+            found += [(node.lineno, f"event={kw.value.value!r}")  # type: ignore[attr-defined]
+                      for kw in node.keywords if kw.arg == "event" and _event_value(kw.value)]
+        elif isinstance(node, ast.Assign) and _event_value(node.value):
+            found += [(node.lineno, f"['event'] = {node.value.value!r}")  # type: ignore
+                      for target in node.targets if isinstance(target, ast.Subscript)
+                      and isinstance(target.slice, ast.Constant)
+                      and target.slice.value == "event"]
+    return _lines(found)
+
+
+def _private(name: str) -> bool:
+    return name.startswith("_") and not name.startswith("__")
+
+
+def _inside(package: str, folder: str) -> bool:
+    return package == folder or package.startswith(folder + ".")
+
+
+def private_imports(tree: ast.AST, name: str, path: Path,
+                    modules: Mapping[str, Path]) -> list[str]:
+    """Private names (``_x``) imported from a module of another folder, and private modules
+    imported from outside their folder: a private name is its folder's own, sub-folders
+    included (``cli/analysis/`` may use ``cli/_common.py``, ``cli/report.py`` no private
+    name of ``cli/analysis/`` or ``runtime/``)."""
+    here = _package_of(name, path)
+    found: list[tuple[int, str]] = []
+
+    def folder(module: str) -> str:
+        known = modules.get(module)
+        return module if known is not None and known.name == "__init__.py" \
+            else module.rpartition(".")[0]
+
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and not node.level \
+                and (node.module or "").startswith("policy_engine"):
+            source = node.module or ""
+            if _inside(here, folder(source)):
+                continue
+            found += [(node.lineno, f"{a.name} from {source}") for a in node.names
+                      if _private(a.name)]
+            if _private(source.rpartition(".")[2]):
+                found.append((node.lineno, f"the private module {source}"))
+        elif isinstance(node, ast.Import):
+            found += [(node.lineno, f"the private module {a.name}") for a in node.names
+                      if a.name.startswith("policy_engine") and not _inside(here, folder(a.name))
+                      and _private(a.name.rpartition(".")[2])]
+    return _lines(found)
+
+
+def _self_targets(node: ast.AST) -> Iterator[str]:
+    if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) \
+            and node.value.id == "self":
+        yield node.attr
+    elif isinstance(node, (ast.Tuple, ast.List)):
+        for element in node.elts:
+            yield from _self_targets(element)
+    elif isinstance(node, ast.Starred):
+        yield from _self_targets(node.value)
+
+
+def _decorator_name(node: ast.expr) -> str:
+    target = node.func if isinstance(node, ast.Call) else node
+    if isinstance(target, ast.Attribute):
+        return target.attr
+    return target.id if isinstance(target, ast.Name) else ""
+
+
+def instance_attributes(tree: ast.AST) -> dict[str, set[str]]:
+    """Each class's instance attributes: every ``self.x`` its methods assign (``=``,
+    ``+=``, annotated, in tuples), the names in ``__slots__``, and the fields of an attrs
+    or dataclass class (its annotated class-body names)."""
+    out: dict[str, set[str]] = {}
+    for cls in (n for n in ast.walk(tree) if isinstance(n, ast.ClassDef)):
+        names: set[str] = set()
+        fields = any(_decorator_name(d) in _FIELD_DECORATORS for d in cls.decorator_list)
+        for item in cls.body:
+            if isinstance(item, ast.AnnAssign) and isinstance(item.target, ast.Name) \
+                    and fields and "ClassVar" not in ast.unparse(item.annotation):
+                names.add(item.target.id)
+            elif isinstance(item, ast.Assign) and any(
+                    isinstance(t, ast.Name) and t.id == "__slots__" for t in item.targets):
+                names.update(e.value for e in ast.walk(item.value)
+                             if isinstance(e, ast.Constant) and isinstance(e.value, str))
+            elif isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                for node in ast.walk(item):
+                    if isinstance(node, ast.Assign):
+                        for target in node.targets:
+                            names.update(_self_targets(target))
+                    elif isinstance(node, (ast.AugAssign, ast.AnnAssign)):
+                        names.update(_self_targets(node.target))
+        out[cls.name] = names
+    return out
+
+
+def crowded_classes(tree: ast.AST, limit: int = MAX_ATTRIBUTES) -> list[str]:
+    return [f"{name}: {len(attrs)} instance attributes ({', '.join(sorted(attrs))})"
+            for name, attrs in sorted(instance_attributes(tree).items()) if len(attrs) > limit]

@@ -1,0 +1,93 @@
+"""The channel under Ray without torch.distributed: the named actor holds the channel's
+keys, every listener reaches the same one by name, on a local Ray cluster."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from policy_engine import Topology, apply_policy
+from policy_engine.runtime.channel import JobChannel, agreed_step
+from policy_engine.runtime.channel_folder import read_advert
+from policy_engine.runtime.manifest import scan_manifests
+from policy_engine.runtime.requests import request_body
+from policy_engine.testing import recording_backend
+
+ray = pytest.importorskip("ray")
+pytestmark = pytest.mark.slow
+
+
+class Worker:
+    pass
+
+
+def _listen(make_policy: Any, out: Path) -> None:
+    """A rank of 2 under Ray finds the actor by itself and takes a request from it."""
+    from policy_engine.runtime.channel_ray import actor_kv
+
+    policy = make_policy(steps=[], ranks="all",
+                         triggers={"on_demand": True, "poll_seconds": 0.1})
+    stop = threading.Event()
+    with recording_backend("torch"):
+        prof = apply_policy(Worker(), "actor", policy, Topology(rank=1, world=2))
+
+        def train() -> None:
+            n = 0
+            while not stop.is_set():
+                with prof.training_step(n):
+                    time.sleep(0.02)
+                n += 1
+            prof.close()
+        thread = threading.Thread(target=train)
+        thread.start()
+        try:
+            job = JobChannel(actor_kv(), "actor")
+            deadline = time.monotonic() + 60
+            while not (job.listeners() == 1 and any(job.reports())):
+                assert time.monotonic() < deadline
+                time.sleep(0.1)
+            assert read_advert(str(out)) == {"kind": "ray", "where": "policy_engine_triggers"}
+            _, body = request_body(role="actor", ranks=None,
+                                   step=agreed_step(job.reports(), time.time(), 0.0), count=1)
+            job.post(body)
+            while not [r for r in scan_manifests(str(out)).records if r["event"] == "open"]:
+                assert time.monotonic() < deadline
+                time.sleep(0.1)
+        finally:
+            stop.set()
+            thread.join(30)
+    [note] = [r for r in scan_manifests(str(out)).records if r["event"] == "note"]
+    assert note["status"] == "accepted" and note["rank"] == 1
+
+
+def test_the_named_actor_carries_requests_progress_and_answers(make_policy: Any,
+                                                               tmp_path: Path) -> None:
+    from policy_engine.runtime.channel_ray import NAMESPACE, actor_kv
+
+    ray.init(num_cpus=1, namespace=NAMESPACE, include_dashboard=False,
+             log_to_driver=False)
+    try:
+        _listen(make_policy, tmp_path / "out")
+        first, second = JobChannel(actor_kv(), "kv"), JobChannel(actor_kv(), "kv")
+        slots = [first.register(), second.register()]
+        assert slots == [0, 1] and second.listeners() == 2  # one actor, found by name
+        first.publish(0, {"step": 10, "time": 100.0, "rate": 2.0, "poll": 1.0})
+        second.publish(1, {"step": 12, "time": 100.0, "rate": 2.0, "poll": 1.0})
+        step = agreed_step(first.reports(), 100.0, 0.0)
+        assert step == 12 + 6 + 2
+        start = second.cursor()
+        request, body = request_body(role="kv", ranks=None, step=step, count=1)
+        first.post(body)
+        rid, data = second.request(start) or ("", b"")
+        assert rid == request["id"] and json.loads(data)["step"] == step
+        assert second.request(start + 1) is None
+        assert first.claim_signal(30, 12) and not second.claim_signal(31, 12)
+        second.answer(rid, {"status": "accepted", "rank": 1})
+        assert first.answers(rid) == [{"status": "accepted", "rank": 1}]
+    finally:
+        ray.shutdown()
