@@ -49,6 +49,28 @@ print(before, hwm())
 """
 
 
+def _spin(_: int) -> int:
+    total = 0
+    for i in range(5_000_000):
+        total += i
+    return total
+
+
+def _ceiling() -> float:
+    """How much two processes gain over one on this machine, for work that shares nothing."""
+    import concurrent.futures
+
+    began = time.perf_counter()
+    for i in range(4):
+        _spin(i)
+    one = time.perf_counter() - began
+    with concurrent.futures.ProcessPoolExecutor(max_workers=2) as pool:
+        began = time.perf_counter()
+        list(pool.map(_spin, range(4)))
+        two = time.perf_counter() - began
+    return one / two
+
+
 def _best(files: list[str], jobs: int, repeat: int) -> tuple[float, float]:
     """The best wall time of ``repeat`` runs, and the CPU time of this process in it (all
     of the work when ``jobs`` is 1: on a shared machine, MB per CPU second is what one
@@ -99,6 +121,8 @@ def main() -> None:
         load = os.getloadavg()[0]
         print(f"scaling 1 -> 2 jobs: {one / two:.2f}x (target >= {TARGET_SCALE}; "
               f"load average {load:.1f} on {os.cpu_count()} cores while measured)")
+        print(f"  (the same machine's own ceiling, a pure-Python loop in 1 -> 2 processes: "
+              f"{_ceiling():.2f}x)")
         big = os.path.join(root, "big", "long.pt.trace.json")
         write_trace(big, 0, 4, steps=4 * args.steps, ops=ops, gpu=True, slow=1, extra_us=2000.0)
         peak = subprocess.run([sys.executable, "-c", _PEAK, big], env=env, check=True,

@@ -236,38 +236,35 @@ class Listener:
         reason), with the request and the last step of that capture. ``captured``: the
         previous step was inside a capture (its time says nothing about training).
         Never raises: a listener that fails warns once and captures nothing more."""
-        try:
-            return self._at_step(n, captured)
+        try:  # one frame, not two: this runs every step
+            now = _clock()
+            if self.slow is not None:
+                took = self.slow.measure(n, now, captured)
+                if took is not None:
+                    self._slow(n, took)
+            courier = self.courier
+            if courier is not None:  # two attribute writes: the thread publishes them
+                courier.step, courier.stamp = n, now
+                if courier.inbox:
+                    self._handle(courier.inbox.popleft(), n)
+            if self.signal and STATE.hooks.usr2_count != self.signals:
+                self.signals = STATE.hooks.usr2_count
+                if courier is None:
+                    self.wanted.append(_Want(n, n, SIGNAL, None, False))
+                else:  # the job's signal: every rank of the role, one agreed step
+                    courier.outbox.append(("post", {"ranks": None, "why": SIGNAL}))
+            if self.on_demand and (courier is None or not courier.live):
+                for item in self.folder.look(now):
+                    self._handle(item, n)
+            if not self.wanted:
+                return None
+            return self._take(n)
         except Exception as err:
             warn_once(("listener", self.plan.role, type(err).__name__),
                       "policy-engine: role %r: the trigger listener failed at step %s "
                       "(%s: %s); training goes on, captures beyond the plan may be missed",
                       self.plan.role, n, type(err).__name__, err)
             return None
-
-    def _at_step(self, n: int, captured: bool) -> tuple[str, str | None, int] | None:
-        now = _clock()
-        if self.slow is not None:
-            took = self.slow.measure(n, now, captured)
-            if took is not None:
-                self._slow(n, took)
-        courier = self.courier
-        if courier is not None:  # two attribute writes: the thread publishes them
-            courier.step, courier.stamp = n, now
-            if courier.inbox:
-                self._handle(courier.inbox.popleft(), n)
-        if self.signal and STATE.usr2_count != self.signals:
-            self.signals = STATE.usr2_count
-            if courier is None:
-                self.wanted.append(_Want(n, n, SIGNAL, None, False))
-            else:  # the job's signal: every rank of the role, one agreed step
-                courier.outbox.append(("post", {"ranks": None, "why": SIGNAL}))
-        if self.on_demand and (courier is None or not courier.live):
-            for item in self.folder.look(now):
-                self._handle(item, n)
-        if not self.wanted:
-            return None
-        return self._take(n)
 
     def _take(self, n: int) -> tuple[str, str | None, int] | None:
         """Why step ``n`` is wanted (the earliest reason), and what is still wanted after."""
