@@ -6,7 +6,6 @@ The report shows the same in headless Chromium."""
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -15,6 +14,7 @@ from typing import Any
 
 import jsonschema
 import pytest
+from job_env import child_env, run_cli
 
 pytestmark = pytest.mark.slow
 
@@ -38,18 +38,8 @@ roles:
 """
 
 
-def _env() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")
-           and not k.startswith(("TORCHELASTIC_", "PROFILE_POLICY"))}
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
-    env["OMP_NUM_THREADS"] = "1"
-    return env
-
-
 def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "policy_engine", *args], cwd=cwd,
-                          env=_env(), capture_output=True, text=True, timeout=TIMEOUT)
+    return run_cli(*args, cwd=cwd, timeout=TIMEOUT)
 
 
 def _job(folder: Path, slow: int, extra_ms: int) -> dict[str, Any]:
@@ -57,7 +47,7 @@ def _job(folder: Path, slow: int, extra_ms: int) -> dict[str, Any]:
     done = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=4",
          str(WORKER), "policy.yaml", str(WINDOWS), str(slow), str(extra_ms)],
-        cwd=folder, env=_env(), capture_output=True, text=True, timeout=TIMEOUT)
+        cwd=folder, env=child_env(), capture_output=True, text=True, timeout=TIMEOUT)
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
     analysed = _cli("analyze", "profiles", "--format", "json", "--jobs", "2", cwd=folder)
     assert analysed.returncode == 0, analysed.stderr

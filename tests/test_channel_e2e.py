@@ -11,7 +11,6 @@ folder of its own (node-local disks: the command reads the answers on the store)
 from __future__ import annotations
 
 import json
-import os
 import re
 import socket
 import subprocess
@@ -22,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from job_env import child_env
 
 from policy_engine.runtime.channel import JobChannel, connect_store
 from policy_engine.runtime.channel_folder import read_progress
@@ -69,15 +69,6 @@ roles:
 """
 
 
-def _env() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
-                        "MASTER_PORT") and not k.startswith(("TORCHELASTIC_", "PROFILE_POLICY"))}
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
-    env["OMP_NUM_THREADS"] = "1"
-    return env
-
-
 def _port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -96,7 +87,7 @@ class Job:
             [sys.executable, "-m", "torch.distributed.run", "--nnodes=1",
              "--nproc-per-node=4", "--master-addr=127.0.0.1", f"--master-port={self.port}",
              str(WORKER), str(seed), json.dumps(naps or {}), *policies],
-            cwd=folder, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            cwd=folder, env=child_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
             text=True)
 
     def until(self, check: Any, what: str, seconds: float = TIMEOUT) -> Any:
@@ -113,7 +104,7 @@ class Job:
 
     def cli(self, *args: str) -> subprocess.Popen[str]:
         return subprocess.Popen([sys.executable, "-m", "policy_engine", "trigger", *args],
-                                cwd=self.folder, env=_env(), stdout=subprocess.PIPE,
+                                cwd=self.folder, env=child_env(), stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, text=True)
 
     def stop(self) -> None:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import gzip
 import json
-import os
 import re
 import socket
 import subprocess
@@ -20,6 +19,7 @@ from typing import Any
 
 import attrs
 import pytest
+from job_env import child_env
 
 from policy_engine.plan.topology import Topology
 
@@ -38,20 +38,6 @@ class Run:
     reports: dict[int, dict[str, Any]]
 
 
-def _env() -> dict[str, str]:
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        # The launchers under test set these; stale ones from the caller would mislead.
-        if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK")
-        and not k.startswith(("SLURM_", "OMPI_", "TORCHELASTIC_", "PROFILE_POLICY"))
-    }
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
-    env["OMP_NUM_THREADS"] = "1"
-    env["RAY_USAGE_STATS_ENABLED"] = "0"
-    return env
-
-
 def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -63,7 +49,8 @@ def _run(commands: Sequence[Sequence[str]], cwd: Path) -> None:
     """Start every command at once (like launchers on separate nodes) and wait for all."""
     procs = [
         subprocess.Popen(
-            cmd, cwd=cwd, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+            cmd, cwd=cwd, env=child_env(), stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT, text=True
         )
         for cmd in commands
     ]
@@ -88,7 +75,7 @@ def _torchrun(*args: str) -> list[str]:
 def _cli(*args: str) -> Any:
     done = subprocess.run(
         [sys.executable, "-m", "policy_engine", *args, "--format", "json"],
-        env=_env(),
+        env=child_env(),
         capture_output=True,
         text=True,
         timeout=TIMEOUT,

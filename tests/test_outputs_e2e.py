@@ -7,13 +7,13 @@ from __future__ import annotations
 import gzip
 import json
 import logging
-import os
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from job_env import child_env, run_cli
 
 from policy_engine.runtime.manifest import read_manifests
 
@@ -36,18 +36,8 @@ roles:
 """
 
 
-def _env() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")
-           and not k.startswith(("TORCHELASTIC_", "PROFILE_POLICY"))}
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
-    env["OMP_NUM_THREADS"] = "1"
-    return env
-
-
 def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "policy_engine", *args], cwd=cwd,
-                          env=_env(), capture_output=True, text=True, timeout=TIMEOUT)
+    return run_cli(*args, cwd=cwd, timeout=TIMEOUT)
 
 
 @pytest.fixture(scope="module")
@@ -57,7 +47,7 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     done = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--standalone",
          "--nproc-per-node=2", str(WORKER), "policy.yaml", "4"],
-        cwd=folder, env=_env(), capture_output=True, text=True, timeout=TIMEOUT)
+        cwd=folder, env=child_env(), capture_output=True, text=True, timeout=TIMEOUT)
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
     return folder
 
