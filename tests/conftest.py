@@ -5,8 +5,16 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, settings
 
 from policy_engine.runtime import state
+
+# No property test may pass or fail by the machine's speed: no per-example deadline and no
+# "too slow" health check, whatever else the machine is running (a test's own @settings keep
+# these unless they set them).
+settings.register_profile("any-machine", deadline=None,
+                          suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile("any-machine")
 
 
 def _policy(output_dir: str, **role: Any) -> dict[str, Any]:
