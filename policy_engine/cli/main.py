@@ -26,6 +26,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "merge": ("merge", "join the per-rank traces of one capture window"),
     "analyze": ("analyze", "per window and rank: step time, compute, communication, straggler"),
     "trigger": ("trigger", "ask running processes to capture their next steps"),
+    "from-verl": ("from_verl", "write the policy equivalent to a verl config's profiler settings"),
 }
 
 EXIT_OK, EXIT_INVALID, EXIT_USAGE, EXIT_INTERNAL, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
