@@ -4,6 +4,9 @@
     from policy_engine.integrations.transformers import PolicyCallback    # Hugging Face
     from policy_engine.integrations.engines import apply_policy           # vLLM, SGLang
 
+verl needs no import: ``policy_engine.integrations.verl`` is a ``verl.plugins`` entry point
+that ``import verl`` loads, and that acts only when ``PROFILE_POLICY`` is set (docs/verl.md).
+
 Each module imports its framework when it is imported itself; ``import policy_engine``
 imports neither. See docs/integrations.md.
 """

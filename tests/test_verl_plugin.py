@@ -1,0 +1,330 @@
+"""The verl plugin in one process: the role table, the switch, windows, stages, inner
+steps and failures, on verl's real DistProfiler with the recording backend.
+
+The multi-process comparison with verl's own profiler is tests/test_verl_e2e.py.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from job_env import child_env
+
+from policy_engine.integrations import verl as plugin
+from policy_engine.integrations.verl import driver as verl_driver
+from policy_engine.integrations.verl.roles import ENV_ROLES, assign, env_mapping, stage_role
+from policy_engine.language.load import ENV_FILE
+from policy_engine.runtime import state
+from policy_engine.testing import recording_backend
+
+profile = pytest.importorskip("verl.utils.profiler.profile",
+                              reason="verl is not installed (scripts/install_verl.sh)")
+from verl.utils.profiler import DistProfiler, DistProfilerExtension, ProfilerConfig  # noqa: E402
+from verl.utils.profiler.config import (  # noqa: E402
+    PrecisionDebuggerToolConfig,
+    TorchProfilerToolConfig,
+)
+
+
+# -- the role table -----------------------------------------------------------------------
+@pytest.mark.parametrize(("worker", "roles", "expected"), [
+    ("actor_rollout_ref", ["actor", "ref", "rollout"], ("actor", ("ref", "rollout"))),
+    ("actor_rollout_ref", ["actor"], ("actor", ())),
+    ("actor_rollout", ["actor", "ref", "rollout"], ("actor", ("rollout",))),
+    ("ref", ["actor", "ref"], ("ref", ())),
+    ("value_model", ["critic"], ("critic", ())),
+    ("language_model", [], ("actor", ())),
+    (None, ["rollout"], ("rollout", ())),
+    ("reward_model", [], ("reward_model", ())),
+    # A role named after the verl worker wins over the table.
+    ("actor_rollout_ref", ["actor_rollout_ref", "actor"], ("actor_rollout_ref", ())),
+])
+def test_role_table(worker: str | None, roles: list[str],
+                    expected: tuple[str, tuple[str, ...]]) -> None:
+    found = assign(worker, roles, mapping={})
+    assert (found.role, found.colocated) == expected
+
+
+def test_environment_mapping_wins() -> None:
+    mapping = env_mapping(" language_model=trainer , critic=value,")
+    assert mapping == {"language_model": "trainer", "critic": "value"}
+    found = assign("critic", ["critic", "value"], mapping=mapping)
+    assert (found.role, found.how) == ("value", ENV_ROLES)
+
+
+def test_environment_mapping_error() -> None:
+    with pytest.raises(ValueError) as err:
+        env_mapping("critic=value,actor")
+    assert str(err.value) == ("PROFILE_POLICY_VERL_ROLES item 2 'actor' is not "
+                              "VERL_NAME=ROLE (for example language_model=trainer)")
+
+
+@pytest.mark.parametrize(("stage", "expected"), [
+    ("ref_compute_log_prob", "ref"), ("actor_update", "actor"),
+    ("train_batch", "actor"), ("critic_update", "actor")])
+def test_stage_roles(stage: str, expected: str) -> None:
+    assert stage_role(stage, {"actor": 0, "ref": 1}, "actor") == expected
+
+
+def test_the_switch_is_the_languages() -> None:
+    assert plugin.ENV_FILE == ENV_FILE
+
+
+# -- the entry point ----------------------------------------------------------------------
+PROBE = ("import verl; from verl.utils.profiler import DistProfiler; "
+         "print(DistProfiler.__dict__.get('__policy_engine_patched__', False))")
+
+
+@pytest.mark.slow  # the process imports verl (Ray, transformers): seconds
+def test_without_policy_import_verl_patches_nothing() -> None:
+    """The plugin is loaded (the entry point is installed) and changes nothing. With
+    PROFILE_POLICY set, the same entry point takes over: tests/test_verl_e2e.py."""
+    probe = PROBE + "; import sys; print('policy_engine.integrations.verl' in sys.modules)"
+    done = subprocess.run([sys.executable, "-c", probe], env=child_env(),
+                          capture_output=True, text=True, timeout=180)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["False", "True"]
+
+
+# -- one process, the recording backend ---------------------------------------------------
+def hybrid(config: ProfilerConfig | None = None, tool: Any = None) -> Any:
+    """A verl-shaped hybrid worker. Its classes are made here, after the plugin is
+    installed, as verl's workers are made after `import verl` loads it: the stage decorator
+    is the one DistProfiler has when the class body runs."""
+
+    class Inner(DistProfilerExtension):
+        def __init__(self, config: ProfilerConfig, tool: Any) -> None:
+            DistProfilerExtension.__init__(self, DistProfiler(
+                rank=0, config=config, tool_config=tool, save_file_prefix="language_model"))
+
+        @DistProfiler.annotate(role="train_batch")
+        def train_batch(self) -> None:
+            pass
+
+        def train_mini_batch(self, n: int) -> None:
+            for _ in range(n):
+                self.train_batch()
+                self.profiler.step()
+
+
+    class Hybrid(DistProfilerExtension):
+        def __init__(self, config: ProfilerConfig | None = None, tool: Any = None) -> None:
+            config = config or ProfilerConfig(tool="torch", enable=True, save_path="unused",
+                                              tool_config={})
+            tool = tool if tool is not None else TorchProfilerToolConfig(contents=["cpu"])
+            DistProfilerExtension.__init__(self, DistProfiler(
+                rank=0, config=config, tool_config=tool, save_file_prefix="actor_rollout_ref"))
+            self.actor = Inner(config, tool)
+            self.calls: list[str] = []
+            self.fail: str | None = None
+
+        def _ran(self, stage: str) -> None:
+            self.calls.append(stage)
+            if stage == self.fail:
+                raise KeyError(stage)
+
+        @DistProfiler.annotate(role="ref_compute_log_prob")
+        def compute_ref_log_prob(self) -> None:
+            self._ran("ref_compute_log_prob")
+
+        @DistProfiler.annotate(role="actor_update", scheduled=True)
+        def update_actor(self) -> None:
+            self._ran("actor_update")
+            self.actor.train_mini_batch(3)
+
+        def step(self, n: int, profiled: bool) -> None:
+            if profiled:
+                self.start_profile(role="train", profile_step=n)
+            self.compute_ref_log_prob()
+            self.update_actor()
+            if profiled:
+                self.stop_profile(run_command=False)
+
+    return Hybrid(config, tool)
+
+
+@pytest.fixture
+def policy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+    """write(policy dict) -> path, with PROFILE_POLICY naming it and the plugin installed."""
+    monkeypatch.chdir(tmp_path)
+
+    def write(body: dict[str, Any]) -> Path:
+        path = tmp_path / "profile_policy.yaml"
+        path.write_text(yaml.safe_dump({"version": 1, "output_dir": "out", **body}))
+        monkeypatch.setenv(ENV_FILE, str(path))
+        assert plugin.install()
+        return path
+    yield write
+    state.reset()
+
+
+BASE = {"colocate": [["actor", "ref"]], "defaults": {"ranks": "all", "steps": [2]},
+        "roles": {"actor": {"enabled": True}, "ref": {"enabled": True}}}
+
+
+def trace_lines(root: Path) -> list[dict[str, Any]]:
+    return [line for f in sorted((root / "out" / "manifests").glob("*.jsonl"))
+            for line in map(json.loads, f.read_text().splitlines())
+            if line["event"] in ("trace", "close")]
+
+
+def test_windows_stages_and_inner_steps(policy: Any, tmp_path: Path) -> None:
+    policy(BASE)
+    with recording_backend("torch") as rec:
+        worker = hybrid()
+        for n in (1, 2, 3):
+            worker.step(n, profiled=n in (2, 3))  # verl's steps: 2 and 3; the policy's: 2
+    opened = [c for c in rec.calls if c[0] in ("open", "save")]
+    assert [c[:2] if c[0] == "open" else (c[0], c[2]) for c in opened] == [
+        ("open", "actor"), ("save", 0)]
+    assert re.fullmatch(r"actor\+ref/step2/trace_rank0-of-1_pid\d+_\d{17}", opened[1][1])
+    ranges = [c[1] for c in rec.calls if c[0] == "range_start"]
+    assert ranges == ["ref_compute_log_prob", "actor_update", "train_batch", "train_batch",
+                      "train_batch"]
+    # Inner step 0 begins with the window; each of the three mini-batches ends one.
+    assert [c[1] for c in rec.calls if c[0] == "step"] == [0, 1, 2, 3]
+    assert worker.calls == ["ref_compute_log_prob", "actor_update"] * 3
+    assert [line["roles"] for line in trace_lines(tmp_path) if line["event"] == "trace"] == \
+        [["actor", "ref"]]
+
+
+def test_the_takeover_is_said_once(policy: Any, caplog: pytest.LogCaptureFixture) -> None:
+    policy(BASE)
+    with caplog.at_level(logging.INFO, logger="policy_engine"), recording_backend("torch"):
+        hybrid()
+        hybrid()
+    said = [r.getMessage() for r in caplog.records if "verl" in r.getMessage()]
+    assert said == [
+        "policy-engine: verl worker 'actor_rollout_ref' (Hybrid, rank 0) is profiled as "
+        f"policy role 'actor' with ref in its windows (by the table), policy "
+        f"{os.environ[ENV_FILE]}",
+        "policy-engine: verl's inner 'language_model' profiler (Inner) hands its mini-batch "
+        "steps and stages to its outer worker's role"]
+
+
+def test_a_stage_that_raises_runs_once_and_saves_partial(policy: Any,
+                                                        tmp_path: Path) -> None:
+    policy({**BASE, "defaults": {**BASE["defaults"], "discrete": True},
+            "roles": {"actor": {"enabled": True, "regions": ["actor_update"]},
+                      "ref": {"enabled": True, "regions": ["ref_compute_log_prob"]}}})
+    with recording_backend("torch") as rec:
+        worker = hybrid()
+        worker.step(1, profiled=False)
+        worker.fail = "actor_update"
+        with pytest.raises(KeyError):
+            worker.step(2, profiled=True)
+    assert worker.calls == ["ref_compute_log_prob", "actor_update"] * 2
+    saved = [(line["region"], line["status"]) for line in trace_lines(tmp_path)
+             if line["event"] == "trace"]
+    assert saved == [("ref_compute_log_prob", "complete"), ("actor_update", "partial")]
+    assert [c[0] for c in rec.calls].count("save") == 2
+
+
+@pytest.mark.parametrize(("actor_regions", "owner"), [
+    (["actor_update"], "ref"),                          # the label names the ref
+    (["actor_update", "ref_compute_log_prob"], "actor"),  # verl's way: the actor's block
+])
+def test_which_role_a_colocated_stage_is(policy: Any, tmp_path: Path,
+                                          actor_regions: list[str], owner: str) -> None:
+    policy({**BASE, "defaults": {**BASE["defaults"], "discrete": True},
+            "roles": {"actor": {"enabled": True, "regions": actor_regions},
+                      "ref": {"enabled": True, "regions": ["ref_compute_log_prob"]}}})
+    with recording_backend("torch"):
+        hybrid().step(2, profiled=True)
+    assert [(line["role"], line["region"]) for line in trace_lines(tmp_path)
+            if line["event"] == "trace"] == [(owner, "ref_compute_log_prob"),
+                                             ("actor", "actor_update")]
+
+
+def test_a_profiler_failure_never_stops_training(policy: Any,
+                                                caplog: pytest.LogCaptureFixture) -> None:
+    policy(BASE)
+    with recording_backend("torch", fail_on="start"):
+        worker = hybrid()
+        for n in (1, 2, 3):
+            worker.step(n, profiled=True)
+    assert worker.calls == ["ref_compute_log_prob", "actor_update"] * 3
+    assert any("recording backend told to fail on start" in r.getMessage()
+               for r in caplog.records)
+
+
+@pytest.mark.parametrize(("config", "tool", "message"), [
+    (ProfilerConfig(tool="precision_debugger", enable=True, save_path="x", tool_config={}),
+     PrecisionDebuggerToolConfig(),
+     "tool precision_debugger (msprobe's precision dumps) has no backend in the policy "
+     "language"),
+    (ProfilerConfig(tool="torch", enable=True, save_path="x", tool_config={}),
+     TorchProfilerToolConfig(profile_token_start=10),
+     "profile_token_start (a window of response tokens in the rollout engine) has no "
+     "equivalent in the policy language"),
+])
+def test_what_the_policy_cannot_say_is_an_error_at_start(
+        policy: Any, config: ProfilerConfig, tool: Any, message: str) -> None:
+    policy(BASE)
+    with pytest.raises(ValueError) as err:
+        hybrid(config, tool)
+    assert str(err.value) == (
+        f"verl worker 'actor_rollout_ref' asks for what the policy cannot express: "
+        f"{message}; remove it from verl's profiler config or unset PROFILE_POLICY")
+
+
+def test_verl_config_is_kept_for_its_finish_hook(policy: Any) -> None:
+    policy(BASE)
+    config = ProfilerConfig(tool="torch", enable=True, ranks=[3], save_path="x",
+                            tool_config={}, finish_hook_ranks=[0])
+    worker = hybrid(config)
+    prof = worker.profiler
+    assert (prof.config, prof._tool, prof._this_rank, prof._finish_hook_this_rank) == \
+        (config, "torch", False, True)
+    assert type(prof._impl).__name__ == "_NoOpProfiler"  # verl's torch tool never built
+
+
+def test_a_broken_policy_turns_all_profiling_off(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    path = tmp_path / "profile_policy.yaml"
+    path.write_text("version: 1\nroles: {actor: {enabled: maybe}}\n")
+    monkeypatch.setenv(ENV_FILE, str(path))
+    assert plugin.install()
+    with recording_backend("torch") as rec:
+        worker = hybrid()
+        worker.step(1, profiled=True)
+    assert rec.calls == []
+    assert type(worker.profiler._impl).__name__ == "_NoOpProfiler"  # nor verl's own
+    assert any("enabled must be a boolean" in r.getMessage() for r in caplog.records)
+    state.reset()
+
+
+def test_a_rollout_replica_of_an_engine_role_records_nothing(
+        policy: Any, caplog: pytest.LogCaptureFixture) -> None:
+    policy({"roles": {"rollout": {"enabled": True, "backend": "vllm", "steps": [2]}}})
+    config = ProfilerConfig(tool="torch", enable=True, save_path="x", tool_config={})
+    with caplog.at_level(logging.INFO, logger="policy_engine"), \
+            recording_backend("torch") as rec:
+        replica = profile.build_rollout_dist_profiler(0, 2, config=config,
+                                                     tool_config=TorchProfilerToolConfig())
+        replica.start(profile_step=2)
+        replica.step()
+        replica.stop(run_command=False)
+    assert rec.calls == []
+    assert "policy role 'rollout', whose backend vllm runs in the inference engine" in \
+        caplog.text
+
+
+def test_no_outer_window_no_step(policy: Any) -> None:
+    policy(BASE)
+    with recording_backend("torch") as rec:
+        worker = hybrid()
+        worker.step(1, profiled=False)
+    assert rec.calls == []
+    assert verl_driver.outer_driver() is not None
