@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import subprocess
 import sys
 from contextlib import redirect_stderr, redirect_stdout
@@ -155,6 +156,20 @@ def test_an_unreadable_trace_is_reported_not_raised(tmp_path: Path) -> None:
     assert "truncated" in w["ranks"][0]["error"]
     assert set(codes(w)) >= {"unreadable", "single_rank"}
     jsonschema.validate(json.loads(out), SCHEMA)
+
+
+@pytest.mark.parametrize(("make", "says"), [
+    (lambda p: p.unlink(), "missing: the manifest names it, but it is not on disk"),
+    (lambda p: (p.unlink(), os.mkfifo(p)), "not a regular file (a folder, a FIFO or a device"),
+    (lambda p: (p.unlink(), p.mkdir()), "not a regular file (a folder, a FIFO or a device"),
+])
+def test_a_trace_that_is_gone_or_no_file_says_which(tmp_path: Path, make: Any,
+                                                    says: str) -> None:
+    (first, _second) = make_run(str(tmp_path), 2)
+    make(tmp_path / first)
+    (w,) = analyze(str(tmp_path))["windows"]
+    (warning,) = [r for r in w["readiness"] if r["code"] == "unreadable"]
+    assert says in warning["message"] and warning["ranks"] == [0]
 
 
 def test_why_each_capture_exists(tmp_path: Path) -> None:

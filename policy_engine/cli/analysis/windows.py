@@ -139,11 +139,17 @@ def _place(window: dict[str, Any], r: dict[str, Any], root: str,
         window["skipped"].append({"rank": rank, "path": rel,
                                   "why": "outside the folder analysed: not read"})
     elif not os.path.isfile(full):
-        window["skipped"].append({"rank": rank, "path": rel,
-                                  "why": "missing: the manifest names it, but it is not on disk"})
+        window["skipped"].append({"rank": rank, "path": rel, "why": _absent(full)})
     else:
         window["traces"].append({"rank": rank, "path": rel, "file": full,
                                  "status": r.get("status")})
+
+
+def _absent(path: str) -> str:
+    """Why a trace the manifest names cannot be read as one: not there, or not a file."""
+    if not os.path.lexists(path):
+        return "missing: the manifest names it, but it is not on disk"
+    return "not a regular file (a folder, a FIFO or a device where the trace should be)"
 
 
 def _inside(path: str, root: str) -> bool:
