@@ -53,7 +53,7 @@ def _client(port: int, count: int, poll: float, stop: Any, results: Any) -> None
 
     def listen(index: int) -> None:
         job = JobChannel(connect_store("127.0.0.1", port, timeout=60), "trainer")
-        slot = job.register()
+        slot = job.register(json.dumps({"client": index, "pid": os.getpid()}).encode())
         cursor = job.cursor()
         start = time.time() - random.uniform(0, 5)  # ranks at slightly different steps
         time.sleep(random.uniform(0, poll))  # a random poll phase
@@ -63,14 +63,14 @@ def _client(port: int, count: int, poll: float, stop: Any, results: Any) -> None
             now = time.time()
             step = int((now - start) * RATE)
             job.publish(slot, {"step": step, "time": now, "rate": RATE, "poll": poll})
-            last = job.cursor()
-            done += 2
-            while cursor < last:
+            job.hint()  # as a listener polls: its progress, where the list ends, the next key
+            done += 3
+            while True:
                 found = job.request(cursor)
-                done += 1
+                done += 1 if found is None else 2
                 if found is None:
                     break
-                body = json.loads(found[1])
+                body = json.loads(found)
                 got = time.time()
                 with lock:
                     seen.append({"posted": body["created"], "got": got, "agreed": body["step"],

@@ -194,24 +194,31 @@ def test_hostile_store_contents_never_reach_training(
         ranks = Ranks(policy, 2, ranks=[0])
         try:
             until(lambda: job.listeners() == 1)
+            index = job.cursor()
             for value in (b"\xff\xfe garbage", b"[" * 5000, b"x" * 100_000, b"{}",
                           json.dumps({"id": "../../x", "role": "actor", "step": 1e400}
                                      ).encode(),
                           json.dumps({"role": "actor", "count": 10**9}).encode(),
                           json.dumps({"role": "nobody", "step": 3}).encode()):
-                index = client.add(f"{PREFIX}requests", 1) - 1
-                client.set(f"{PREFIX}request/{index}", value)
-            client.add(f"{PREFIX}requests", 1)  # counted, never written
+                client.set(JobChannel.request_key(index), value)
+                index += 1
+            # a hole the hint says was written, then a hint that is no number at all
+            client.set(f"{PREFIX}requests", str(index + 1).encode())
+            client.set(f"{PREFIX}requests", b"not a number")
             client.set(f"{PREFIX}role/actor/progress/0", b"not json")  # a forged report
             _, body = request_body(role="actor", ranks=None, step=None, count=1)
-            job.post(body)
+            assert job.post(body) == index  # the hole is filled, the hint repaired
+            assert client.get(f"{PREFIX}requests") == str(index + 1).encode()
             until(lambda: [n for n in notes(out, note="trigger")
                            if n["status"] == "accepted"], 20)
         finally:
             ranks.close()
     refused = notes(out, note="trigger", status="refused")
-    assert len(refused) == 7  # six bad values and the one never written; not "nobody"
+    assert len(refused) == 6  # six bad values; not "nobody"'s
     assert any("larger than" in n["message"] for n in refused)
+    key = f"key {PREFIX}request/{index - 5}"
+    assert any(key in r.getMessage() and "ignoring trigger request" in r.getMessage()
+               for r in caplog.records)
     assert "the trigger listener failed" not in caplog.text
 
 
@@ -323,3 +330,36 @@ def test_an_advert_that_is_not_one_is_not_followed(tmp_path: Path) -> None:
     (tmp_path / "elsewhere").write_text('{"kind": "store", "where": "127.0.0.1:1"}')
     advert.symlink_to(tmp_path / "elsewhere")  # a link is never followed
     assert read_advert(str(out)) is None
+
+
+class Counted(StoreKV):
+    """The store, counting its calls."""
+
+    def __init__(self, store: Any) -> None:
+        super().__init__(store)
+        self.calls = 0
+
+    def has(self, key: str) -> bool:
+        self.calls += 1
+        return super().has(key)
+
+
+def test_counts_come_from_the_keys_that_exist_in_a_few_calls(store: Served) -> None:
+    kv = Counted(store.master)
+    job = JobChannel(kv, "actor")
+    kv.set(f"{PREFIX}role/actor/listeners", b"1000000000")  # forged: never read
+    slots = [job.register(f'{{"n": {i}}}'.encode()) for i in range(3)]
+    assert slots == [0, 1, 2]
+    kv.calls = 0
+    assert job.listeners() == 3 and kv.calls <= 4
+    for index in range(2000):  # a long list, written by whoever
+        kv.set(JobChannel.request_key(index), b"{}")
+    kv.calls = 0
+    assert job.cursor() == 2000 and kv.calls <= 2 * 11 + 2
+    _, body = request_body(role="actor", ranks=None, step=7, count=1)
+    kv.set(f"{PREFIX}requests", b"\x00garbage")
+    assert job.post(body) == 2000 and job.hint() == (2001, b"2001")
+    # a request without a step: the first listener's proposal is every listener's
+    assert job.agree(2000, 42) == 42 and job.agree(2000, 43) == 42
+    kv.set(f"{PREFIX}step/2001", b"soon")
+    assert job.agree(2001, 44) is None

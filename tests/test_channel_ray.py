@@ -74,7 +74,7 @@ def test_the_named_actor_carries_requests_progress_and_answers(make_policy: Any,
     try:
         _listen(make_policy, tmp_path / "out")
         first, second = JobChannel(actor_kv(), "kv"), JobChannel(actor_kv(), "kv")
-        slots = [first.register(), second.register()]
+        slots = [first.register(b'{"who": 1}'), second.register(b'{"who": 2}')]
         assert slots == [0, 1] and second.listeners() == 2  # one actor, found by name
         first.publish(0, {"step": 10, "time": 100.0, "rate": 2.0, "poll": 1.0})
         second.publish(1, {"step": 12, "time": 100.0, "rate": 2.0, "poll": 1.0})
@@ -83,11 +83,12 @@ def test_the_named_actor_carries_requests_progress_and_answers(make_policy: Any,
         start = second.cursor()
         request, body = request_body(role="kv", ranks=None, step=step, count=1)
         first.post(body)
-        rid, data = second.request(start) or ("", b"")
+        data = second.request(start) or b"{}"
+        rid = json.loads(data)["id"]
         assert rid == request["id"] and json.loads(data)["step"] == step
         assert second.request(start + 1) is None
         assert first.claim_signal(30, 12) and not second.claim_signal(31, 12)
-        second.answer(rid, {"status": "accepted", "rank": 1})
-        assert first.answers(rid) == [{"status": "accepted", "rank": 1}]
+        second.answer(rid, 1, {"status": "accepted", "rank": 1})
+        assert first.answers(rid, 2) == {1: {"status": "accepted", "rank": 1}}
     finally:
         ray.shutdown()

@@ -381,3 +381,34 @@ def test_an_awaited_stop_that_hangs_is_bounded(tmp_path: Path) -> None:
     traces = _lines(tmp_path / "out", event="trace", role="rollout")
     assert {t["status"] for t in traces} == {"failed"}
     assert "did not return within 1 s" in traces[0]["error"]
+
+
+def test_a_profiler_folder_linked_out_is_recorded_and_the_loop_goes_on(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    policy = _example(tmp_path)
+    prof = apply_policy(_llms(policy, 4, tensor_parallel_size=2), policy=policy)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    staging = tmp_path / "out" / "rollout" / ".engine"
+    staging.parent.mkdir(parents=True)
+    staging.symlink_to(elsewhere)  # the engine's folder, planted as a link out
+    ran = []
+    for n in range(1, 5):
+        with prof.training_step(n):
+            ran.append(n)
+    assert ran == [1, 2, 3, 4]
+    assert list(elsewhere.iterdir()) == []  # nothing written outside
+    why = f"the engine's profiler folder cannot be used: {staging} is a symbolic link"
+    traces = _lines(tmp_path / "out", event="trace", role="rollout")
+    assert traces and {t["status"] for t in traces} == {"failed"}
+    assert all(t["error"].startswith(why) for t in traces)
+    closes = _lines(tmp_path / "out", event="close")
+    assert len(closes) == len(traces) and {c["status"] for c in closes} == {"failed"}
+    warned = [r for r in caplog.records if why in r.getMessage()]
+    assert len(warned) == 1
+    policy["roles"]["rollout"]["on_error"] = "raise"
+    strict = apply_policy(_llms(policy, 4, tensor_parallel_size=2), policy=policy)
+    from policy_engine.errors import ProfilingError
+    with pytest.raises(ProfilingError, match="profiler folder cannot be used"), \
+            strict.training_step(2):
+        pass

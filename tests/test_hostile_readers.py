@@ -221,8 +221,17 @@ def test_merge_of_12_top_level_keys_of_60_mb_stops_with_a_data_error(tmp_path: P
     ran = cli("merge", tmp_path / "out", "-o", tmp_path / "m.json")
     assert ran.code == 1
     ran.bounded()
-    assert "keys.pt.trace.json.gz: the top-level keys but traceEvents are larger than 16 " \
-           "MiB together (at character 23)" in ran.err
+    # 720 MB from under 2: merge refuses it as analyze and report do, before the keys
+    assert "keys.pt.trace.json.gz: it inflates to more than 100 times its size on disk " \
+           "(a gzip bomb?)" in ran.err
+    plain = b'{"traceEvents":[],"k0":"' + b"x" * (9 * MiB) + b'","k1":"' + \
+        b"x" * (9 * MiB) + b'"}'
+    window(tmp_path / "plain", ("keys.pt.trace.json", plain))
+    ran = cli("merge", tmp_path / "plain", "-o", tmp_path / "m.json")
+    assert ran.code == 1
+    ran.bounded()
+    assert "keys.pt.trace.json: the top-level keys but traceEvents are larger than 16 " \
+           "MiB together (at character 9437215)" in ran.err
 
 
 @pytest.mark.parametrize(("number", "why"), [

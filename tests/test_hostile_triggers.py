@@ -18,7 +18,7 @@ import pytest
 from policy_engine import Topology, apply_policy
 from policy_engine.cli import trigger as trigger_cli
 from policy_engine.cli.main import main
-from policy_engine.runtime import requests, triggers
+from policy_engine.runtime import requests, trigger_parts, triggers
 from policy_engine.runtime.manifest import scan_manifests
 from policy_engine.testing import recording_backend
 
@@ -299,3 +299,65 @@ def test_wait_in_a_thread_while_training(make_policy: Any, out: Path,
         train(prof, range(8))
         waiting.join(BOUND + 60)
     assert codes == [0] and time.monotonic() - began < BOUND
+
+
+def _far_off(out: Path, count: int) -> None:
+    """``count`` valid requests for steps far ahead, each sooner than the one before."""
+    for i in range(count):
+        requests.write_request(str(out), role="actor", ranks=None, step=10**9 - i, count=1)
+
+
+def test_a_flood_of_far_off_requests_keeps_neither_a_near_one_out_nor_the_manifest_growing(
+        make_policy: Any, out: Path) -> None:
+    wanted = trigger_parts.MAX_PENDING + 36
+    with recording_backend("torch"):
+        prof = listen(make_policy, steps=[])
+        train(prof, range(20), {1: lambda: _far_off(out, wanted),
+                                12: lambda: requests.write_request(
+                                    str(out), role="actor", ranks=None, step=15, count=1)})
+    notes = records(out, "note")
+    statuses = [n["status"] for n in notes]
+    # every far-off request was accepted in turn, each pushing out the one that starts
+    # last: the notes are a burst of each kind, not one per request
+    assert statuses.count("accepted") == trigger_parts.FLOOD_ACCEPTED
+    assert statuses.count("dropped") == trigger_parts.FLOOD_BURST
+    assert {n["message"] for n in notes if n["status"] == "dropped"} == {
+        "64 requests of the role wait for sooner steps in this process"}
+    assert [(r["steps"], r["trigger"]) for r in records(out, "open")] == [([15], "on_demand")]
+
+
+def test_waiting_requests_count_against_the_limits(make_policy: Any, out: Path) -> None:
+    def ask(step: int) -> Any:
+        return lambda: requests.write_request(str(out), role="actor", ranks=None, step=step,
+                                              count=1)
+
+    with recording_backend("torch"):
+        prof = listen(make_policy, steps=[], limits={"captures": 2})
+        # one a step, so that they are read in this order: far off, then a near one
+        train(prof, range(10), {1: ask(10**9), 2: ask(10**9 + 1), 3: ask(10**9 + 2),
+                                4: ask(10**9 + 3), 5: ask(7)})
+    notes = [(n["status"], n.get("first"), n.get("message")) for n in records(out, "note")
+             if n["note"] == "trigger"]
+    spent = "limits.captures is spent in this process (counting the 2 waiting)"
+    assert notes == [("accepted", 10**9, None), ("accepted", 10**9 + 1, None),
+                     ("refused", None, spent), ("refused", None, spent),
+                     ("accepted", 7, None)]  # the windows before it come first
+    assert [r["steps"] for r in records(out, "open")] == [[7]]
+
+
+def test_refusals_are_noted_a_burst_per_minute_then_say_how_many_were_left_out(
+        make_policy: Any, out: Path, caplog: pytest.LogCaptureFixture,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(trigger_parts, "FLOOD_SECONDS", 1.0)
+
+    def bad(count: int) -> None:
+        for i in range(count):
+            (out / "triggers" / f"bad{i:03}-{time.monotonic_ns()}.json").write_text("[]")
+
+    with recording_backend("torch"), caplog.at_level(logging.WARNING, "policy_engine"):
+        prof = listen(make_policy, steps=[])
+        train(prof, range(12), {1: lambda: bad(40), 10: lambda: (time.sleep(1.1), bad(1))})
+    refused = [n for n in records(out, "note") if n["status"] == "refused"]
+    assert len(refused) == trigger_parts.FLOOD_BURST + 1
+    assert [n.get("left_out") for n in refused] == [None] * trigger_parts.FLOOD_BURST + [32]
+    assert ignoring(caplog, "bad") == trigger_parts.FLOOD_BURST + 1

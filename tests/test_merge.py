@@ -6,12 +6,17 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import signal
+import struct
 import subprocess
 import sys
+import time
+import zlib
 from pathlib import Path
 from typing import Any
 
 import pytest
+from job_env import child_env
 
 from policy_engine.cli import chrome_trace
 from policy_engine.cli.chrome_trace import TraceError, TraceReader
@@ -474,3 +479,85 @@ def test_merge_never_writes_over_one_of_its_inputs(tmp_path: Path,
                  "--force"]) == 2
     assert "is one of the traces to merge" in capsys.readouterr().err
     assert first.read_bytes() == before
+
+
+# -- bounded like the other readers ------------------------------------------------------
+
+def _gzip_bomb(path: Path, gigabytes: int, honest: bool) -> None:
+    """A trace gzip of a few MB that inflates to ``gigabytes`` GiB of blanks inside
+    traceEvents: one compressed MiB repeated (blocks after a full flush stand alone). Its
+    trailer says its size (modulo 4 GiB), or lies (0)."""
+    pack = zlib.compressobj(9, zlib.DEFLATED, -15)
+    head = pack.compress(b'{"traceEvents": [') + pack.flush(zlib.Z_FULL_FLUSH)
+    blanks = pack.compress(b" " * (1 << 20)) + pack.flush(zlib.Z_FULL_FLUSH)
+    with open(path, "wb") as f:
+        f.write(b"\x1f\x8b\x08\x00\x00\x00\x00\x00\x02\xff" + head)
+        for _ in range(gigabytes << 10):
+            f.write(blanks)
+        f.write(pack.compress(b"]}") + pack.flush())
+        size = ((gigabytes << 30) + 19) & 0xFFFFFFFF if honest else 0
+        f.write(struct.pack("<II", 0, size))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("honest", [True, False])
+def test_merge_refuses_a_gzip_bomb_within_seconds(tmp_path: Path, honest: bool) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    _gzip_bomb(out / "bomb.pt.trace.json.gz", 10, honest)
+    assert (out / "bomb.pt.trace.json.gz").stat().st_size < 12 << 20
+    record(out, 0, "bomb.pt.trace.json.gz")
+    began = time.monotonic()
+    done = subprocess.run([sys.executable, "-m", "policy_engine", "merge", str(out), "-o",
+                           str(tmp_path / "m.json")], capture_output=True, text=True,
+                          timeout=60, env=child_env())
+    assert time.monotonic() - began < 10
+    assert done.returncode == 1
+    why = ("its gzip trailer says it inflates to 2,147,483,667 bytes, over --max-trace-mb "
+           "2048") if honest else "it inflates to more than 100 times its size on disk " \
+        "(a gzip bomb?)"
+    assert done.stderr.strip() == f"policy-engine merge: error: bomb.pt.trace.json.gz: {why}"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+
+
+def test_merge_holds_each_trace_to_its_bounds(tmp_path: Path, capsys: Any) -> None:
+    out = tmp_path / "out"
+    write_trace(out / "a.pt.trace.json", cpu_events(7, 10.0) * 10)
+    record(out, 0, "a.pt.trace.json")
+    assert merge(out, "-o", tmp_path / "m.json", "--max-events", "59") == 1
+    assert capsys.readouterr().err.strip() == (
+        "policy-engine merge: error: a.pt.trace.json: it holds more than 59 events (the "
+        "most read of one trace)")
+    _big_trace(out / "b.pt.trace.json", 3 << 20, pid=9)
+    record(out, 0, "b.pt.trace.json", steps=(3,))
+    assert merge(out, "-o", tmp_path / "m.json", "--step", "3", "--max-trace-mb", "2") == 1
+    assert capsys.readouterr().err.strip() == (
+        "policy-engine merge: error: b.pt.trace.json: it is more than 2 MiB of text (the "
+        "most read of one trace)")
+    assert merge(out, "-o", tmp_path / "m.json", "--step", "2", "--max-events", "60") == 0
+    assert "(1 traces, " in capsys.readouterr().out
+    assert sum(1 for e in load(tmp_path / "m.json")["traceEvents"] if e["ph"] == "X") == 20
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGINT])
+def test_merge_stopped_midway_leaves_nothing_beside_its_output(tmp_path: Path,
+                                                              stop: int) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    _big_trace(out / "big.pt.trace.json", 40 << 20, pid=5)
+    record(out, 0, "big.pt.trace.json")
+    target = tmp_path / "merged" / "m.pt.trace.json.gz"
+    target.parent.mkdir()
+    proc = subprocess.Popen([sys.executable, "-m", "policy_engine", "merge", str(out), "-o",
+                             str(target)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=child_env())
+    deadline = time.monotonic() + 60
+    while not any(p.stat().st_size > 0 for p in target.parent.iterdir()):
+        assert proc.poll() is None and time.monotonic() < deadline, "no temporary file seen"
+        time.sleep(0.01)
+    proc.send_signal(stop)
+    _, err = proc.communicate(timeout=60)
+    # SIGTERM ends it as SIGTERM does; Ctrl-C is the command's "interrupted" (130)
+    assert proc.returncode == (-signal.SIGTERM if stop == signal.SIGTERM else 130), err
+    assert list(target.parent.iterdir()) == []

@@ -67,6 +67,14 @@ class TraceTooLarge(TraceError):
         self.limit, self.gzipped = limit, gzipped
 
 
+class TooManyEvents(TraceError):
+    """More than the reader's ``max_events`` entries in ``traceEvents``."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(f"it holds more than {limit:,} events (the most read of one trace)")
+        self.limit = limit
+
+
 class GzipBomb(TraceError):
     """A gzip that inflates out of all proportion to its size (``max_ratio``)."""
 
@@ -97,6 +105,29 @@ class _Counted(io.RawIOBase):
         return len(data)
 
 
+def declared_size(path: str) -> int | None:
+    """The size a gzip file says it inflates to (its last four bytes: exact for a file of
+    one member under 4 GiB), or None for a file that is not gzip or whose trailer cannot
+    be true. Read before inflating, so that a gzip bomb is refused at once; one that lies
+    is still stopped by the reader's ``max_ratio``."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return None  # the reader says why
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode) or info.st_size < 18 or \
+                os.pread(fd, 2, 0) != _GZIP_MAGIC:
+            return None
+        declared = int.from_bytes(os.pread(fd, 4, info.st_size - 4), "little")
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    # deflate inflates at most ~1032 times: more is the trailer of a cut or damaged file
+    return declared if declared <= 1032 * info.st_size else None
+
+
 def _bytes(n: int) -> str:
     return f"{n} B" if n < 1 << 20 else f"{n / (1 << 20):.0f} MiB"
 
@@ -110,13 +141,15 @@ class TraceReader:
     ``traceEvents``. A trace that is only an array of events is accepted too. Raises
     TraceError for anything that is not a whole trace, TraceTooLarge past ``max_bytes``
     of text (counted after inflating), GzipBomb when the text grows past ``max_ratio``
-    times the compressed bytes read (torch traces inflate 10 to 20 times). A link is not
-    followed; only a regular file is read.
+    times the compressed bytes read (torch traces inflate 10 to 20 times), TooManyEvents
+    past ``max_events`` entries of ``traceEvents``. A link is not followed; only a
+    regular file is read.
     """
 
     def __init__(self, path: str, *, max_bytes: int | None = None,
-                 max_ratio: int | None = None) -> None:
+                 max_ratio: int | None = None, max_events: int | None = None) -> None:
         self.meta: dict[str, Any] = {}
+        self.max_events = max_events
         self.count = 0  # entries of traceEvents read
         self.not_objects = 0  # entries that are not objects (left out)
         self._buf = ""
@@ -247,6 +280,8 @@ class TraceReader:
                 raise self._unexpected("an event", "traceEvents")
             item = self._value(None, MAX_VALUE)
             self.count += 1
+            if self.max_events is not None and self.count > self.max_events:
+                raise TooManyEvents(self.max_events)
             if isinstance(item, dict):
                 yield item
             else:

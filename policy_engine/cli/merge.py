@@ -6,10 +6,14 @@ process per rank, named ``rank N (role, coords)`` and sorted by rank, with the c
 all ranks aligned on each trace's baseTimeNanoseconds. Traces are read and written as
 streams, so memory stays small however large they are. Only torch traces
 (.pt.trace.json[.gz]) are merged; the other files of the window are listed as skipped.
-OUT ending in .gz is gzipped. A trace that cannot be merged (not JSON, a number JSON
-cannot carry, too many threads or too large a top-level key) stops the merge with exit
-1, naming the file and where; files a manifest names outside DIR are not read, and OUT
-may never be a manifest or a file the manifests name.
+OUT ending in .gz is gzipped. Every trace is read under the bounds the other readers
+keep: --max-trace-mb of text and --max-events events per trace, and a gzip that inflates
+to over 100 times its size is refused (its trailer is looked at first). A trace that
+cannot be merged (not JSON, a number JSON cannot carry, past a bound, too many threads or
+too large a top-level key) stops the merge with exit 1, naming the file and where; files
+a manifest names outside DIR are not read, and OUT may never be a manifest or a file the
+manifests name. OUT is published whole: interrupted (SIGTERM, Ctrl-C), merge leaves
+nothing beside it.
 """
 
 from __future__ import annotations
@@ -17,7 +21,6 @@ from __future__ import annotations
 import argparse
 import gzip
 import itertools
-import json
 import os
 import sys
 from collections.abc import Iterable
@@ -26,6 +29,7 @@ from typing import IO, Any
 from policy_engine.cli._common import whole_number
 from policy_engine.cli.chrome_trace import TraceError, TraceReader
 from policy_engine.cli.format import rank_spans
+from policy_engine.cli.merge_io import MAX_EVENTS, MAX_TRACE_MB, Bounds, EventWriter
 from policy_engine.cli.trace_process import ProcessMap
 from policy_engine.cli.usage import UsageError
 from policy_engine.cli.window_roles import families, holds, label
@@ -38,8 +42,6 @@ TORCH_SUFFIXES = (".pt.trace.json", ".pt.trace.json.gz")
 EXIT_BAD_DATA = 1  # a trace of the window cannot be read
 #: Flow and async ids of the i-th trace move by i << _ID_SHIFT (below 2**53 for 100k ranks).
 _ID_SHIFT = 36
-_CHUNK = 1 << 20
-_ENCODE = json.JSONEncoder(ensure_ascii=True, separators=(",", ":"), allow_nan=False).encode
 
 
 def add_parser(sub: Any, name: str, help: str) -> None:
@@ -58,6 +60,11 @@ def add_parser(sub: Any, name: str, help: str) -> None:
     parser.add_argument("-o", "--output", required=True, metavar="OUT",
                         help="the merged trace (.pt.trace.json, or .gz to compress it)")
     parser.add_argument("--force", action="store_true", help="replace OUT if it exists")
+    parser.add_argument("--max-trace-mb", type=whole_number, default=MAX_TRACE_MB,
+                        metavar="MB", help="refuse a trace of more text than this, "
+                        f"uncompressed (default: {MAX_TRACE_MB})")
+    parser.add_argument("--max-events", type=whole_number, default=MAX_EVENTS, metavar="N",
+                        help=f"refuse a trace of more events (default: {MAX_EVENTS:,})")
     parser.set_defaults(run=run)
 
 
@@ -180,37 +187,6 @@ def choose(rows: list[dict[str, Any]], args: argparse.Namespace) -> list[dict[st
 
 # -- the merged file -------------------------------------------------------------------
 
-class _Events:
-    """A Chrome trace written event by event to ``stream``, a chunk at a time."""
-
-    def __init__(self, stream: IO[bytes]) -> None:
-        self.count = 0
-        self._stream = stream
-        self._parts: list[str] = ['{"displayTimeUnit":"ms","traceEvents":[\n']
-        self._size = 0
-
-    def event(self, event: dict[str, Any]) -> None:
-        text = _ENCODE(event)
-        self._parts.append(",\n" + text if self.count else text)
-        self.count += 1
-        self._size += len(text)
-        if self._size >= _CHUNK:
-            self._flush()
-
-    def _flush(self) -> None:
-        self._stream.write("".join(self._parts).encode("ascii"))
-        self._parts.clear()
-        self._size = 0
-
-    def finish(self, tail: dict[str, Any]) -> None:
-        """End the events, then add the top-level keys of ``tail`` after them (viewers
-        that stop at a key they do not know have read every event by then)."""
-        self._parts.append("\n]")
-        self._parts.extend(f",{_ENCODE(key)}:{_ENCODE(value)}" for key, value in tail.items())
-        self._parts.append("}\n")
-        self._flush()
-
-
 # -- merging ---------------------------------------------------------------------------
 
 def _name(record: dict[str, Any]) -> str:
@@ -234,10 +210,10 @@ def _skip_reason(record: dict[str, Any]) -> str | None:
     return None
 
 
-def _base_time(record: dict[str, Any], root: str) -> int | None:
+def _base_time(record: dict[str, Any], root: str, bounds: Bounds) -> int | None:
     """The trace's baseTimeNanoseconds (read from its head, or the whole file if it comes
     after the events); None when the trace has none."""
-    with TraceReader(record["_file"]) as reader:
+    with bounds.open(record["_file"]) as reader:
         meta = reader.header()
         if "baseTimeNanoseconds" not in meta:  # so the events are read twice: bound both
             _feed(reader, ProcessMap(0, shift=0, id_base=0, tids=itertools.count()), None)
@@ -257,7 +233,7 @@ def _pids(records: list[dict[str, Any]]) -> list[int]:
     return [r["rank"] + 1 if isinstance(r.get("rank"), int) else next(spare) for r in records]
 
 
-def _feed(reader: TraceReader, proc: ProcessMap, writer: _Events | None) -> None:
+def _feed(reader: TraceReader, proc: ProcessMap, writer: EventWriter | None) -> None:
     """The events of ``reader`` through ``proc`` into ``writer`` (if any)."""
     for event in reader.events():
         try:
@@ -269,9 +245,10 @@ def _feed(reader: TraceReader, proc: ProcessMap, writer: _Events | None) -> None
             writer.event(kept)
 
 
-def _copy(r: dict[str, Any], rel: str, proc: ProcessMap, writer: _Events) -> dict[str, Any]:
+def _copy(r: dict[str, Any], rel: str, proc: ProcessMap, writer: EventWriter,
+          bounds: Bounds) -> dict[str, Any]:
     """The events of one trace into ``writer``; the trace's other top-level keys."""
-    with TraceReader(r["_file"]) as reader:
+    with bounds.open(r["_file"]) as reader:
         _feed(reader, proc, writer)
     if reader.not_objects:
         print(f"{_PROG}: note: {rel}: {reader.not_objects} entries of traceEvents "
@@ -279,14 +256,17 @@ def _copy(r: dict[str, Any], rel: str, proc: ProcessMap, writer: _Events) -> dic
     return reader.meta
 
 
-def merge(records: list[dict[str, Any]], root: str, out: str, force: bool) -> int:
+def merge(records: list[dict[str, Any]], root: str, out: str, force: bool,
+          bounds: Bounds | None = None) -> int:
     """Write the traces of ``records`` (one window, sorted by rank) as one; the number of
-    events written. TraceError (with the file in front) for a trace that cannot be read;
+    events written. TraceError (with the file in front) for a trace that cannot be read
+    or is past ``bounds`` (the defaults of --max-trace-mb and --max-events when None);
     FileExistsError when ``out`` exists and not ``force``."""
+    bounds = bounds or Bounds(MAX_TRACE_MB << 20, MAX_EVENTS)
     bases = []
     for r in records:
         try:
-            bases.append(_base_time(r, root) or 0)
+            bases.append(_base_time(r, root, bounds) or 0)
         except TraceError as err:
             raise TraceError(f"{os.path.relpath(r['_file'], root)}: {err}") from None
     ref = min(bases)
@@ -300,7 +280,7 @@ def merge(records: list[dict[str, Any]], root: str, out: str, force: bool) -> in
         if out.endswith(".gz"):
             stream = gzip.GzipFile(  # type: ignore[assignment]  # a binary file all the same
                 filename="", fileobj=f, mode="wb", compresslevel=6, mtime=0)
-        writer = _Events(stream)
+        writer = EventWriter(stream)
         for index, (r, base, pid) in enumerate(zip(records, bases, pids, strict=True)):
             rel = os.path.relpath(r["_file"], root)
             delta = base - ref  # nanoseconds; microseconds in the trace
@@ -308,7 +288,7 @@ def merge(records: list[dict[str, Any]], root: str, out: str, force: bool) -> in
             proc = ProcessMap(pid, shift=shift, id_base=index << _ID_SHIFT, tids=tids,
                               main=r.get("pid"))
             try:
-                meta = _copy(r, rel, proc, writer)
+                meta = _copy(r, rel, proc, writer, bounds)
             except TraceError as err:
                 raise TraceError(f"{rel}: {err}") from None
             args = {"rank": r.get("rank"), "role": r["_label"], "coords": r.get("coords"),
@@ -378,7 +358,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"{_PROG}: error: no torch trace of {what} can be read", file=sys.stderr)
         return EXIT_BAD_DATA
     try:
-        events = merge(merged, root, out, args.force)
+        events = merge(merged, root, out, args.force,
+                       Bounds(args.max_trace_mb << 20, args.max_events))
     except TraceError as err:
         print(f"{_PROG}: error: {err}", file=sys.stderr)
         return EXIT_BAD_DATA

@@ -236,6 +236,18 @@ def _wait(output_dir: str, rid: str, role: str, seconds: float,
 
 
 def run(args: argparse.Namespace) -> int:
+    try:
+        status = _run(args)
+    except UsageError as err:
+        if trigger_store.stuck():  # a store call still blocks: said here, then gone
+            print(f"policy-engine trigger: error: {err}", file=sys.stderr)
+            trigger_store.leave(2)
+        raise
+    trigger_store.leave(status)
+    return status
+
+
+def _run(args: argparse.Namespace) -> int:
     root = args.output_dir
     if len(args.role) > MAX_TEXT:
         raise UsageError(f"--role: at most {MAX_TEXT} characters")

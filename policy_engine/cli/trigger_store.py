@@ -5,18 +5,36 @@ to output folders this machine cannot see."""
 
 from __future__ import annotations
 
+import os
+import socket
 import sys
+import threading
 import time
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from policy_engine.cli.usage import UsageError
-from policy_engine.runtime.channel import JobChannel, agreed_step, connect_store
+from policy_engine.runtime.channel import (
+    JobChannel,
+    KeyValue,
+    agreed_step,
+    connect_store,
+    quiet_torch,
+)
 from policy_engine.runtime.channel_folder import read_advert, read_progress
 from policy_engine.runtime.requests import request_body
 
-__all__ = ["answered", "find_channel", "folder_step", "post", "say"]
+__all__ = ["CALL_SECONDS", "CONNECT_SECONDS", "answered", "find_channel", "folder_step",
+           "leave", "post", "say", "stuck"]
 
 _POLL = 0.5
+#: Seconds to reach the store (resolve, connect, its handshake), and for each call after:
+#: a server that accepts and never answers is given up on, not waited for.
+CONNECT_SECONDS = 12.0
+CALL_SECONDS = 10.0
+_TRY_SECONDS = 4.0
+_T = TypeVar("_T")
+_STUCK: list[threading.Thread] = []  # store calls given up on, still blocked in C++
 
 
 def _address(text: str) -> tuple[str, int]:
@@ -24,6 +42,95 @@ def _address(text: str) -> tuple[str, int]:
     if not host or not port.isdigit() or not 0 < int(port) < 65536:
         raise UsageError(f"--store {text!r}: expected HOST:PORT")
     return host.strip("[]"), int(port)
+
+
+def _bounded(call: Callable[..., _T], seconds: float, *args: Any) -> _T:
+    """``call(*args)`` on a thread of its own, given up after ``seconds`` (TimeoutError):
+    torch's store calls block in C++, where no signal or timeout of ours reaches."""
+    box: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            box["value"] = call(*args)
+        except BaseException as err:  # handed to the caller
+            box["error"] = err
+    thread = threading.Thread(target=run, name="policy-engine-store-call", daemon=True)
+    thread.start()
+    thread.join(seconds)
+    if thread.is_alive():
+        _STUCK.append(thread)
+        raise TimeoutError(f"no answer within {seconds:.0f} s")
+    if "error" in box:
+        raise box["error"]
+    return box["value"]  # type: ignore[no-any-return]
+
+
+def stuck() -> bool:
+    """Whether a store call was given up on and still blocks a thread."""
+    return any(t.is_alive() for t in _STUCK)
+
+
+def leave(status: int) -> None:
+    """End the process now, with ``status``, when a store call still blocks a thread:
+    the interpreter's normal exit would tear torch's store client down under that thread
+    and abort. Does nothing otherwise."""
+    if stuck():
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(status)
+
+
+class _Timed:
+    """A :class:`KeyValue` whose every call is bounded (:func:`_bounded`)."""
+
+    def __init__(self, kv: KeyValue, seconds: float) -> None:
+        self.kv, self.seconds = kv, seconds
+
+    def get(self, key: str) -> bytes | None:
+        return _bounded(self.kv.get, self.seconds, key)
+
+    def gets(self, keys: list[str]) -> list[bytes | None]:
+        return _bounded(self.kv.gets, self.seconds, keys)
+
+    def has(self, key: str) -> bool:
+        return _bounded(self.kv.has, self.seconds, key)
+
+    def set(self, key: str, value: bytes) -> None:
+        _bounded(self.kv.set, self.seconds, key, value)
+
+    def compare_set(self, key: str, expected: bytes, new: bytes) -> bytes:
+        return _bounded(self.kv.compare_set, self.seconds, key, expected, new)
+
+
+def _connect(host: str, port: int) -> KeyValue:
+    """A bounded client of the store: a plain connection first (a closed port or an
+    unknown host fails here at once), then torch's, within :data:`CONNECT_SECONDS`. A
+    handshake that stalls is tried again on a new connection (a busy store sometimes
+    leaves one unanswered) until the time is up."""
+    quiet_torch()
+    # imported here, not on the bounded thread: on a busy machine torch's import alone can
+    # take longer than a store's answer may
+    import torch.distributed  # noqa: F401
+
+    deadline = time.monotonic() + CONNECT_SECONDS
+    try:
+        socket.create_connection((host, port), timeout=CONNECT_SECONDS).close()
+    except socket.gaierror as err:
+        raise ConnectionError(f"cannot resolve {host} ({err.strerror or err})") from None
+    except OSError as err:
+        raise ConnectionError(err.strerror or str(err) or type(err).__name__) from None
+    while True:
+        left = deadline - time.monotonic()
+        try:
+            kv = _bounded(connect_store, min(left, _TRY_SECONDS), host, port, _TRY_SECONDS)
+        except Exception as err:
+            timed_out = isinstance(err, TimeoutError) or "timed out" in str(err)
+            if timed_out and deadline - time.monotonic() > 1.0:
+                continue
+            if timed_out:
+                raise TimeoutError(f"no answer within {CONNECT_SECONDS:.0f} s") from None
+            raise
+        return _Timed(kv, CALL_SECONDS)
 
 
 def find_channel(output_dir: str, store: str | None, role: str) -> tuple[str, JobChannel] | None:
@@ -45,7 +152,7 @@ def find_channel(output_dir: str, store: str | None, role: str) -> tuple[str, Jo
         store = advert["where"]
     host, port = _address(store)
     try:
-        kv = connect_store(host, port, timeout=5.0)
+        kv = _connect(host, port)
     except Exception as err:
         if advertised:
             print(f"policy-engine trigger: the job's store at {host}:{port} (from "
@@ -83,7 +190,7 @@ def post(found: tuple[str, JobChannel], *, role: str, ranks: Any, step: int | No
     except (UsageError, ValueError):
         raise
     except Exception as err:
-        raise UsageError(f"the job's store at {where} failed: {err}") from None
+        raise UsageError(f"the job's store at {where} failed: {_first_line(err)}") from None
     return request, listeners
 
 
@@ -101,24 +208,24 @@ def answered(job: JobChannel, rid: str, listeners: int, seconds: float) -> tuple
     """Print the answers on the channel until every listener has answered or ``seconds``
     pass; exit status (1: some did not answer) and the ``(host, pid)`` of those shown."""
     deadline = time.monotonic() + seconds
-    got: list[dict[str, Any]] = []
+    got: dict[int, dict[str, Any]] = {}
     while True:
         try:
-            found = job.answers(rid, len(got))
+            found = job.answers(rid, listeners)
         except Exception as err:
-            print(f"policy-engine trigger: the job's store stopped answering: {err}",
-                  file=sys.stderr)
+            print(f"policy-engine trigger: the job's store stopped answering: "
+                  f"{_first_line(err)}", file=sys.stderr)
             break
-        for answer in found:
-            if not isinstance(answer, dict):
-                break  # counted, not written yet: read again
-            got.append(answer)
+        for slot, answer in sorted(found.items()):
+            if slot in got:
+                continue
+            got[slot] = answer
             if answer.get("status") != "not_selected":
                 print(say(answer), flush=True)
         if len(got) >= listeners or time.monotonic() >= deadline:
             break
         time.sleep(_POLL)
-    shown = {(a.get("host"), a.get("pid")) for a in got}
+    shown = {(a.get("host"), a.get("pid")) for a in got.values()}
     if len(got) < listeners:
         print(f"policy-engine trigger: {listeners - len(got)} of the {listeners} listening "
               f"processes did not answer within {seconds:g} s", file=sys.stderr)

@@ -29,6 +29,7 @@ import stat
 from collections.abc import Callable, Iterator
 from typing import IO, Any
 
+from policy_engine.files.interrupt import stopped_cleanly
 from policy_engine.files.layout import MAX_COMPONENT_BYTES, shorten, temp_name
 
 log = logging.getLogger("policy_engine")
@@ -305,8 +306,14 @@ def publish(path: str, write: Callable[[IO[bytes]], object], *, force: bool = Fa
     O_NOFOLLOW``) in ``path``'s folder.
     The file is synced, then named ``path`` by a hard link, which never replaces a file:
     FileExistsError when ``path`` exists, unless ``force``, which replaces it (a link at
-    ``path`` is replaced, never followed). The temporary file is removed whatever happens.
+    ``path`` is replaced, never followed). The temporary file is removed whatever happens,
+    a SIGTERM or SIGINT included (:func:`~policy_engine.files.interrupt.stopped_cleanly`).
     """
+    with stopped_cleanly():
+        return _publish_file(path, write, force)
+
+
+def _publish_file(path: str, write: Callable[[IO[bytes]], object], force: bool) -> int:
     where, name = os.path.split(os.path.abspath(path))
     dir_fd = os.open(where, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     temp = temp_name()

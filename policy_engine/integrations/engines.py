@@ -178,10 +178,24 @@ class EngineProfiler:
         window.fail(error)
         self._failed(f"start_profile: {error}")
 
+    def _folder_refused(self, pairs: Sequence[tuple[Target, Window]],
+                        err: OSError) -> None:
+        """The engine's profiler folder cannot be made or is refused (a link out of
+        output_dir): the windows fail in the manifest, the engine is not started, and
+        one warning says why (ProfilingError under ``on_error: raise``)."""
+        message = f"the engine's profiler folder cannot be used: {err}"
+        for _, window in pairs:
+            window.fail(message)
+        self._failed(message)
+
     def _run_all(self, what: str, pairs: Sequence[tuple[Target, Window]]) -> None:
         for window in (w for _, w in pairs):
             window.open_lines()
-        make_tool_folder(self.plan.output_dir, self.folder)
+        try:
+            make_tool_folder(self.plan.output_dir, self.folder)
+        except OSError as err:
+            self._folder_refused(pairs, err)
+            return
 
         here = {id(t): t.refused_here(what) for t, _ in pairs}  # this thread, not the pool's
 
@@ -202,7 +216,11 @@ class EngineProfiler:
     async def _arun_all(self, what: str, pairs: Sequence[tuple[Target, Window]]) -> None:
         for window in (w for _, w in pairs):
             window.open_lines()
-        await asyncio.to_thread(make_tool_folder, self.plan.output_dir, self.folder)
+        try:
+            await asyncio.to_thread(make_tool_folder, self.plan.output_dir, self.folder)
+        except OSError as err:
+            self._folder_refused(pairs, err)
+            return
 
         async def one(pair: tuple[Target, Window]) -> str | None:
             try:

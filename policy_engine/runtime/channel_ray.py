@@ -17,7 +17,7 @@ TIMEOUT = 10.0
 
 
 class _Keys:
-    """The actor's state: a dict of byte values and counters (what TCPStore keeps)."""
+    """The actor's state: a dict of byte values (what TCPStore keeps)."""
 
     def __init__(self) -> None:
         self.values: dict[str, bytes] = {}
@@ -25,13 +25,11 @@ class _Keys:
     def get(self, keys: list[str]) -> list[bytes | None]:
         return [self.values.get(k) for k in keys]
 
+    def has(self, key: str) -> bool:
+        return key in self.values
+
     def set(self, key: str, value: bytes) -> None:
         self.values[key] = value
-
-    def add(self, key: str, amount: int) -> int:
-        value = int(self.values.get(key, b"0")) + amount
-        self.values[key] = str(value).encode()
-        return value
 
     def compare_set(self, key: str, expected: bytes, new: bytes) -> bytes:
         old = self.values.get(key)
@@ -63,8 +61,8 @@ class RayKV:
     def set(self, key: str, value: bytes) -> None:
         self._call("set", key, value)
 
-    def add(self, key: str, amount: int) -> int:
-        return int(self._call("add", key, amount))
+    def has(self, key: str) -> bool:
+        return bool(self._call("has", key))
 
     def compare_set(self, key: str, expected: bytes, new: bytes) -> bytes:
         return bytes(self._call("compare_set", key, expected, new))

@@ -16,32 +16,42 @@ answering turns the channel off with one warning: the folder takes over.
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import os
+import secrets
 import threading
 import time
 import weakref
 from collections import deque
 from typing import Any
 
+import attrs
+
 from policy_engine.language.triggers import Triggers
 from policy_engine.plan.plan import Plan
 from policy_engine.runtime import channel_folder
 from policy_engine.runtime.channel import JobChannel, agreed_step
 from policy_engine.runtime.channel_pick import pick_channel
-from policy_engine.runtime.requests import request_body
+from policy_engine.runtime.requests import MAX_BYTES, BadRequest, parse_request, request_body
 from policy_engine.runtime.state import warn_once
 
 __all__ = ["Courier", "courier_for"]
 
 log = logging.getLogger("policy_engine")
-#: Requests read at one poll, at most; and how far behind the list's end a listener
-#: may fall (a counter bumped by someone else is skipped, not read through).
-READS_PER_POLL = 16
+#: Request keys looked at in one poll, at most, and bytes fetched (a value longer than a
+#: request is dropped as soon as it is read; the budget bounds what one poll moves).
+READS_PER_POLL = 128
+BYTES_PER_POLL = 16 << 20
+#: How far behind the list's end a listener may fall (a flood is skipped, not read
+#: through: the last this many are read).
 MAX_BEHIND = 256
-#: Polls a request index that is counted but not yet written is waited for.
-MISSING_POLLS = 3
+#: Requests read and not yet taken by the training thread, at most: past it, the
+#: listener leaves the rest in the store until the next poll.
+MAX_INBOX = 64
+#: Answers waiting to be written, at most (the oldest are dropped past it).
+MAX_OUTBOX = 1024
 #: Seconds between two reports of a process whose step does not move.
 REPUBLISH = 10.0
 
@@ -77,11 +87,18 @@ class _Pace:
         self.step, self.when = step, when
         return {"step": step, "time": when, "rate": round(self.rate, 6)}
 
+    def peek(self, step: int, stamp: float) -> dict[str, Any] | None:
+        """The report :meth:`sample` would give, leaving the measured rate as it is."""
+        if step < 0:
+            return None
+        when = time.time() - max(0.0, time.perf_counter() - stamp)
+        return {"step": step, "time": when, "rate": round(self.rate, 6)}
+
 
 class _Link:
     """The channel this process is on now: the job's (store or Ray) or the folder."""
 
-    __slots__ = ("channel", "cursor", "gone", "kind", "missing", "slot", "where")
+    __slots__ = ("channel", "cursor", "gone", "kind", "slot", "where")
 
     def __init__(self) -> None:
         self.channel: JobChannel | None = None
@@ -89,7 +106,6 @@ class _Link:
         self.where = ""
         self.slot = -1
         self.cursor = 0
-        self.missing = 0  # polls the request at ``cursor`` was counted but not there
         self.gone = False  # the job's channel failed: the folder from now on
 
 
@@ -99,9 +115,12 @@ class Courier:
     def __init__(self, plan: Plan, triggers: Triggers) -> None:
         self.step = -1  # written by the training thread at every step
         self.stamp = 0.0
-        self.inbox: deque[Any] = deque()  # ("request", Request) | ("bad", rid, why)
-        self.outbox: deque[Any] = deque()  # ("answer", rid, dict) | ("post", dict)
+        # ("request", Request, where) | ("bad", rid, why, where): at most MAX_INBOX
+        self.inbox: deque[Any] = deque()
+        # ("answer", rid, dict) | ("post", dict)
+        self.outbox: deque[Any] = deque(maxlen=MAX_OUTBOX)
         self.live = False  # the job's channel carries the requests (no folder polls)
+        self.hurry = False  # requests are left in the store: poll again soon
         self.plan = plan
         self.triggers = triggers
         self.link = _Link()
@@ -115,7 +134,8 @@ class Courier:
         self.stop.set()
 
     def interval(self) -> float:
-        return max(self.triggers.poll_seconds, 0.05)
+        wait = max(self.triggers.poll_seconds, 0.05)
+        return wait / 4 if self.hurry else wait
 
     # -- one poll ------------------------------------------------------------------
     def tick(self) -> None:
@@ -141,7 +161,9 @@ class Courier:
             return
         link = self.link
         link.kind, link.where, channel = found
-        link.slot = channel.register()
+        link.slot = channel.register(json.dumps(
+            {"rank": self.plan.rank, "pid": os.getpid(), "token": secrets.token_hex(8)}
+        ).encode())
         link.cursor = channel.cursor()  # requests older than this process are not for it
         link.channel = channel
         self.live = True
@@ -168,25 +190,64 @@ class Courier:
         link = self.link
         if report is not None:
             channel.publish(link.slot, self._report(report))
-        end = channel.cursor()
-        if end - link.cursor > MAX_BEHIND:
+        hint = channel.hint()[0]
+        if hint is not None and hint - link.cursor > MAX_BEHIND:
             warn_once(("channel-behind", self.plan.role), "policy-engine: role %r: %s "
                       "requests arrived at once on the job's %s; reading the last %s",
-                      self.plan.role, end - link.cursor, link.kind, MAX_BEHIND)
-            link.cursor = end - MAX_BEHIND
+                      self.plan.role, hint - link.cursor, link.kind, MAX_BEHIND)
+            link.cursor = hint - MAX_BEHIND
+        self.hurry = False
+        fetched, reports = 0, _Lazy(channel)
         for _ in range(READS_PER_POLL):
-            if link.cursor >= end:
+            if len(self.inbox) >= MAX_INBOX or fetched > BYTES_PER_POLL:
+                self.hurry = True
                 break
-            found = channel.request(link.cursor)
-            if found is None:  # counted, not written yet: wait a few polls for it
-                link.missing += 1
-                if link.missing < MISSING_POLLS:
-                    break
-                found = (f"store-request-{link.cursor}", b"")
+            data = channel.request(link.cursor)
+            if data is None:
+                if hint is None or link.cursor >= hint:
+                    break  # the end of the list
+                link.cursor += 1  # a hole below where writers have written: skipped
+                continue
+            fetched += len(data)
+            # a longer value is refused as too long: what is kept is a request's size
+            item = self._read(channel, link.cursor, data[:MAX_BYTES + 1], reports)
+            del data
             link.cursor += 1
-            link.missing = 0
-            self.inbox.append(("store", *found))
+            if item is not None:
+                self.inbox.append(item)
         self._drain(channel)
+
+    def _read(self, channel: JobChannel, index: int, data: bytes,
+              reports: _Lazy) -> tuple[Any, ...] | None:
+        """Request ``index`` as the training thread takes it: checked here, on this
+        thread; None when it is another role's. A request without a step gets the one
+        step every listener agrees on (the first listener's proposal)."""
+        where = f"key {channel.request_key(index)} of the job's {self.link.kind} at " \
+                f"{self.link.where}"
+        name = f"store-request-{index}"
+        try:
+            request = parse_request(name, data, own_id=True)
+        except BadRequest as bad:
+            return ("bad", name, bad.message, where)
+        if request.role != self.plan.role:
+            return None
+        if request.step is None:
+            step = channel.agree(index, self._target(reports.get()))
+            if step is None:
+                return ("bad", request.id, "the step agreed for it in the store is not a "
+                        "step number", where)
+            request = attrs.evolve(request, step=step)
+        return ("request", request, where)
+
+    def _target(self, reports: list[Any]) -> int:
+        """The step a request made now asks every listener of the role for."""
+        mine = self.pace.peek(self.step, self.stamp)
+        target = agreed_step([*reports, mine], time.time(), self.triggers.poll_seconds)
+        at = max(self.step, 0)
+        if target is None or target <= at:
+            target = at + math.ceil(2 * self.triggers.poll_seconds *
+                                    max(self.pace.rate, 1.0)) + 2
+        return target
 
     def _folder_tick(self, report: dict[str, Any] | None) -> None:
         plan = self.plan
@@ -205,20 +266,17 @@ class Courier:
             item = self.outbox.popleft()
             if item[0] == "answer":
                 if channel is not None:
-                    channel.answer(item[1], item[2])
+                    channel.answer(item[1], self.link.slot, item[2])
             elif item[0] == "post":
                 self._post(channel, item[1])
 
     def _post(self, channel: JobChannel | None, ask: dict[str, Any]) -> None:
         """Post a request of this process (a signal, a slow step) at the agreed step."""
-        plan, poll = self.plan, self.triggers.poll_seconds
+        plan = self.plan
         reports = channel.reports() if channel is not None else \
             channel_folder.read_progress(plan.output_dir, plan.role)
-        mine = self.pace.sample(self.step, self.stamp)
-        target = agreed_step([*reports, mine], time.time(), poll)
+        target = self._target(reports)
         at = max(self.step, 0)
-        if target is None or target <= at:
-            target = at + math.ceil(2 * poll * max(self.pace.rate, 1.0)) + 2
         if ask.get("why") == "signal" and channel is not None and \
                 not channel.claim_signal(target, at):
             return  # another rank's signal already asked for a step still ahead
@@ -227,6 +285,21 @@ class Courier:
             channel.post(body)
         else:
             channel_folder.post_request(plan.output_dir, request["id"], body)
+
+
+class _Lazy:
+    """The role's progress reports, read from the store once per poll when first needed."""
+
+    __slots__ = ("channel", "found")
+
+    def __init__(self, channel: JobChannel) -> None:
+        self.channel = channel
+        self.found: list[Any] | None = None
+
+    def get(self) -> list[Any]:
+        if self.found is None:
+            self.found = self.channel.reports()
+        return self.found
 
 
 def _run(ref: weakref.ref[Courier], stop: threading.Event) -> None:

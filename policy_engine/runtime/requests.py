@@ -16,6 +16,7 @@ import errno
 import json
 import math
 import os
+import re
 import secrets
 import stat
 import time
@@ -48,6 +49,7 @@ MAX_TEXT = 256
 MAX_ALSO = 64
 #: Why a request was made (the capture's ``trigger``).
 WHYS = ("on_demand", "signal", "slow_step")
+_ID = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 _OPEN_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 
 
@@ -249,11 +251,16 @@ def load_bounded(data: bytes) -> Any:
     return value
 
 
-def parse_request(rid: str, data: bytes) -> Request:
-    """A request from a file's bytes, every field checked (:class:`BadRequest`)."""
+def parse_request(rid: str, data: bytes, *, own_id: bool = False) -> Request:
+    """A request from a file's bytes, every field checked (:class:`BadRequest`).
+    ``own_id``: the request's ``id`` field names it when it is a plain name (a store
+    value has no file name), else ``rid`` does."""
     value = load_bounded(data)
     if not isinstance(value, dict):
         raise BadRequest(f"expected a JSON object, got {_kind(value)}")
+    named = value.get("id")
+    if own_id and isinstance(named, str) and _ID.match(named):
+        rid = named
     role = value.get("role")
     if not isinstance(role, str) or not 0 < len(role) <= MAX_TEXT:
         raise BadRequest(f"role: expected a name of 1 to {MAX_TEXT} characters, "

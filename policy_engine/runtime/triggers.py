@@ -28,16 +28,14 @@ from __future__ import annotations
 import logging
 import os
 import stat
-import statistics
 import time
-from collections import deque
 from collections.abc import Callable
 from typing import Any
 
 from policy_engine.files.publish import make_folders, open_folder
 from policy_engine.language.ranks import RankSelector
 from policy_engine.language.selector import SelectorError
-from policy_engine.language.triggers import SlowStep, Triggers
+from policy_engine.language.triggers import Triggers
 from policy_engine.plan.plan import Plan
 from policy_engine.runtime import manifest
 from policy_engine.runtime.budget import Budget, spend_of
@@ -48,11 +46,11 @@ from policy_engine.runtime.requests import (
     BadRequest,
     Request,
     is_request_name,
-    parse_request,
     read_request,
     write_request,
 )
 from policy_engine.runtime.state import STATE, warn_once
+from policy_engine.runtime.trigger_parts import MAX_PENDING, Flood, SlowSteps, Want
 
 __all__ = ["ON_DEMAND", "PLAN", "REQUESTS_DIR", "REQUEST_SUFFIX", "SIGNAL", "SLOW_STEP",
            "Budget", "Listener", "write_request"]
@@ -62,57 +60,15 @@ log = logging.getLogger("policy_engine")
 #: Why a capture opened, as the manifest's ``trigger`` field says.
 PLAN, ON_DEMAND, SIGNAL, SLOW_STEP = "plan", "on_demand", "signal", "slow_step"
 _clock = time.perf_counter
-_REFRESH = 8  # measured steps between two medians
 #: A request file that does not parse is read again at later polls until both this many
 #: tries and this many seconds have passed; then it is refused (a warning and a note).
 RETRY_TRIES = 3
 RETRY_SECONDS = 10.0
 #: Request files read at one poll, at most (the rest wait for the next poll).
 READS_PER_POLL = 16
-
-
-class _Want:
-    """Coming steps ``first``..``last`` to capture, and why (never a list of steps)."""
-
-    __slots__ = ("first", "last", "merged", "rid", "why")
-
-    def __init__(self, first: int, last: int, why: str, rid: str | None,
-                 merged: bool) -> None:
-        self.first, self.last, self.why, self.rid, self.merged = first, last, why, rid, merged
-
-
-class _Slow:
-    """``slow_step``: each step's time (start of one step to the start of the next) against
-    ``factor`` x the median of recent steps."""
-
-    def __init__(self, spec: SlowStep) -> None:
-        self.spec = spec
-        self.left = spec.max
-        self.last_start = 0.0
-        self.last_step = -2  # no step yet: the first one is never measured
-        self.measured = 0
-        self.recent: deque[float] = deque(maxlen=spec.window)
-        # factor x the median of ``recent``, refreshed every few measured steps (infinite
-        # until ``after`` steps are measured): a step costs a comparison, not a sort
-        self.median = 0.0
-        self.threshold = float("inf")
-
-    def measure(self, n: int, now: float, captured: bool) -> float | None:
-        """Step n-1's time when it was slow (None otherwise); ``now`` is step n's start."""
-        slow = None
-        if self.left and n == self.last_step + 1 and not captured:
-            took = now - self.last_start  # one training step's time, not a profiled one
-            if took > self.threshold:
-                self.left -= 1
-                slow = took
-            self.recent.append(took)
-            self.measured += 1
-            if (self.measured % _REFRESH == 0 or self.measured == self.spec.after) and \
-                    self.measured >= self.spec.after:
-                self.median = statistics.median(self.recent)
-                self.threshold = self.spec.factor * self.median
-        self.last_start, self.last_step = now, n
-        return slow
+#: Requests of the job's channel taken at one step, at most (the listener thread keeps
+#: at most 64 waiting).
+TAKEN_PER_STEP = 64
 
 
 class _Folder:
@@ -143,8 +99,8 @@ class _Folder:
                         "%s", role, self.path, getattr(err, "strerror", None) or err)
 
     def look(self, now: float) -> list[tuple[Any, ...]]:
-        """What is new, at most every ``poll`` seconds: ``("request", Request)`` or
-        ``("bad", request id, why)``."""
+        """What is new, at most every ``poll`` seconds: ``("request", Request, where)`` or
+        ``("bad", request id, why, where)``."""
         if now < self.next_poll:
             return []
         self.next_poll = now + self.poll
@@ -181,6 +137,7 @@ class _Folder:
 
     def _consider(self, fd: int, name: str) -> list[tuple[Any, ...]]:
         rid = name[:-len(REQUEST_SUFFIX)]
+        where = os.path.join(self.path, name)
         try:
             request = read_request(fd, name)
         except BadRequest as bad:
@@ -188,10 +145,10 @@ class _Folder:
                 return []  # perhaps still being written: read it at the next poll
             self.seen.add(name)
             self.retry.pop(name, None)
-            return [("bad", rid, bad.message)]
+            return [("bad", rid, bad.message, where)]
         self.seen.add(name)
         self.retry.pop(name, None)
-        return [] if request is None else [("request", request)]
+        return [] if request is None else [("request", request, where)]
 
     def _again(self, name: str) -> bool:
         """Whether a file that does not parse yet is tried again later."""
@@ -213,13 +170,15 @@ class Listener:
     def __init__(self, plan: Plan, triggers: Triggers, note: Callable[..., None]) -> None:
         self.plan = plan
         self.note = note  # writes a manifest note line (RoleProfiler._note)
-        self.wanted: list[_Want] = []
+        self.wanted: list[Want] = []
+        self.soonest = 0  # no wanted window starts before this step
+        self.flood = Flood()
         self.on_demand = triggers.on_demand
         self.signal = triggers.signal
         self.signals = STATE.usr2_count
         self.folder = _Folder(plan, triggers.poll_seconds)
         slow = triggers.slow_step
-        self.slow = None if slow is None else _Slow(slow)
+        self.slow = None if slow is None else SlowSteps(slow)
         self.job_slow = slow is not None and slow.scope == "job"
         # the listener thread, in a job of several ranks (None: this process alone)
         self.courier: Courier | None = courier_for(plan, triggers)
@@ -246,19 +205,19 @@ class Listener:
             if courier is not None:  # two attribute writes: the thread publishes them
                 courier.step, courier.stamp = n, now
                 if courier.inbox:
-                    self._handle(courier.inbox.popleft(), n)
+                    self._take(courier, n)
             if self.signal and STATE.hooks.usr2_count != self.signals:
                 self.signals = STATE.hooks.usr2_count
                 if courier is None:
-                    self.wanted.append(_Want(n, n, SIGNAL, None, False))
+                    self._want(Want(n, n, SIGNAL, None, False))
                 else:  # the job's signal: every rank of the role, one agreed step
                     courier.outbox.append(("post", {"ranks": None, "why": SIGNAL}))
             if self.on_demand and (courier is None or not courier.live):
                 for item in self.folder.look(now):
                     self._handle(item, n)
-            if not self.wanted:
+            if not self.wanted or n < self.soonest:
                 return None
-            return self._take(n)
+            return self._wanted(n)
         except Exception as err:
             warn_once(("listener", self.plan.role, type(err).__name__),
                       "policy-engine: role %r: the trigger listener failed at step %s "
@@ -266,10 +225,18 @@ class Listener:
                       self.plan.role, n, type(err).__name__, err)
             return None
 
-    def _take(self, n: int) -> tuple[str, str | None, int] | None:
+    def _take(self, courier: Courier, n: int) -> None:
+        """The requests the listener thread read (checked there), a bounded number."""
+        inbox = courier.inbox
+        for _ in range(TAKEN_PER_STEP):
+            if not inbox:
+                return
+            self._handle(inbox.popleft(), n)
+
+    def _wanted(self, n: int) -> tuple[str, str | None, int] | None:
         """Why step ``n`` is wanted (the earliest reason), and what is still wanted after."""
         found = None
-        keep: list[_Want] = []
+        keep: list[Want] = []
         for want in self.wanted:
             if want.first <= n <= want.last and found is None:
                 found = (want.why, want.rid, want.last if want.merged else n)
@@ -278,6 +245,7 @@ class Listener:
             if want.first <= want.last:
                 keep.append(want)
         self.wanted = keep
+        self.soonest = min((w.first for w in keep), default=0)
         return found
 
     def _slow(self, n: int, took: float) -> None:
@@ -294,49 +262,48 @@ class Listener:
                 "ranks": self.slow.spec.reference, "also": [self.plan.rank],
                 "why": SLOW_STEP, "slow": slow}))
             return
-        self.wanted.append(_Want(n, n, SLOW_STEP, None, False))
+        self._want(Want(n, n, SLOW_STEP, None, False))
         self.note("slow_step", step=n - 1, seconds=round(took, 6), median=median,
                   captures=[n])
 
     # -- requests -----------------------------------------------------------------
     def _handle(self, item: tuple[Any, ...], n: int) -> None:
         if item[0] == "bad":
-            self._refuse(item[1], item[2])
-        elif item[0] == "store":  # from the listener thread: parsed here, read as hostile
-            try:
-                request = parse_request(item[1], item[2])
-            except BadRequest as bad:
-                self._refuse(item[1], bad.message)
-                return
-            if request.role == self.plan.role:
-                self._offer(request, n)
+            self._refuse(item[1], item[2], item[3])
         elif item[0] == "request":
-            self._offer(item[1], n)
+            self._offer(item[1], n, item[2])
 
-    def _offer(self, request: Request, n: int) -> None:
-        if self._for_me(request):
+    def _offer(self, request: Request, n: int, where: str) -> None:
+        if self._for_me(request, where):
             self._accept(request, n)
         elif request.role == self.plan.role and self.courier is not None:
             self._answer(request.id, status="not_selected", note=False)
 
-    def _answer(self, rid: str, *, note: bool = True, **fields: Any) -> None:
-        """A request's answer: a manifest note, and the job's channel when it carries it."""
+    def _answer(self, rid: str, *, note: bool = True, **fields: Any) -> bool:
+        """A request's answer: a manifest note, and the job's channel when it carries it.
+        Notes are throttled per status (:class:`Flood`): False when this one was left
+        out."""
+        noted = note
         if note:
-            self.note("trigger", request=rid, **fields)
+            left_out = self.flood.admit(str(fields.get("status")))
+            noted = left_out is not None
+            if left_out:
+                fields["left_out"] = left_out
+            if noted:
+                self.note("trigger", request=rid, **fields)
         courier = self.courier
         if courier is not None and courier.live:
             plan = self.plan
             courier.outbox.append(("answer", rid, dict(
                 fields, rank=plan.rank, pid=os.getpid(), host=manifest.host_name())))
+        return noted
 
-    def _refuse(self, rid: str, why: str) -> None:
-        """A request that is not one: one warning per process, one note per role."""
-        key = ("bad-request", self.folder.path, rid)
-        warn_once(key, "policy-engine: ignoring trigger request %s: %s",
-                  os.path.join(self.folder.path, rid + REQUEST_SUFFIX), why)
-        self._answer(rid, status="refused", message=why)
+    def _refuse(self, rid: str, why: str, where: str) -> None:
+        """A request that is not one: a warning and a note, at most a few per minute."""
+        if self._answer(rid, status="refused", message=why):
+            log.warning("policy-engine: ignoring trigger request %s: %s", where, why)
 
-    def _for_me(self, request: Request) -> bool:
+    def _for_me(self, request: Request, where: str) -> bool:
         plan = self.plan
         if request.role != plan.role:
             return False
@@ -347,7 +314,7 @@ class Listener:
         try:
             selector = RankSelector.parse(request.ranks)
         except SelectorError as err:
-            self._refuse(request.id, f"ranks {request.ranks!r}: {err.message}")
+            self._refuse(request.id, f"ranks {request.ranks!r}: {err.message}", where)
             return False
         coords = dict(plan.coords, local_rank=plan.local_rank, node=plan.node)
         return selector.matches(plan.rank, plan.world, coords, {})
@@ -367,17 +334,42 @@ class Listener:
         first = max(first, n)
         merged = self.plan.merge_steps
         extra: dict[str, Any] = {}
+        if len(self.wanted) >= MAX_PENDING and not self._make_room(first, n):
+            self._answer(rid, status="refused", at=n, **why,
+                         message=f"{MAX_PENDING} requests of the role wait for steps before "
+                                 "these in this process")
+            return
         left = self._captures_left()
-        if left is not None:
+        if left is not None:  # the windows that come first take the budget first
+            pending = sum(w.captures() for w in self.wanted if w.first <= first)
+            left = max(0, left - pending)
             if left == 0:
+                counted = f" (counting the {pending} waiting)" if pending else ""
                 self._answer(rid, status="refused", at=n, **why,
-                             message="limits.captures is spent in this process")
+                             message=f"limits.captures is spent in this process{counted}")
                 return
             if not merged and last - first + 1 > left:  # one capture per step
                 last = first + left - 1
                 extra["message"] = f"limits.captures allows {left} more capture(s)"
-        self.wanted.append(_Want(first, last, request.why, rid, merged))
+        self._want(Want(first, last, request.why, rid, merged))
         self._answer(rid, status="accepted", at=n, first=first, last=last, **why, **extra)
+
+    def _want(self, want: Want) -> None:
+        self.wanted.append(want)
+        self.soonest = min(self.soonest, want.first) if len(self.wanted) > 1 else want.first
+
+    def _make_room(self, first: int, n: int) -> bool:
+        """:data:`MAX_PENDING` windows wait: drop the one that starts last when it starts
+        after ``first`` (a flood of far-off requests never keeps a near one out)."""
+        last = max(self.wanted, key=lambda w: w.first)
+        if last.first <= first:
+            return False
+        self.wanted.remove(last)
+        if last.rid is not None:
+            self._answer(last.rid, status="dropped", at=n, first=last.first, last=last.last,
+                         message=f"{MAX_PENDING} requests of the role wait for sooner steps "
+                                 "in this process")
+        return True
 
     def _captures_left(self) -> int | None:
         """Captures the role's limits still allow in this process (None: unlimited)."""
