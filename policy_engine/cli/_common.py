@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from policy_engine.cli.usage import UsageError
 from policy_engine.errors import PolicyError
+from policy_engine.files.publish import publish
 from policy_engine.language.document import PolicyFileError
 from policy_engine.language.load import Analysis, analyze, read_source
 from policy_engine.language.mesh import mesh_size, parse_mesh
@@ -111,3 +113,23 @@ def load_role_layout(args: argparse.Namespace, command: str) -> tuple[Policy, in
     if world is None:
         raise UsageError("give --world N (or a mesh in the policy): how many ranks the role has")
     return policy, world
+
+
+def check_output(out: str, what: str, force: bool) -> None:
+    """Refuse an output path before any work: a folder, or a file already there without
+    ``--force``. ``what`` names the file in the message (``the page``)."""
+    if os.path.isdir(out):
+        raise UsageError(f"{out} is a folder: give {what}'s file name")
+    if os.path.lexists(out) and not force:
+        raise UsageError(f"{out} exists (--force replaces it)")
+
+
+def write_output(out: str, data: bytes, force: bool) -> None:
+    """Publish ``data`` whole at ``out`` (never over a file without ``force``); a file that
+    appeared meanwhile or a write that fails is a usage error naming ``out``."""
+    try:
+        publish(out, lambda f: f.write(data), force=force)
+    except FileExistsError:
+        raise UsageError(f"{out} exists (--force replaces it)") from None
+    except OSError as err:
+        raise UsageError(f"{out}: cannot write: {err.strerror or err}") from None

@@ -10,9 +10,9 @@ import os
 import sys
 from typing import Any
 
+from policy_engine.cli._common import check_output, write_output
 from policy_engine.cli.usage import UsageError
 from policy_engine.errors import PolicyError
-from policy_engine.files.publish import publish
 from policy_engine.integrations.verl_config import convert_file, policy_text
 from policy_engine.language.document import PolicyFileError
 from policy_engine.language.load import analyze
@@ -50,8 +50,7 @@ def run(args: argparse.Namespace) -> int:
     out: str = args.output
     if os.path.splitext(out)[1].lower() not in (".yaml", ".yml"):
         raise UsageError(f"{out}: from-verl writes YAML; name the file .yaml or .yml")
-    if os.path.isdir(out):
-        raise UsageError(f"{out} is a folder: give the policy's file name")
+    check_output(out, "the policy", args.force)
     try:
         conv = convert_file(args.config, args.sets)
     except PolicyFileError as err:
@@ -64,11 +63,6 @@ def run(args: argparse.Namespace) -> int:
         print(f"policy-engine from-verl: no equivalent: {text_line}", file=sys.stderr)
     for warning in result.warnings:
         print(warning.render(), file=sys.stderr)
-    try:
-        publish(out, lambda f: f.write(text.encode("utf-8")), force=args.force)
-    except FileExistsError:
-        raise UsageError(f"{out} exists (--force replaces it)") from None
-    except OSError as err:
-        raise UsageError(f"{out}: cannot write: {err.strerror or err}") from None
+    write_output(out, text.encode("utf-8"), args.force)
     print(f"wrote {out}")
     return 0

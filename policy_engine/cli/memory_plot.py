@@ -10,12 +10,11 @@ An existing OUT is replaced only with --force.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from typing import Any
 
 from policy_engine.backends.memory.plot import SnapshotError, write_plot
-from policy_engine.cli._common import whole_number
+from policy_engine.cli._common import check_output, whole_number
 from policy_engine.cli.usage import UsageError
 
 _PROG = "policy-engine memory-plot"
@@ -42,10 +41,7 @@ def default_output(snapshot: str) -> str:
 
 def run(args: argparse.Namespace) -> int:
     out = args.output or default_output(args.snapshot)
-    if os.path.isdir(out):
-        raise UsageError(f"{out} is a folder: give the page's file name")
-    if os.path.lexists(out) and not args.force:  # before the work of reading the snapshot
-        raise UsageError(f"{out} exists (--force replaces it)")
+    check_output(out, "the page", args.force)  # before the work of reading the snapshot
     try:
         write_plot(args.snapshot, out, device=args.device, top=args.top, force=args.force)
     except SnapshotError as err:

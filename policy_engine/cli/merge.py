@@ -26,7 +26,7 @@ import sys
 from collections.abc import Iterable
 from typing import IO, Any
 
-from policy_engine.cli._common import whole_number
+from policy_engine.cli._common import check_output, whole_number
 from policy_engine.cli.chrome_trace import TraceError, TraceReader
 from policy_engine.cli.format import rank_spans
 from policy_engine.cli.merge_io import MAX_EVENTS, MAX_TRACE_MB, Bounds, EventWriter
@@ -337,10 +337,7 @@ def run(args: argparse.Namespace) -> int:
     root, out = args.dir, args.output
     if not os.path.isdir(root):
         raise UsageError(f"{root} is not a folder")
-    if os.path.isdir(out):
-        raise UsageError(f"{out} is a folder: give the merged trace's file name")
-    if os.path.lexists(out) and not args.force:
-        raise UsageError(f"{out} exists (--force replaces it)")
+    check_output(out, "the merged trace", args.force)
     rows, inputs = _records(root)
     window = choose(rows, args)
     _refuse_inputs(out, window, inputs)

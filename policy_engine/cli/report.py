@@ -19,13 +19,12 @@ import struct
 from collections.abc import Iterator
 from typing import Any
 
-from policy_engine.cli._common import whole_number
+from policy_engine.cli._common import check_output, whole_number, write_output
 from policy_engine.cli.chrome_trace import TraceError, TraceReader, TraceTooLarge
 from policy_engine.cli.format import size_cell
 from policy_engine.cli.report_page import Capture, Ops, captures, render
 from policy_engine.cli.traces import collect
 from policy_engine.cli.usage import UsageError
-from policy_engine.files.publish import publish
 
 #: Trace events whose self time the page lists (others still nest: a user_annotation
 #: range encloses operators but is not one).
@@ -198,10 +197,7 @@ def run(args: argparse.Namespace) -> int:
     if not os.path.isdir(args.dir):
         raise UsageError(f"{args.dir} is not a folder")
     out = args.output
-    if os.path.isdir(out):
-        raise UsageError(f"{out} is a folder: give the page's file name")
-    if os.path.lexists(out) and not args.force:
-        raise UsageError(f"{out} exists (--force replaces it)")
+    check_output(out, "the page", args.force)
     data = collect(args.dir)
     entries = captures(data, args.dir, os.path.dirname(os.path.abspath(out)))
     ops, notes = read_all_ops(entries, args.dir, count=args.ops, top=args.top,
@@ -211,12 +207,7 @@ def run(args: argparse.Namespace) -> int:
 
     page = render(data, entries, ops, title=title, notes=notes,
                   extra=[section(args.dir, jobs=os.cpu_count() or 1)])
-    try:
-        publish(out, lambda f: f.write(page.encode("utf-8")), force=args.force)
-    except FileExistsError:
-        raise UsageError(f"{out} exists (--force replaces it)") from None
-    except OSError as err:
-        raise UsageError(f"{out}: cannot write: {err.strerror or err}") from None
+    write_output(out, page.encode("utf-8"), args.force)
     bad = sum(1 for c in entries if c.troubled)
     print(out + (f" ({bad} capture(s) need attention)" if bad else ""))
     return 0
