@@ -111,13 +111,18 @@ def torch_tool(block: Mapping[str, Any], key: str, fail: Fail) -> Tool:
             else:
                 # verl's continuous trace keeps one window per start_profile unless repeat is set.
                 tool.schedule = dict(counts, repeat=counts["repeat"] or 1)
+    _token_window(block, key, tool)
+    return tool
+
+
+def _token_window(block: Mapping[str, Any], key: str, tool: Tool) -> None:
+    """``profile_token_*`` in a training worker's block: listed, as verl ignores it there."""
     for name in ("profile_token_start", "profile_token_end"):
         if block.get(name) is not None:
             tool.unmapped.append(
                 f"{key}.{name}={block[name]}: verl reads it for rollout "
                 "engines only; a training worker ignores it"
             )
-    return tool
 
 
 def npu_tool(block: Mapping[str, Any], key: str, fail: Fail) -> Tool:
@@ -152,12 +157,7 @@ def npu_tool(block: Mapping[str, Any], key: str, fail: Fail) -> Tool:
             ),
         )
     )
-    for name in ("profile_token_start", "profile_token_end"):
-        if block.get(name) is not None:
-            tool.unmapped.append(
-                f"{key}.{name}={block[name]}: verl reads it for rollout "
-                "engines only; a training worker ignores it"
-            )
+    _token_window(block, key, tool)
     return tool
 
 
