@@ -32,14 +32,14 @@ sys.path.insert(0, os.path.join(REPO, "tests"))
 
 from analysis_traces import make_run, write_trace  # noqa: E402
 
-from policy_engine.cli.analysis.run import summaries  # noqa: E402
+from policy_engine.analysis.run import summaries  # noqa: E402
 
 TARGET_MBS, TARGET_SCALE, TARGET_MB, TARGET_S = 40.0, 1.7, 300, 10.0
 # The child's own high-water mark (VmHWM, in kB): getrusage's ru_maxrss would carry the
 # parent's peak across fork and exec.
 _PEAK = """
 import sys
-from policy_engine.cli.analysis.trace_stats import summarize
+from policy_engine.analysis.summary import summarize
 def hwm():
     with open("/proc/self/status") as f:
         return next(line.split()[1] for line in f if line.startswith("VmHWM:"))

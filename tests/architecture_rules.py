@@ -279,3 +279,48 @@ def instance_attributes(tree: ast.AST) -> dict[str, set[str]]:
 def crowded_classes(tree: ast.AST, limit: int = MAX_ATTRIBUTES) -> list[str]:
     return [f"{name}: {len(attrs)} instance attributes ({', '.join(sorted(attrs))})"
             for name, attrs in sorted(instance_attributes(tree).items()) if len(attrs) > limit]
+
+
+#: What only the reading side may use: the trace reader itself and the modules that
+#: compute figures from traces and manifests.
+ANALYSIS_INTERNALS = ("policy_engine.analysis.intervals", "policy_engine.analysis.summary",
+                      "policy_engine.analysis.window", "policy_engine.analysis.windows",
+                      "policy_engine.analysis.trace_process")
+
+
+def analysis_outside(tree: ast.AST) -> list[str]:
+    """Analysis done outside the reading package: an import of the trace reader's
+    ``TraceReader`` or of a module that computes figures, or a loop over trace events
+    (``.events()``)."""
+    found: list[tuple[int, str]] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and not node.level:
+            source = node.module or ""
+            names = [a.name for a in node.names]
+            if source in ANALYSIS_INTERNALS or any(
+                    f"{source}.{n}" in ANALYSIS_INTERNALS for n in names):
+                found.append((node.lineno, f"imports {source}"))
+            elif source == "policy_engine.analysis.chrome_trace" and "TraceReader" in names:
+                found.append((node.lineno, "imports the trace reader"))
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
+                and node.func.attr == "events" and not node.args:
+            found.append((node.lineno, "reads trace events"))
+    return _lines(found)
+
+
+def private_names_of(tree: ast.AST, package: str) -> list[str]:
+    """Private names (``_x``) or private modules of ``package`` that ``tree`` imports."""
+    found: list[tuple[int, str]] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and not node.level \
+                and _inside(node.module or "", package):
+            source = node.module or ""
+            found += [(node.lineno, f"{a.name} from {source}") for a in node.names
+                      if _private(a.name)]
+            if any(_private(part) for part in source.split(".")):
+                found.append((node.lineno, f"the private module {source}"))
+        elif isinstance(node, ast.Import):
+            found += [(node.lineno, f"the private module {a.name}") for a in node.names
+                      if _inside(a.name, package)
+                      and any(_private(part) for part in a.name.split("."))]
+    return _lines(found)

@@ -19,8 +19,8 @@ from analysis_traces import NCCL, TRANSFER_US, make_run, write_trace
 from hypothesis import given
 from hypothesis import strategies as st
 
-from policy_engine.cli.analysis.intervals import Spans, intersect, length, union
-from policy_engine.cli.analysis.run import analyze
+from policy_engine.analysis.intervals import Spans, intersect, length, union
+from policy_engine.analysis.run import analyze
 from policy_engine.cli.main import main
 from policy_engine.runtime.manifest import encode
 
@@ -325,7 +325,7 @@ _ANY = st.none() | st.booleans() | st.integers(-5, 5) | st.floats(allow_nan=Fals
 def test_any_events_give_a_summary_never_an_exception(events: list[dict[str, Any]]) -> None:
     import tempfile
 
-    from policy_engine.cli.analysis.trace_stats import summarize
+    from policy_engine.analysis.summary import summarize
     with tempfile.NamedTemporaryFile("w", suffix=".json") as f:
         json.dump({"traceEvents": events}, f)
         f.flush()

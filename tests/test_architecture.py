@@ -1,10 +1,12 @@
 """The layout the code promises (docs/architecture.md), checked on the source itself.
 
-    errors  <-  settings  <-  files  <-  language  <-  plan  <-  backends  <-  runtime
-            <-  integrations  <-  cli
+    errors  <-  settings  <-  files  <-  language  <-  plan  <-  backends  <-  analysis
+            <-  runtime  <-  integrations  <-  cli
 
 A package imports only from those to its left: the language asks the registry in
-``settings`` about backends and never imports ``backends``. No import cycle, counting
+``settings`` about backends and never imports ``backends``; the reading side
+(``analysis``) sits below the runtime, which summarises its own captures with it, and the
+command line only parses arguments and prints what it computes. No import cycle, counting
 imports inside functions, under ``if TYPE_CHECKING:`` and modules named to importlib (the
 registry's strings); no module over ~400 lines. Each fact at the edges has one home: one
 module publishes files, one parses ``traceEvents``, one builds manifest lines; no private
@@ -24,13 +26,13 @@ ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "policy_engine"
 MAX_LINES = 400
 LAYERS = ["errors", "_resources", "settings", "files", "language", "plan", "backends",
-          "runtime", "testing", "integrations", "cli"]
+          "analysis", "runtime", "testing", "integrations", "cli"]
 TOP_LEVEL = {"__init__.py", "__main__.py", "errors.py", "testing.py", "_resources.py"}
-PACKAGES = {"settings", "files", "language", "plan", "backends", "runtime", "integrations",
-            "cli"}
+PACKAGES = {"settings", "files", "language", "plan", "backends", "analysis", "runtime",
+            "integrations", "cli"}
 #: The one home of each fact at the edges.
 PUBLISHER = "policy_engine.files.publish"
-TRACE_READER = "policy_engine.cli.chrome_trace"
+TRACE_READER = "policy_engine.analysis.chrome_trace"
 RECORD_BUILDER = "policy_engine.files.records"
 
 MODULES = rules.modules_under(ROOT, "policy_engine")
@@ -91,6 +93,25 @@ def test_manifest_lines_are_built_in_one_module() -> None:
 def test_no_private_name_crosses_a_package() -> None:
     found = {name: rules.private_imports(TREES[name], name, MODULES[name], MODULES)
              for name in sorted(MODULES)}
+    assert {name: where for name, where in found.items() if where} == {}
+
+
+def test_the_reading_side_imports_nothing_above_it() -> None:
+    above = {(name, dep) for name, deps in GRAPH.items() if rules.layer(name) == "analysis"
+             for dep in deps if rules.layer(dep) in ("runtime", "integrations", "cli", "testing")}
+    assert above == set()
+
+
+def test_the_command_line_holds_no_analysis() -> None:
+    found = {name: rules.analysis_outside(TREES[name]) for name in sorted(MODULES)
+             if rules.layer(name) != "analysis"}
+    assert {name: where for name, where in found.items() if where} == {}
+
+
+def test_no_test_imports_a_private_name_of_the_reading_side() -> None:
+    tests = sorted(Path(__file__).parent.rglob("*.py"))
+    found = {p.name: rules.private_names_of(ast.parse(p.read_text()), "policy_engine.analysis")
+             for p in tests}
     assert {name: where for name, where in found.items() if where} == {}
 
 
@@ -207,14 +228,36 @@ def test_a_private_name_from_another_package_is_caught() -> None:
     here = PACKAGE / "cli" / "report.py"
     text = ("from policy_engine.runtime.capture import _Cell\n"
             "from policy_engine.cli._common import prog\n"
-            "from policy_engine.cli.analysis import _helper\n"
+            "from policy_engine.analysis.window import _steps\n"
             "from policy_engine.runtime import _parts\n")
     assert rules.private_imports(ast.parse(text), "policy_engine.cli.report", here,
                                  MODULES) == [
         "line 1: _Cell from policy_engine.runtime.capture",
-        "line 3: _helper from policy_engine.cli.analysis",
+        "line 3: _steps from policy_engine.analysis.window",
         "line 4: _parts from policy_engine.runtime",
     ]
+
+
+def test_analysis_outside_the_reading_side_is_caught() -> None:
+    text = ("from policy_engine.analysis.chrome_trace import TraceError, TraceReader\n"
+            "from policy_engine.analysis import summary\n"
+            "from policy_engine.analysis.window import compare\n"
+            "for e in reader.events():\n    pass\n"
+            "from policy_engine.analysis.listing import collect\n")
+    assert rules.analysis_outside(ast.parse(text)) == [
+        "line 1: imports the trace reader", "line 2: imports policy_engine.analysis",
+        "line 3: imports policy_engine.analysis.window", "line 4: reads trace events"]
+
+
+def test_a_test_importing_a_private_name_of_the_reading_side_is_caught() -> None:
+    text = ("from policy_engine.analysis.listing import _cell, collect\n"
+            "from policy_engine.analysis import _internal\n"
+            "import policy_engine.analysis._hidden\n"
+            "from policy_engine.runtime.capture import _Cell\n")
+    assert rules.private_names_of(ast.parse(text), "policy_engine.analysis") == [
+        "line 1: _cell from policy_engine.analysis.listing",
+        "line 2: _internal from policy_engine.analysis",
+        "line 3: the private module policy_engine.analysis._hidden"]
 
 
 def test_private_names_stay_free_inside_a_package() -> None:
@@ -222,7 +265,7 @@ def test_private_names_stay_free_inside_a_package() -> None:
     text = ("from policy_engine.runtime.capture import _Cell\n"
             "from policy_engine.runtime import _parts\n"
             "from . import _local\n"
-            "from policy_engine.runtime import manifest_write as _write\n"
+            "from policy_engine.runtime import manifest as _write\n"
             "from policy_engine._resources import read_resource\n")
     assert rules.private_imports(ast.parse(text), "policy_engine.runtime.profiler", here,
                                  MODULES) == []

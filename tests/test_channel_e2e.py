@@ -25,7 +25,7 @@ from job_env import child_env
 
 from policy_engine.runtime.channel import JobChannel, connect_store
 from policy_engine.runtime.channel_folder import read_progress
-from policy_engine.runtime.manifest import scan_manifests
+from policy_engine.analysis.manifests import scan_manifests
 
 pytest.importorskip("torch")
 pytestmark = pytest.mark.slow

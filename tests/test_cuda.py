@@ -53,7 +53,7 @@ def test_history_always_dumps_an_oom_between_planned_steps(tmp_path: Path) -> No
     import pickle
 
     from policy_engine import profile_session
-    from policy_engine.runtime.manifest import read_manifests
+    from policy_engine.analysis.manifests import read_manifests
 
     policy = {"version": 1, "output_dir": str(tmp_path),
               "roles": {"actor": {"enabled": True, "backend": "memory", "steps": [2],

@@ -27,7 +27,7 @@ from policy_engine.integrations.engines import OffEngineProfiler, apply_policy
 from policy_engine.language.load import load_policy
 from policy_engine.plan.predict import explain
 from policy_engine.plan.topology import Topology
-from policy_engine.runtime.manifest import scan_manifests
+from policy_engine.analysis.manifests import scan_manifests
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "policies" / "verl_rollout_engines.yaml"

@@ -434,7 +434,7 @@ def _as_pattern(path: str) -> str:
 
 def _run_steps(policy_file: str, role: str, calls: int = 2) -> list[str]:
     from policy_engine import profile_session
-    from policy_engine.runtime.manifest import scan_manifests
+    from policy_engine.analysis.manifests import scan_manifests
 
     policy = load_policy(policy_file)
     with profile_session(policy, role, Topology()) as prof:

@@ -16,7 +16,7 @@ import pytest
 from policy_engine import ProfilingError, Topology, profile_session
 from policy_engine.backends.base import Artifact, CaptureInfo
 from policy_engine.runtime import export
-from policy_engine.runtime.manifest import scan_manifests
+from policy_engine.analysis.manifests import scan_manifests
 from policy_engine.runtime.state import slot
 
 

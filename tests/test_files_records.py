@@ -8,7 +8,8 @@ import inspect
 import pytest
 
 from policy_engine.files import records
-from policy_engine.runtime.manifest import encode, parse_line
+from policy_engine.analysis.manifests import parse_line
+from policy_engine.runtime.manifest import encode
 
 BASE = {"role": "actor", "rank": 3, "world": 8, "backend": "torch", "pid": 1234}
 

@@ -22,12 +22,13 @@ from typing import Any
 import pytest
 
 from policy_engine.backends.memory import snapshot
-from policy_engine.cli import chrome_trace
+from policy_engine.analysis import chrome_trace
 from policy_engine.cli.main import main
 from policy_engine.files.layout import find_leftovers
 from policy_engine.files.publish import publish
 from policy_engine.language.sizes import human_bytes
-from policy_engine.runtime.manifest import MANIFEST_DIR, MAX_MANIFEST_LINES, encode
+from policy_engine.analysis.manifests import MAX_MANIFEST_LINES
+from policy_engine.runtime.manifest import MANIFEST_DIR, encode
 
 MiB = 1 << 20
 PEAK_LIMIT = 300 * MiB
@@ -430,7 +431,7 @@ def test_the_reader_bounds_the_top_level_keys_and_the_bytes(tmp_path: Path,
 
 def test_what_the_manifests_can_make_a_reader_hold_is_capped(tmp_path: Path,
                                                              monkeypatch: Any) -> None:
-    from policy_engine.runtime import manifest as m
+    from policy_engine.analysis import manifests as m
 
     line = b'{"status":"complete","rank":1,"path":"t.json"}\n'
     for name in ("a", "b"):

@@ -12,7 +12,9 @@ from typing import Any
 import pytest
 
 from policy_engine.runtime import manifest
-from policy_engine.runtime.manifest import Problem, append, read_manifests, scan_manifests
+from policy_engine.analysis import manifests
+from policy_engine.analysis.manifests import Problem, read_manifests, scan_manifests
+from policy_engine.runtime.manifest import append
 
 OPEN = {"event": "open", "capture": "1", "role": "actor", "rank": 0, "steps": [3],
         "start": 10.0}
@@ -197,7 +199,7 @@ def test_a_whole_last_line_without_its_newline_is_read(out: Path) -> None:
 
 
 def test_a_line_too_long_is_skipped_not_loaded(out: Path, monkeypatch: Any) -> None:
-    monkeypatch.setattr(manifest, "MAX_LINE_BYTES", 100)
+    monkeypatch.setattr(manifests, "MAX_LINE_BYTES", 100)
     good = json.dumps({"status": "complete"}).encode() + b"\n"
     path = write_manifest(out, good, b"x" * 250 + b"\n", good, b"y" * 150)
     scan = scan_manifests(str(out))

@@ -22,9 +22,9 @@ from policy_engine import PolicyError, ProfilingError, Topology, load_policy, pr
 from policy_engine.backends.memory.device import CudaMemory
 from policy_engine.backends.memory.session import MemoryBackend
 from policy_engine.cli.main import main
-from policy_engine.cli.traces import collect
+from policy_engine.analysis.listing import collect
 from policy_engine.runtime import state
-from policy_engine.runtime.manifest import read_manifests, scan_manifests
+from policy_engine.analysis.manifests import read_manifests, scan_manifests
 from policy_engine.testing import recording_backend
 
 

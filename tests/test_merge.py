@@ -18,8 +18,8 @@ from typing import Any
 import pytest
 from job_env import child_env
 
-from policy_engine.cli import chrome_trace
-from policy_engine.cli.chrome_trace import TraceError, TraceReader
+from policy_engine.analysis import chrome_trace
+from policy_engine.analysis.chrome_trace import TraceError, TraceReader
 from policy_engine.cli.main import main
 from policy_engine.runtime.manifest import append
 

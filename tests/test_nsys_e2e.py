@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 
 from policy_engine.backends.nsight.launch import resolve_output
-from policy_engine.runtime.manifest import read_manifests
+from policy_engine.analysis.manifests import read_manifests
 
 pytestmark = pytest.mark.slow
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from job_env import child_env, run_cli
 
-from policy_engine.runtime.manifest import read_manifests
+from policy_engine.analysis.manifests import read_manifests
 
 pytestmark = pytest.mark.slow
 

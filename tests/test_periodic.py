@@ -20,7 +20,7 @@ import pytest
 
 from policy_engine import load_policy
 from policy_engine.plan.predict import explain
-from policy_engine.runtime.manifest import read_manifests
+from policy_engine.analysis.manifests import read_manifests
 
 pytest.importorskip("torch")
 pytestmark = pytest.mark.slow

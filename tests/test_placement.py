@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from policy_engine import Topology, load_policy
-from policy_engine.cli.format import complement_spans, rank_spans, size_cell
+from policy_engine.analysis.format import complement_spans, rank_spans, size_cell
 from policy_engine.language.mesh import DIMS, effective_mesh
 from policy_engine.language.ranks import RankSelector
 from policy_engine.language.sizes import human_bytes

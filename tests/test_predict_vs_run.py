@@ -26,6 +26,7 @@ from hypothesis import strategies as st
 from policy_engine import PolicyError, Topology, load_policy, profile_session
 from policy_engine.plan.predict import explain
 from policy_engine.runtime import manifest, state
+from policy_engine.analysis.manifests import scan_manifests
 from policy_engine.runtime.profiler import RoleProfiler
 from policy_engine.testing import recording_backend
 
@@ -187,7 +188,7 @@ def test_torchtitan_policy_explained_by_default_as_it_runs(tmp_path: Path,
                     prof.step()
         prof.close()
     assert [c[1] for c in rec.calls if c[0] == "save"] == predicted
-    scan = manifest.scan_manifests(str(tmp_path))
+    scan = scan_manifests(str(tmp_path))
     paths = [r["path"] for r in scan.records if r["event"] == "trace"]
     assert paths == [name + ".rec" for name in predicted]
     closes = [r for r in scan.records if r["event"] == "close"]

@@ -23,11 +23,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from policy_engine.cli import chrome_trace, report
-from policy_engine.cli.format import rank_spans as ranges
+from policy_engine.analysis import chrome_trace, ops
+from policy_engine.analysis.format import rank_spans as ranges
 from policy_engine.cli.main import main
-from policy_engine.cli.traces import _cell, _roles, collect
-from policy_engine.cli.window_roles import families
+from policy_engine.analysis.listing import cell, collect, roles_cell
+from policy_engine.analysis.window_roles import families
 from policy_engine.runtime.manifest import encode
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -244,7 +244,7 @@ def test_any_manifest_makes_a_page_that_shows_every_capture(
         rows = [*data["traces"], *data["interrupted"]]
         family = families(rows)  # one section per window, whatever took part per rank
         assert {(role, rank) for role, rank, _ in page.covered()} == {
-            (_cell(family[_roles(r)]), r.get("rank")) for r in rows}
+            (cell(family[roles_cell(r)]), r.get("rank")) for r in rows}
 
 
 # -- operators by self time -------------------------------------------------------
@@ -270,11 +270,11 @@ NESTED = [
 
 def test_self_time_is_duration_less_direct_children_on_the_same_thread() -> None:
     shuffled = NESTED[::-1]  # kineto does not promise order
-    rows = report.self_times(iter(shuffled), top=10)
+    rows = ops.self_times(iter(shuffled), top=10)
     assert rows == (("aten::addmm", "cpu_op", 65.0, 2), ("aten::relu", "cpu_op", 20.0, 1),
                     ("gemm", "kernel", 16.0, 2), ("aten::linear", "cpu_op", 10.0, 1),
                     ("aten::copy_", "cpu_op", 5.0, 1))
-    assert report.self_times(iter(shuffled), top=2) == rows[:2]
+    assert ops.self_times(iter(shuffled), top=2) == rows[:2]
 
 
 @pytest.mark.parametrize("packed", [False, True])
@@ -283,9 +283,9 @@ def test_traces_are_read_as_a_stream_in_small_chunks(tmp_path: Path, packed: boo
     data = chrome(*NESTED)
     path = tmp_path / "t.pt.trace.json.gz"
     path.write_bytes(gzip.compress(data) if packed else data)
-    whole = report.read_ops(str(path), top=10, limit=1 << 20)
+    whole = ops.read_ops(str(path), top=10, limit=1 << 20)
     monkeypatch.setattr(chrome_trace, "_CHUNK", 7)  # the key and every event cross chunks
-    assert report.read_ops(str(path), top=10, limit=1 << 20) == whole
+    assert ops.read_ops(str(path), top=10, limit=1 << 20) == whole
     assert whole.rows[0] == ("aten::addmm", "cpu_op", 65.0, 2) and whole.why is None
 
 
@@ -294,19 +294,19 @@ def test_only_the_top_level_trace_events_are_read(tmp_path: Path) -> None:
     path = tmp_path / "t.pt.trace.json"
     path.write_text(json.dumps({"distributedInfo": {"traceEvents": [x("decoy", 0, 999)]},
                                 "traceEvents": NESTED}))
-    assert report.read_ops(str(path), top=1, limit=1 << 20).rows == (
+    assert ops.read_ops(str(path), top=1, limit=1 << 20).rows == (
         ("aten::addmm", "cpu_op", 65.0, 2),)
 
 
 def test_a_trace_too_large_or_broken_says_why(tmp_path: Path) -> None:
     path = tmp_path / "t.pt.trace.json"
     path.write_bytes(chrome(*NESTED))
-    big = report.read_ops(str(path), top=5, limit=100)
+    big = ops.read_ops(str(path), top=5, limit=100)
     assert big.rows == () and big.why == (
         "operators not read: the trace is over 100 B uncompressed (--max-trace-mb)")
     packed = tmp_path / "p.pt.trace.json.gz"
     packed.write_bytes(gzip.compress(chrome(*NESTED)))
-    assert report.read_ops(str(packed), top=5, limit=100).why == (
+    assert ops.read_ops(str(packed), top=5, limit=100).why == (
         "operators not read: its gzip trailer says it inflates to 1.1 KiB, over 100 B "
         "(--max-trace-mb)")
     for content, why in (
@@ -325,13 +325,13 @@ def test_a_trace_too_large_or_broken_says_why(tmp_path: Path) -> None:
              "17"),
             (gzip.compress(chrome(*NESTED))[:-30], "truncated: the gzip data ends early")):
         path.write_bytes(content)
-        found = report.read_ops(str(path), top=5, limit=1 << 20)
+        found = ops.read_ops(str(path), top=5, limit=1 << 20)
         assert found.why == f"operators not read: {why}", found
     os.mkfifo(tmp_path / "fifo")
-    assert report.read_ops(str(tmp_path / "fifo"), top=5, limit=100).why == \
+    assert ops.read_ops(str(tmp_path / "fifo"), top=5, limit=100).why == \
         "operators not read: not a regular file"
     os.symlink(packed, tmp_path / "link.pt.trace.json.gz")
-    assert report.read_ops(str(tmp_path / "link.pt.trace.json.gz"), top=5,
+    assert ops.read_ops(str(tmp_path / "link.pt.trace.json.gz"), top=5,
                            limit=1 << 20).why == ("operators not read: cannot open it: Too "
                                                   "many levels of symbolic links")
 
@@ -341,10 +341,10 @@ def test_what_all_traces_read_together_is_bounded(tmp_path: Path) -> None:
     path.write_bytes(chrome(*NESTED))
     size = len(chrome(*NESTED))
     used: list[int] = []
-    assert report.read_ops(str(path), top=1, limit=1 << 20, budget=size + 10,
+    assert ops.read_ops(str(path), top=1, limit=1 << 20, budget=size + 10,
                            used=used).why is None
     assert used == [size]
-    assert report.read_ops(str(path), top=1, limit=1 << 20, budget=10, used=used).why == (
+    assert ops.read_ops(str(path), top=1, limit=1 << 20, budget=10, used=used).why == (
         "operators not read: the traces read before it used up --max-total-mb")
 
 

@@ -21,7 +21,7 @@ from policy_engine import (
     apply_policy,
     profile_session,
 )
-from policy_engine.runtime.manifest import read_manifests
+from policy_engine.analysis.manifests import read_manifests
 from policy_engine.testing import recording_backend
 
 

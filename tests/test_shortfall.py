@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from policy_engine import Topology, profile_session
-from policy_engine.runtime.manifest import scan_manifests
+from policy_engine.analysis.manifests import scan_manifests
 from policy_engine.runtime.profiler import RoleProfiler
 from policy_engine.testing import recording_backend
 

@@ -28,7 +28,7 @@ from typing import Any
 import pytest
 
 from policy_engine.files.layout import find_leftovers
-from policy_engine.runtime.manifest import scan_manifests
+from policy_engine.analysis.manifests import scan_manifests
 
 pytestmark = pytest.mark.slow
 

@@ -23,7 +23,7 @@ import pytest
 from job_env import child_env
 
 from policy_engine.runtime.channel import PREFIX, JobChannel, StoreKV
-from policy_engine.runtime.manifest import scan_manifests
+from policy_engine.analysis.manifests import scan_manifests
 
 dist = pytest.importorskip("torch.distributed")
 pytestmark = pytest.mark.slow

@@ -19,7 +19,7 @@ import torch
 
 from policy_engine import Topology, apply_policy, load_policy
 from policy_engine.plan.predict import explain
-from policy_engine.runtime.manifest import read_manifests
+from policy_engine.analysis.manifests import read_manifests
 
 
 class Worker:

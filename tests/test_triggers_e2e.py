@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from policy_engine.runtime.manifest import scan_manifests
+from policy_engine.analysis.manifests import scan_manifests
 
 pytest.importorskip("torch")
 pytestmark = pytest.mark.slow

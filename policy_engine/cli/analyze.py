@@ -18,9 +18,9 @@ import sys
 from typing import Any
 
 from policy_engine.cli._common import add_format_option, positive_int, print_json, whole_number
-from policy_engine.cli.analysis import hta as hta_bridge
-from policy_engine.cli.analysis.run import analyze
-from policy_engine.cli.analysis.text import render
+from policy_engine.analysis import hta as hta_bridge
+from policy_engine.analysis.run import analyze
+from policy_engine.analysis.text import render
 
 
 def add_parser(sub: Any, name: str, help: str) -> None:
@@ -31,6 +31,9 @@ def add_parser(sub: Any, name: str, help: str) -> None:
                         help="only the windows that cover this outer step")
     parser.add_argument("--jobs", type=positive_int, metavar="N", default=None,
                         help="worker processes reading traces (default: the cores)")
+    parser.add_argument("--from-traces", action="store_true",
+                        help="read every trace, even where its rank summarised it in the "
+                             "manifest")
     parser.add_argument("--hta", action="store_true",
                         help="also run Holistic Trace Analysis on windows with GPU kernels")
     add_format_option(parser)
@@ -46,7 +49,7 @@ def default_jobs() -> int:
 
 def run(args: argparse.Namespace) -> int:
     result = analyze(args.dir, role=args.role, step=args.step,
-                     jobs=args.jobs or default_jobs())
+                     jobs=args.jobs or default_jobs(), from_traces=args.from_traces)
     if args.hta:
         if hta_bridge.available():
             hta_bridge.attach(result["windows"], args.dir)

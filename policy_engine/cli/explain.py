@@ -18,7 +18,7 @@ from policy_engine.cli._common import (
     positive_int,
 )
 from policy_engine.cli.forecast import Sizes, add_sizes_option, forecast, read_sizes
-from policy_engine.cli.format import size_cell
+from policy_engine.analysis.format import size_cell
 from policy_engine.cli.usage import UsageError
 from policy_engine.plan.plan import Plan
 from policy_engine.plan.predict import iter_ranks

@@ -8,6 +8,7 @@ import importlib
 import sys
 from collections.abc import Sequence
 
+from policy_engine.analysis.errors import AnalysisError
 from policy_engine.cli.usage import UsageError
 from policy_engine.errors import PolicyError
 
@@ -70,7 +71,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         code: int = args.run(args)
         return code
-    except UsageError as err:
+    except (UsageError, AnalysisError) as err:
         print(f"policy-engine {args.command}: error: {err}", file=sys.stderr)
         return EXIT_USAGE
     except PolicyError as err:

@@ -19,29 +19,26 @@ nothing beside it.
 from __future__ import annotations
 
 import argparse
-import gzip
-import itertools
 import os
 import sys
-from collections.abc import Iterable
-from typing import IO, Any
+from typing import Any
 
+from policy_engine.analysis.chrome_trace import TraceError
+from policy_engine.analysis.merge import (
+    choose,
+    describe,
+    merge,
+    records,
+    refuse_inputs,
+    skip_reason,
+    span,
+)
+from policy_engine.analysis.merge_io import MAX_EVENTS, MAX_TRACE_MB, Bounds
 from policy_engine.cli._common import check_output, whole_number
-from policy_engine.cli.chrome_trace import TraceError, TraceReader
-from policy_engine.cli.format import rank_spans
-from policy_engine.cli.merge_io import MAX_EVENTS, MAX_TRACE_MB, Bounds, EventWriter
-from policy_engine.cli.trace_process import ProcessMap
 from policy_engine.cli.usage import UsageError
-from policy_engine.cli.window_roles import families, holds, label
-from policy_engine.errors import did_you_mean
-from policy_engine.files.publish import publish
-from policy_engine.runtime.manifest import file_of, scan_manifests
 
 _PROG = "policy-engine merge"
-TORCH_SUFFIXES = (".pt.trace.json", ".pt.trace.json.gz")
 EXIT_BAD_DATA = 1  # a trace of the window cannot be read
-#: Flow and async ids of the i-th trace move by i << _ID_SHIFT (below 2**53 for 100k ranks).
-_ID_SHIFT = 36
 
 
 def add_parser(sub: Any, name: str, help: str) -> None:
@@ -68,289 +65,25 @@ def add_parser(sub: Any, name: str, help: str) -> None:
     parser.set_defaults(run=run)
 
 
-# -- choosing the window ---------------------------------------------------------------
-
-def _is_torch(record: dict[str, Any]) -> bool:
-    path = record.get("path")
-    return record.get("backend") == "torch" or (
-        isinstance(path, str) and path.endswith(TORCH_SUFFIXES))
-
-
-def _span(values: Iterable[Any]) -> str:
-    """``[0, 1, 2, 5]`` as ``0-2, 5``."""
-    return rank_spans(values, sep=", ", empty="-")
-
-
-def _warn(where: str, why: str) -> None:
-    print(f"{_PROG}: warning: manifest {where}: {why}", file=sys.stderr)
-
-
-def _records(root: str) -> tuple[list[dict[str, Any]], set[str]]:
-    """Every trace line under ``root`` with its ``_file`` and ``_key``; and every file
-    the merged trace must never replace (the manifests, and every file they name)."""
-    scan = scan_manifests(root)
-    for problem in scan.problems:
-        _warn(f"{problem.path}:{problem.line}" if problem.line else problem.path, problem.why)
-    if not scan.records:
-        raise UsageError(f"no manifests under {root} (a policy-engine output folder has "
-                         "manifests/*.manifest.jsonl)")
-    inputs = {r["_manifest"] for r in scan.records} | {p.path for p in scan.problems}
-    rows = []
-    for r in scan.records:
-        if r["event"] != "trace":
-            continue
-        record = dict(r)
-        record["_file"] = None
-        if record.get("path"):
-            try:  # never read outside DIR
-                record["_file"] = file_of(r, record["path"])
-            except ValueError as err:
-                _warn(f"{r['_manifest']}:{r['_line']}", str(err))
-                continue
-            inputs.add(record["_file"])
-        record["_label"] = label(record)  # the roles that took part on its rank
-        rows.append(record)
-    if not rows:
-        raise UsageError(f"the manifests under {root} record no traces")
-    family = families(rows)  # one window across ranks whose roles differ (window_roles)
-    for r in rows:
-        r["_window"] = family[r["_label"]]
-    rows.sort(key=lambda r: (r["start"] if isinstance(r.get("start"), (int, float)) else 0))
-    nth: dict[tuple[Any, ...], int] = {}
-    for r in rows:  # the i-th capture of the same steps and cycle, per rank and backend
-        steps = tuple(r.get("steps") or ())
-        key = (r["_window"], r.get("region"), steps, r.get("cycle"))
-        who = (*key, r.get("rank"), repr(r.get("backend")), _is_torch(r))
-        nth[who] = nth.get(who, 0) + 1
-        r["_key"] = (*key, nth[who])
-    return rows, inputs
-
-
-def _describe(key: tuple[Any, ...], labels: int) -> str:
-    label, region, steps, cycle, nth = key
-    parts = [label] if labels > 1 else []
-    if region is not None:
-        parts.append(f"region {region}")
-    parts.append("whole session" if not steps else
-                 f"step {steps[0]}" if len(steps) == 1 else f"steps {steps[0]}-{steps[-1]}")
-    if cycle is not None:
-        parts.append(f"cycle {cycle}")
-    if nth > 1:
-        parts.append(f"capture {nth}")
-    return ", ".join(parts)
-
-
-def _listing(windows: dict[tuple[Any, ...], list[dict[str, Any]]]) -> str:
-    """One line per window, oldest first."""
-    labels = len({k[0] for k in windows})
-    return "".join(f"\n  {_describe(k, labels)}: ranks {_span(r.get('rank') for r in rows)}"
-                   for k, rows in windows.items())
-
-
-def choose(rows: list[dict[str, Any]], args: argparse.Namespace) -> list[dict[str, Any]]:
-    """The trace lines (every backend) of the one window the arguments name."""
-    labels = sorted({r["_window"] for r in rows})
-    if args.role is not None:
-        # Every window that holds the role, on every rank where it took part.
-        every = labels
-        rows = [r for r in rows if args.role == r["_window"] or holds(r, args.role)]
-        labels = sorted({r["_window"] for r in rows})
-        if not labels:
-            raise UsageError(f"no role {args.role!r} under {args.dir}: it holds "
-                             f"{', '.join(every)}{did_you_mean(args.role, every)}")
-    elif len(labels) > 1:
-        raise UsageError(f"{args.dir} holds traces of {len(labels)} roles "
-                         f"({', '.join(labels)}): choose one with --role")
-    torch = [r for r in rows if _is_torch(r)]
-    if not torch:
-        kinds = sorted({str(r.get("backend")) for r in rows})
-        raise UsageError(f"{'/'.join(labels)} has no torch traces under {args.dir} (only "
-                         f"{', '.join(kinds)}); merge joins torch traces")
-    windows: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
-    for r in torch:
-        windows.setdefault(r["_key"], []).append(r)
-    wanted = {k: v for k, v in windows.items()
-              if (args.step is None or args.step in k[2] or str(args.step) in map(str, k[2]))
-              and (args.region is None or k[1] == args.region)
-              and (args.cycle is None or k[3] == args.cycle)
-              and (args.capture is None or k[4] == args.capture)}
-    if not wanted:
-        raise UsageError(f"no capture window of {'/'.join(labels)} with torch traces matches "
-                         f"--step/--cycle/--region/--capture; there are:{_listing(windows)}")
-    if len(wanted) > 1:
-        raise UsageError(f"{len(wanted)} capture windows of {'/'.join(labels)} match: choose "
-                         f"one with --step (or --cycle, --region, --capture):"
-                         f"{_listing(wanted)}")
-    (key,) = wanted
-    return [r for r in rows if r["_key"] == key]
-
-
-# -- the merged file -------------------------------------------------------------------
-
-# -- merging ---------------------------------------------------------------------------
-
-def _name(record: dict[str, Any]) -> str:
-    coords = record.get("coords") or {}
-    where = " ".join(f"{k}={v}" for k, v in coords.items())
-    rank = record.get("rank")
-    return f"rank {'?' if rank is None else rank} ({record['_label']}{', ' if where else ''}" \
-           f"{where})"
-
-
-def _skip_reason(record: dict[str, Any]) -> str | None:
-    """Why a trace line of the window is not merged, or None."""
-    if not _is_torch(record):
-        return f"backend {record.get('backend')}: not a torch trace"
-    if record.get("status") == "failed" or record["_file"] is None:
-        return f"failed, no file: {record.get('error') or 'no reason recorded'}"
-    if not str(record["_file"]).endswith(TORCH_SUFFIXES):
-        return "not a .pt.trace.json[.gz] file"
-    if not os.path.exists(record["_file"]):
-        return "missing: the manifest names it, but it is not on disk"
-    return None
-
-
-def _base_time(record: dict[str, Any], root: str, bounds: Bounds) -> int | None:
-    """The trace's baseTimeNanoseconds (read from its head, or the whole file if it comes
-    after the events); None when the trace has none."""
-    with bounds.open(record["_file"]) as reader:
-        meta = reader.header()
-        if "baseTimeNanoseconds" not in meta:  # so the events are read twice: bound both
-            _feed(reader, ProcessMap(0, shift=0, id_base=0, tids=itertools.count()), None)
-            meta = reader.meta
-    base = meta.get("baseTimeNanoseconds")
-    if isinstance(base, int) and not isinstance(base, bool):
-        return base
-    print(f"{_PROG}: note: {os.path.relpath(record['_file'], root)} has no "
-          "baseTimeNanoseconds: its timestamps are taken as Unix microseconds", file=sys.stderr)
-    return None
-
-
-def _pids(records: list[dict[str, Any]]) -> list[int]:
-    """A process id per trace: rank + 1 (Perfetto keeps pid 0 for the idle process)."""
-    known = [r["rank"] for r in records if isinstance(r.get("rank"), int)]
-    spare = itertools.count(max(known, default=-1) + 2)
-    return [r["rank"] + 1 if isinstance(r.get("rank"), int) else next(spare) for r in records]
-
-
-def _feed(reader: TraceReader, proc: ProcessMap, writer: EventWriter | None) -> None:
-    """The events of ``reader`` through ``proc`` into ``writer`` (if any)."""
-    for event in reader.events():
-        try:
-            kept = proc.event(event)
-        except TraceError as err:
-            raise TraceError(f"{err}, at event {reader.count} of traceEvents (before "
-                             f"character {reader.position})") from None
-        if kept is not None and writer is not None:
-            writer.event(kept)
-
-
-def _copy(r: dict[str, Any], rel: str, proc: ProcessMap, writer: EventWriter,
-          bounds: Bounds) -> dict[str, Any]:
-    """The events of one trace into ``writer``; the trace's other top-level keys."""
-    with bounds.open(r["_file"]) as reader:
-        _feed(reader, proc, writer)
-    if reader.not_objects:
-        print(f"{_PROG}: note: {rel}: {reader.not_objects} entries of traceEvents "
-              "are not objects; left out", file=sys.stderr)
-    return reader.meta
-
-
-def merge(records: list[dict[str, Any]], root: str, out: str, force: bool,
-          bounds: Bounds | None = None) -> int:
-    """Write the traces of ``records`` (one window, sorted by rank) as one; the number of
-    events written. TraceError (with the file in front) for a trace that cannot be read
-    or is past ``bounds`` (the defaults of --max-trace-mb and --max-events when None);
-    FileExistsError when ``out`` exists and not ``force``."""
-    bounds = bounds or Bounds(MAX_TRACE_MB << 20, MAX_EVENTS)
-    bases = []
-    for r in records:
-        try:
-            bases.append(_base_time(r, root, bounds) or 0)
-        except TraceError as err:
-            raise TraceError(f"{os.path.relpath(r['_file'], root)}: {err}") from None
-    ref = min(bases)
-    pids = _pids(records)
-    tids = itertools.count(1000 * (max(pids) // 1000 + 1))
-    written = 0
-
-    def write(f: IO[bytes]) -> None:
-        nonlocal written
-        stream: IO[bytes] = f
-        if out.endswith(".gz"):
-            stream = gzip.GzipFile(  # type: ignore[assignment]  # a binary file all the same
-                filename="", fileobj=f, mode="wb", compresslevel=6, mtime=0)
-        writer = EventWriter(stream)
-        for index, (r, base, pid) in enumerate(zip(records, bases, pids, strict=True)):
-            rel = os.path.relpath(r["_file"], root)
-            delta = base - ref  # nanoseconds; microseconds in the trace
-            shift = delta // 1000 if delta % 1000 == 0 else delta / 1000
-            proc = ProcessMap(pid, shift=shift, id_base=index << _ID_SHIFT, tids=tids,
-                              main=r.get("pid"))
-            try:
-                meta = _copy(r, rel, proc, writer, bounds)
-            except TraceError as err:
-                raise TraceError(f"{rel}: {err}") from None
-            args = {"rank": r.get("rank"), "role": r["_label"], "coords": r.get("coords"),
-                    "trace": rel, "status": r.get("status"), "metadata": meta}
-            labels = [str(meta.get("host_name") or ""), r.get("status") or ""]
-            rank = r.get("rank")
-            for event in proc.metadata(_name(r), rank if isinstance(rank, int) else pid, args,
-                                       ", ".join(x for x in labels if x not in ("", "complete"))):
-                writer.event(event)
-        first = records[0]
-        writer.finish({"schemaVersion": 1, "baseTimeNanoseconds": ref, "policy_engine_merge": {
-            "role": first["_window"], "region": first.get("region"),
-            "steps": first.get("steps"), "cycle": first.get("cycle"),
-            "ranks": [r.get("rank") for r in records],
-            "traces": [os.path.relpath(r["_file"], root) for r in records]}})
-        if stream is not f:
-            stream.close()  # the gzip trailer; publish closes the file
-        written = writer.count
-
-    publish(out, write, force=force)
-    return written
-
-
-def _refuse_inputs(out: str, window: list[dict[str, Any]], inputs: set[str]) -> None:
-    """UsageError when ``out`` is (or is a link to, or another name of) a file of the
-    window, a manifest, or a file a manifest names: inputs are never replaced."""
-    try:
-        target = os.stat(out)
-    except OSError:
-        return  # nothing there (or nothing readable) to replace
-
-    def same(path: str | None) -> bool:
-        try:
-            return bool(path) and os.path.samestat(os.stat(str(path)), target)
-        except OSError:
-            return False
-
-    if any(same(r["_file"]) for r in window):
-        raise UsageError(f"{out} is one of the traces to merge: choose another file")
-    if any(same(p) for p in inputs):
-        raise UsageError(f"{out} is a manifest or a file the manifests under the folder "
-                         "name: choose another file")
-
-
 def run(args: argparse.Namespace) -> int:
     root, out = args.dir, args.output
     if not os.path.isdir(root):
         raise UsageError(f"{root} is not a folder")
     check_output(out, "the merged trace", args.force)
-    rows, inputs = _records(root)
-    window = choose(rows, args)
-    _refuse_inputs(out, window, inputs)
+    rows, inputs = records(root)
+    window = choose(rows, root, role=args.role, step=args.step, cycle=args.cycle,
+                    region=args.region, capture=args.capture)
+    refuse_inputs(out, window, inputs)
     merged = []
     for r in sorted(window, key=lambda r: (not isinstance(r.get("rank"), int),
                                            r.get("rank") or 0)):
-        why = _skip_reason(r)
+        why = skip_reason(r)
         if why is None:
             merged.append(r)
         else:
             shown = os.path.relpath(r["_file"], root) if r["_file"] else "(no file)"
             print(f"{_PROG}: skipped {shown} (rank {r.get('rank')}): {why}", file=sys.stderr)
-    what = _describe(window[0]["_key"], 2)
+    what = describe(window[0]["_key"], 2)
     if not merged:
         print(f"{_PROG}: error: no torch trace of {what} can be read", file=sys.stderr)
         return EXIT_BAD_DATA
@@ -364,6 +97,6 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"{out} exists (--force replaces it)") from None
     except OSError as err:
         raise UsageError(f"{out}: cannot write: {err.strerror or err}") from None
-    print(f"{out}: {what}, ranks {_span(r.get('rank') for r in merged)} "
+    print(f"{out}: {what}, ranks {span(r.get('rank') for r in merged)} "
           f"({len(merged)} traces, {events} events)")
     return 0

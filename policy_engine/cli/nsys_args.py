@@ -29,7 +29,7 @@ from policy_engine.cli._common import (
     positive_int,
     print_json,
 )
-from policy_engine.cli.format import complement_spans, rank_spans
+from policy_engine.analysis.format import complement_spans, rank_spans
 from policy_engine.cli.usage import UsageError
 from policy_engine.errors import PolicyError, Problem, json_path
 from policy_engine.language.frozen import thaw

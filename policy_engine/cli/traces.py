@@ -10,33 +10,19 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
-import re
 import sys
-import time
 from typing import Any
 
-from policy_engine.cli._common import add_format_option, print_json
-from policy_engine.cli.format import size_cell
-from policy_engine.cli.usage import UsageError
-from policy_engine.cli.window_roles import label
-from policy_engine.files.layout import find_leftovers, is_temp_name, temp_pid
-from policy_engine.runtime.manifest import (
-    COMPANIONS,
-    MANIFEST_DIR,
-    MANIFEST_SUFFIX,
-    Scan,
-    file_of,
-    host_name,
-    scan_manifests,
+from policy_engine.analysis.listing import (
+    PATH_NOTES,
+    cell,
+    collect,
+    row_cells,
+    row_order,
+    summary_line,
 )
-from policy_engine.runtime.triggers import REQUESTS_DIR
-
-# Folders written whole by a tool (torch_npu) are one trace, not many files.
-_TRACE_DIR_SUFFIXES = ("_ascend_pt",)
-_MANIFEST_NAME = re.compile(r"(.+)_pid(\d+)_(\d{14})" + re.escape(MANIFEST_SUFFIX) + "$")
-_STATUS_ORDER = ("complete", "partial", "failed", "oom")
-_NEVER_CLOSED = "the process ended before the capture closed"
-_STILL_OPEN = "the capture is still open"
+from policy_engine.cli._common import add_format_option, print_json
+from policy_engine.cli.usage import UsageError
 
 
 def add_parser(sub: Any, name: str, help: str) -> None:
@@ -46,241 +32,11 @@ def add_parser(sub: Any, name: str, help: str) -> None:
     parser.set_defaults(run=run)
 
 
-def _text(s: str) -> str:
-    """A name from the file system as printable text (undecodable bytes as escapes)."""
-    try:
-        return os.fsencode(s).decode("utf-8", "backslashreplace")
-    except UnicodeError:
-        return s.encode("utf-8", "backslashreplace").decode("utf-8")
-
-
-def _on_disk(root: str) -> set[str]:
-    found: set[str] = set()
-    for folder, dirs, files in os.walk(root):
-        rel = os.path.relpath(folder, root)
-        if rel.split(os.sep)[0] == MANIFEST_DIR:
-            dirs[:] = []
-            continue
-        for d in list(dirs):
-            if d == REQUESTS_DIR:  # trigger requests (policy-engine trigger), not traces
-                dirs.remove(d)
-            elif d.endswith(_TRACE_DIR_SUFFIXES):
-                found.add(os.path.normpath(os.path.join(rel, d)))
-                dirs.remove(d)
-        found.update(os.path.normpath(os.path.join(rel, f)) for f in files
-                     if not f.startswith(".") and not is_temp_name(f)
-                     and not (os.path.basename(folder) == MANIFEST_DIR
-                              and f.endswith(MANIFEST_SUFFIX)))
-    return found
-
-
-def _process_start(pid: int) -> float | None:
-    """When process ``pid`` started (Unix time), where /proc tells."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            fields = f.read().rsplit(b")", 1)[1].split()
-        with open("/proc/stat", "rb") as f:
-            boot = next(int(line.split()[1]) for line in f if line.startswith(b"btime "))
-        return boot + int(fields[19]) / os.sysconf("SC_CLK_TCK")
-    except (OSError, ValueError, IndexError, StopIteration):
-        return None
-
-
-def _writer(manifest: str) -> tuple[str, int, str] | None:
-    """Host, pid and start stamp of the process that writes ``manifest`` (from its name)."""
-    match = _MANIFEST_NAME.match(os.path.basename(manifest))
-    return (match.group(1), int(match.group(2)), match.group(3)) if match else None
-
-
-def _alive(manifest: str) -> bool:
-    """Whether the process that writes ``manifest`` runs on this host now."""
-    writer = _writer(manifest)
-    if writer is None or writer[0] != host_name() or writer[1] <= 0:
-        return False
-    _host, pid, stamp = writer
-    try:
-        os.kill(pid, 0)
-    except PermissionError:
-        pass  # someone else's process, but alive
-    except (OSError, OverflowError):
-        return False
-    started = _process_start(pid)
-    try:
-        began = time.mktime(time.strptime(stamp, "%Y%m%d%H%M%S"))
-    except (ValueError, OverflowError):
-        return True
-    # A process that started after its manifest was begun is another one with the same pid.
-    return started is None or started <= began + 2
-
-
-def _interrupted(scan: Scan, root: str, alive: dict[str, bool]) -> list[dict[str, Any]]:
-    """Captures whose close record is missing or says interrupted, or short of traces."""
-    opens: dict[tuple[str, str], dict[str, Any]] = {}
-    closes: dict[tuple[str, str], dict[str, Any]] = {}
-    found: dict[tuple[str, str], int] = {}
-    for r in scan.records:
-        if "capture" not in r:  # a trace line written before captures had ids
-            continue
-        key: tuple[str, str] = (r["_manifest"], r["capture"])
-        if r["event"] == "open":
-            opens[key] = r
-        elif r["event"] == "close":
-            closes[key] = r
-        else:
-            found[key] = found.get(key, 0) + 1
-    rows = []
-    for key in sorted(set(opens) | set(closes), key=lambda k: (k[0], k[1])):
-        opened, closed = opens.get(key, {}), closes.get(key)
-        traces = found.get(key, 0)
-        if closed is None:
-            status, why = ("running", _STILL_OPEN) if alive[key[0]] else (
-                "interrupted", _NEVER_CLOSED)
-        elif closed["status"] == "interrupted":
-            status, why = "interrupted", closed.get("error") or "interrupted"
-        else:
-            # The close line comes after the capture's trace lines, background exports
-            # included; `thread_waits` (`deferred` in older manifests) counts waits, not files.
-            expected = closed.get("traces", 0)
-            if traces >= expected:
-                continue
-            lost = expected - traces
-            status, why = "interrupted", (
-                f"{lost} of its {expected} trace(s) never reached the manifest")
-        row = {k: v for k, v in opened.items() if not k.startswith("_")}
-        if closed is not None and "steps" in closed:
-            row["steps"] = closed["steps"]
-        row.update(event="capture", capture=key[1], status=status, reason=why,
-                   traces=traces, manifest=_text(os.path.relpath(key[0], root)))
-        rows.append(row)
-    return rows
-
-
-def _rank(r: dict[str, Any]) -> tuple[str, int, float]:
-    rank, start = r.get("rank"), r.get("start")
-    return (str(r.get("role")), rank if isinstance(rank, int) else -1,
-            start if isinstance(start, (int, float)) else 0)
-
-
-def collect(root: str) -> dict[str, Any]:
-    """Rows from every manifest under ``root``; captures that never closed; unlisted,
-    missing and half-written files; manifest lines that could not be read."""
-    scan = scan_manifests(root)
-    rows: list[dict[str, Any]] = []
-    named: set[str] = set()
-    refused: list[dict[str, Any]] = []
-    for r in scan.records:
-        if r["event"] != "trace":
-            continue
-        record = {k: v for k, v in r.items() if not k.startswith("_")}
-        if record.get("path"):
-            try:  # a path out of DIR is reported, never looked at
-                full = file_of(r, record["path"])
-            except ValueError as err:
-                refused.append({"manifest": _text(r["_manifest"]), "line": r["_line"],
-                                "why": str(err)})
-                record["path"] = None
-            else:
-                rel = os.path.relpath(full, root)
-                record["path"] = _text(rel)
-                record["exists"] = os.path.exists(full)
-                named.add(rel)
-        extra = record.get("extra")
-        companions = [extra.get(key) for key in COMPANIONS] if isinstance(extra, dict) else []
-        for rel_path in companions:
-            with contextlib.suppress(ValueError):
-                named.add(os.path.relpath(file_of(r, rel_path), root))
-        rows.append(record)
-    rows.sort(key=_rank)
-    alive = {m: _alive(m) for m in {r["_manifest"] for r in scan.records}}
-    interrupted = sorted(_interrupted(scan, root, alive), key=_rank)
-    # Temporary files of a process still running on this host are saves in progress.
-    writers = {w[1] for m, up in alive.items() if up and (w := _writer(m)) is not None}
-    leftovers: list[str] = []
-    writing: list[str] = []
-    for path in find_leftovers(root):
-        busy = temp_pid(os.path.basename(path)) in writers
-        (writing if busy else leftovers).append(_text(path))
-    return {
-        "traces": rows,
-        "interrupted": interrupted,
-        "unlisted": sorted(_text(p) for p in _on_disk(root) - named),
-        "missing": sorted(r["path"] for r in rows if r.get("path") and not r.get("exists")),
-        "leftovers": leftovers,
-        "writing": writing,
-        "bad_lines": [{"manifest": _text(p.path), "line": p.line, "why": p.why}
-                      for p in scan.problems if p.line is not None] + refused,
-        "unreadable": [{"path": _text(p.path), "why": p.why}
-                       for p in scan.problems if p.line is None],
-    }
-
-
-def _steps(record: dict[str, Any]) -> str:
-    steps = record.get("steps") or []
-    if not steps:
-        return "-"
-    return str(steps[0]) if len(steps) == 1 else f"{steps[0]}-{steps[-1]}"
-
-
-def _cell(value: Any) -> str:
-    """A value as one line of printable text (no control characters reach the terminal)."""
-    text = str(value)
-    if text.isprintable():
-        return text
-    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
-
-
 def _emit(line: str) -> None:
     encoding = getattr(sys.stdout, "encoding", None) or "utf-8"
     with contextlib.suppress(LookupError):
         line = line.encode(encoding, "backslashreplace").decode(encoding, "replace")
     print(line)
-
-
-def _row(r: dict[str, Any]) -> tuple[str, ...]:
-    if r.get("event") == "capture":
-        path = f"({r['reason']})"
-    else:
-        path = r.get("path") or f"({r.get('error') or 'no file'})"
-    cycle = r.get("cycle")
-    steps = _steps(r)
-    trigger = r.get("trigger")
-    if trigger and trigger != "plan":  # a capture beyond the plan says why it happened
-        steps += f" ({trigger})"
-    return tuple(_cell(c) for c in (
-        _roles(r),
-        r.get("region") or "-", r.get("rank"), steps, "-" if cycle is None else cycle,
-        r.get("status"), size_cell(r.get("bytes")), path))
-
-
-#: The files a listing names besides its traces: (key in the data, word, why).
-_PATH_NOTES = (("unlisted", "unlisted", "on disk, but no manifest names it"),
-               ("missing", "missing", "a manifest names it, but it is not on disk"),
-               ("leftovers", "leftover", "an interrupted save; safe to delete"),
-               ("writing", "writing", "a save in progress"))
-
-
-def _roles(record: dict[str, Any]) -> str:
-    """Who a capture belongs to on its rank: the roles that took part (``colocate``) with
-    any that joined it undeclared, else its owner and those that joined."""
-    return label(record)
-
-
-def _plural(n: int, word: str) -> str:
-    return f"{n} {word}" if n == 1 else f"{n} {word}s"
-
-
-def _summary(data: dict[str, Any]) -> str:
-    counts: dict[str, int] = {}
-    for r in data["traces"]:
-        counts[str(r.get("status"))] = counts.get(str(r.get("status")), 0) + 1
-    order = [s for s in _STATUS_ORDER if s in counts] + sorted(set(counts) - {*_STATUS_ORDER})
-    parts = [f"{_plural(len(data['traces']), 'trace')} "
-             f"({', '.join(f'{counts[s]} {s}' for s in order) or 'none'})"]
-    for status in ("interrupted", "running"):
-        n = sum(1 for r in data["interrupted"] if r["status"] == status)
-        if n:
-            parts.append(f"{_plural(n, 'capture')} {status}")
-    return ", ".join(parts)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -291,17 +47,17 @@ def run(args: argparse.Namespace) -> int:
         print_json(data)
         return 0
     header = ("ROLE", "REGION", "RANK", "STEPS", "CYCLE", "STATUS", "SIZE", "PATH")
-    rows = sorted([*data["traces"], *data["interrupted"]], key=_rank)
-    table = [header] + [_row(r) for r in rows]
+    rows = sorted([*data["traces"], *data["interrupted"]], key=row_order)
+    table = [header] + [row_cells(r) for r in rows]
     widths = [max(len(row[i]) for row in table) for i in range(len(header) - 1)]
     for row in table:
         _emit("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=False)) + "  " + row[-1])
-    _emit(_summary(data))
-    for key, word, why in _PATH_NOTES:
+    _emit(summary_line(data))
+    for key, word, why in PATH_NOTES:
         for path in data[key]:
-            _emit(f"{word}: {_cell(path)} ({why})")
+            _emit(f"{word}: {cell(path)} ({why})")
     for bad in data["bad_lines"]:
-        _emit(f"bad manifest line: {_cell(bad['manifest'])}:{bad['line']}: {_cell(bad['why'])}")
+        _emit(f"bad manifest line: {cell(bad['manifest'])}:{bad['line']}: {cell(bad['why'])}")
     for bad in data["unreadable"]:
-        _emit(f"unreadable: {_cell(bad['path'])}: {_cell(bad['why'])}")
+        _emit(f"unreadable: {cell(bad['path'])}: {cell(bad['why'])}")
     return 0

@@ -25,7 +25,7 @@ from policy_engine.cli.usage import UsageError
 from policy_engine.files.publish import UnsafePathError, open_folder
 from policy_engine.language.ranks import RankSelector
 from policy_engine.language.selector import SelectorError
-from policy_engine.runtime.manifest import scan_manifests
+from policy_engine.analysis.manifests import scan_manifests
 from policy_engine.runtime.requests import (
     MAX_COUNT,
     MAX_STEP,

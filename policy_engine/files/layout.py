@@ -19,6 +19,7 @@ import hashlib
 import os
 import re
 import secrets
+import socket
 
 #: The folder of the per-process manifests, and the ending of their names.
 MANIFEST_DIR = "manifests"
@@ -33,6 +34,11 @@ MAX_COMPONENT_BYTES = 255
 TEMP_PREFIX = ".policy-engine-"
 _TEMP_PATTERN = TEMP_PREFIX + "*.tmp*"
 _TEMP_PID = re.compile(re.escape(TEMP_PREFIX) + r"(\d+)-")
+
+
+def host_name() -> str:
+    """The short host name that starts this host's manifest file names."""
+    return socket.gethostname().split(".")[0] or "host"
 
 
 def temp_name(ext: str = "") -> str:

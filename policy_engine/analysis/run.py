@@ -13,10 +13,11 @@ import concurrent.futures
 import os
 from typing import Any
 
-from policy_engine.cli.analysis.compare import compare
-from policy_engine.cli.analysis.trace_stats import summarize
-from policy_engine.cli.analysis.windows import describe, from_folders, from_manifests
-from policy_engine.cli.usage import UsageError
+from policy_engine.analysis.errors import AnalysisError
+from policy_engine.analysis.manifests import Scan
+from policy_engine.analysis.summary import summarize
+from policy_engine.analysis.window import compare
+from policy_engine.analysis.windows import describe, from_folders, from_manifests
 from policy_engine.errors import did_you_mean
 
 VERSION = 1
@@ -31,14 +32,14 @@ def _chosen(windows: list[dict[str, Any]], role: str | None, step: int | None,
         windows = [w for w in windows if role == w["role"] or all(
             part in (w.get("holds") or w["role"].split("+")) for part in role.split("+"))]
         if not windows:
-            raise UsageError(f"no role {role!r} under {root}: it holds "
+            raise AnalysisError(f"no role {role!r} under {root}: it holds "
                              f"{', '.join(roles) or 'no traces'}{did_you_mean(role, roles)}")
     if step is not None:
         every = windows
         windows = [w for w in windows if step in w["steps"]]
         if not windows:
             steps = sorted({s for w in every for s in w["steps"] if isinstance(s, int)})
-            raise UsageError(f"no capture window covers step {step}; the steps captured are "
+            raise AnalysisError(f"no capture window covers step {step}; the steps captured are "
                              f"{', '.join(map(str, steps)) or 'none (whole sessions)'}")
     return windows
 
@@ -79,19 +80,23 @@ def _wanted(expected: dict[tuple[Any, Any], dict[str, set[int]]],
 
 
 def analyze(root: str, *, role: str | None = None, step: int | None = None,
-            jobs: int = 1, max_traces: int | None = None) -> dict[str, Any]:
+            jobs: int = 1, max_traces: int | None = None, from_traces: bool = False,
+            scan: Scan | None = None) -> dict[str, Any]:
     """The analysis of every capture window under ``root`` that ``role`` and ``step``
-    choose. UsageError when nothing is chosen. ``max_traces``: read whole windows, oldest
+    choose. AnalysisError when nothing is chosen. ``max_traces``: read whole windows, oldest
     first, while their traces fit in it (the first one always); the others say only why
-    they exist, with ``not_analysed`` saying why not more."""
+    they exist, with ``not_analysed`` saying why not more. A trace whose rank summarised
+    it (a ``summary`` line in its manifest) is not read, unless ``from_traces``: its
+    figures are the summary's, and the trace need not be there. ``scan``: the manifests
+    under ``root``, when the caller read them already."""
     if not os.path.isdir(root):
-        raise UsageError(f"{root} is not a folder")
-    windows, problems, notes = from_manifests(root)
+        raise AnalysisError(f"{root} is not a folder")
+    windows, problems, notes = from_manifests(root, from_traces=from_traces, scan=scan)
     manifests = bool(windows or problems)
     if not manifests:
         windows = from_folders(root)
     if not windows:
-        raise UsageError(f"no traces under {root} (a policy-engine output folder has "
+        raise AnalysisError(f"no traces under {root} (a policy-engine output folder has "
                          "manifests/*.manifest.jsonl; a torch.profiler folder has "
                          "*.pt.trace.json[.gz] files)")
     expected = _expected(windows)
@@ -104,13 +109,16 @@ def analyze(root: str, *, role: str | None = None, step: int | None = None,
             w["traces"], w["skipped"], left = [], [], 0
         elif left is not None:
             left -= len(w["traces"])
-    files = [t["file"] for w in windows for t in w["traces"]]
+    files = [t["file"] for w in windows for t in w["traces"] if t.get("summary") is None]
     found = iter(summaries(files, jobs))
     out = []
     for w in windows:
         ranks = []
         for index, t in enumerate(w["traces"]):
-            summary = next(found)
+            summary = t.get("summary")
+            if summary is None:
+                summary = next(found)
+            summary = dict(summary)  # the comparison adds to it
             rank = t["rank"]
             info = (summary.get("facts") or {}).get("distributed_info") or {}
             if rank is None:  # a folder without manifests: the trace says its rank

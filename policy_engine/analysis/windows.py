@@ -2,7 +2,7 @@
 manifests, with why each capture exists.
 
 A window is keyed as ``merge`` keys it: the roles (``actor+ref`` for a shared capture, the
-same on every rank however many of them took part there: ``cli.window_roles``), the
+same on every rank however many of them took part there: ``analysis.window_roles``), the
 region, the outer steps, the schedule cycle, and which capture of those it is when a
 region or a rerun captured them again. Each window lists its torch traces (one per rank)
 and what cannot be read; the trigger that opened it (plan, on demand with the request
@@ -16,8 +16,9 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from policy_engine.cli.window_roles import families, label, participants
-from policy_engine.runtime.manifest import scan_manifests
+from policy_engine.analysis.window_roles import families, label, participants
+from policy_engine.analysis.manifests import Scan, scan_manifests
+from policy_engine.analysis.summary import problem
 
 TORCH_SUFFIXES = (".pt.trace.json", ".pt.trace.json.gz")
 _ALSO = 16  # ranks listed whose capture has another trigger than the window's first
@@ -58,17 +59,23 @@ def _why(first: dict[str, Any], notes: list[dict[str, Any]]) -> dict[str, Any]:
     return why
 
 
-def from_manifests(root: str) -> tuple[list[dict[str, Any]], list[str], list[dict[str, Any]]]:
+def from_manifests(root: str, *, from_traces: bool = False, scan: Scan | None = None
+                   ) -> tuple[list[dict[str, Any]], list[str], list[dict[str, Any]]]:
     """The windows under ``root`` (oldest first), problems with the manifests, and notes
-    that belong to no window (a ``limits`` budget spent, a trigger request missed)."""
-    scan = scan_manifests(root)
+    that belong to no window (a ``limits`` budget spent, a trigger request missed). A
+    trace whose rank wrote its summary to the manifest carries it (``summary``) and is
+    not read again, unless ``from_traces``; ``scan``: the manifests, already read."""
+    scan = scan if scan is not None else scan_manifests(root)
     problems = [f"manifest {p.path}{f':{p.line}' if p.line else ''}: {p.why}"
                 for p in scan.problems]
     closes: dict[tuple[str, str], dict[str, Any]] = {}
     notes: dict[str, list[dict[str, Any]]] = {}
+    summaries: dict[tuple[str, Any], dict[str, Any]] = {}
     for r in scan.records:
         if r["event"] == "close":
             closes[(r["_manifest"], r["capture"])] = r
+        elif r["event"] == "summary" and not from_traces:
+            summaries[(r["_manifest"], r.get("path"))] = r
         elif r["event"] == "note":
             notes.setdefault(str(r.get("role")), []).append(r)
     traces = [r for r in scan.records if r["event"] == "trace"]
@@ -96,7 +103,8 @@ def from_manifests(root: str) -> tuple[list[dict[str, Any]], list[str], list[dic
         window["holds"].extend(x for x in taking_part if x not in window["holds"])
         if isinstance(r.get("rank"), int):
             window["holders"].setdefault(r["rank"], set()).update(taking_part)
-        _place(window, r, root, closes.get((r["_manifest"], str(r.get("capture")))))
+        _place(window, r, root, closes.get((r["_manifest"], str(r.get("capture")))),
+               summaries.get((r["_manifest"], r.get("path"))))
     loose = [{"role": n.get("role"), "rank": n.get("rank"), "note": n.get("note"),
               "message": _loose(n)} for role in sorted(notes) for n in notes[role]
              if n.get("note") == "limit" or (n.get("note") == "trigger"
@@ -111,8 +119,9 @@ def _loose(note: dict[str, Any]) -> str:
 
 
 def _place(window: dict[str, Any], r: dict[str, Any], root: str,
-           close: dict[str, Any] | None) -> None:
-    """One trace line into its window: a trace to read, or a note saying why not."""
+           close: dict[str, Any] | None, summary: dict[str, Any] | None) -> None:
+    """One trace line into its window: a trace to read (or its summary, read already),
+    or a note saying why not."""
     base = os.path.dirname(os.path.dirname(r["_manifest"]))
     path = r.get("path")
     full = os.path.normpath(os.path.join(base, path)) if path else None
@@ -135,6 +144,9 @@ def _place(window: dict[str, Any], r: dict[str, Any], root: str,
                                   "why": r.get("error") or "no file written"})
     elif not _is_torch(r):
         window["other"].append({"rank": rank, "backend": r.get("backend"), "path": rel})
+    elif (found := _summary_of(summary)) is not None:
+        window["traces"].append({"rank": rank, "path": rel, "file": None,
+                                 "status": r.get("status"), "summary": found})
     elif not _inside(full, root):
         window["skipped"].append({"rank": rank, "path": rel,
                                   "why": "outside the folder analysed: not read"})
@@ -143,6 +155,16 @@ def _place(window: dict[str, Any], r: dict[str, Any], root: str,
     else:
         window["traces"].append({"rank": rank, "path": rel, "file": full,
                                  "status": r.get("status")})
+
+
+def _summary_of(record: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The figures a rank's summary line holds, when it summarised its trace whole and
+    they are what :func:`~policy_engine.analysis.summary.summarize` returns (a manifest
+    is untrusted: anything else and the trace is read, if it is there)."""
+    if record is None or record.get("status") != "complete":
+        return None
+    found = record.get("summary")
+    return found if problem(found) is None else None
 
 
 def _absent(path: str) -> str:

@@ -20,7 +20,7 @@ import os
 import re
 from typing import Any
 
-from policy_engine.cli.analysis.intervals import (
+from policy_engine.analysis.intervals import (
     EMPTY,
     Merged,
     Spans,
@@ -29,7 +29,7 @@ from policy_engine.cli.analysis.intervals import (
     length,
     union,
 )
-from policy_engine.cli.chrome_trace import TraceError, TraceReader
+from policy_engine.analysis.chrome_trace import TraceError, TraceReader
 
 STEP = re.compile(r"ProfilerStep\s*#\s*(\d+)$")
 #: CPU operators and ranges that are collectives (torch's c10d ops, the ranges the
@@ -227,3 +227,62 @@ def summarize(path: str) -> dict[str, Any]:
             "regions_left_out": p.regions_left_out,
         },
     }
+
+
+# -- a summary read back from a manifest ------------------------------------------------
+
+_STEP_KEYS = ("time_us", "span_us", "compute_us", "comm_us", "overlap_us", "other_us",
+              "idle_us")
+_COUNTS = ("events", "profiler_steps", "kernels", "comm_kernels", "cpu_comm_ops",
+           "regions_left_out")
+#: A summary read from a manifest holds at most this many steps and names.
+MAX_STEPS = 100_000
+
+
+def _number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and abs(v) < _HUGE
+
+
+def _count(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 1 << 63
+
+
+def _names(v: Any) -> bool:
+    return isinstance(v, list) and len(v) <= MAX_STEPS and all(isinstance(x, str) for x in v)
+
+
+def problem(summary: Any) -> str | None:
+    """Why ``summary`` (read from a manifest, so untrusted) is not what :func:`summarize`
+    returns, or None when every figure the analyses use is there with its type."""
+    if not isinstance(summary, dict):
+        return "it is not an object"
+    if summary.get("basis") not in ("cpu", "gpu"):
+        return "its basis is neither cpu nor gpu"
+    steps = summary.get("steps")
+    if not isinstance(steps, list) or len(steps) > MAX_STEPS:
+        return "its steps are not a list"
+    for i, row in enumerate(steps):
+        if not isinstance(row, dict) or not all(_number(row.get(k)) for k in _STEP_KEYS):
+            return f"step {i} lacks a figure"
+        if row.get("step") is not None and not _count(row.get("step")):
+            return f"step {i} has no step number"
+    device = summary.get("device")
+    if device is not None and not (isinstance(device, dict)
+                                   and all(_number(v) for v in device.values())):
+        return "its device breakdown is not numbers"
+    regions = summary.get("regions")
+    if not isinstance(regions, dict) or len(regions) > MAX_REGIONS or not all(
+            isinstance(v, dict) and _count(v.get("count")) and _number(v.get("time_us"))
+            for v in regions.values()):
+        return "its regions are not counts and times"
+    facts = summary.get("facts")
+    if not isinstance(facts, dict) or not all(_count(facts.get(k)) for k in _COUNTS):
+        return "its facts lack a count"
+    info = facts.get("distributed_info")
+    if info is not None and not isinstance(info, dict):
+        return "its distributed_info is not an object"
+    if not all(_names(facts.get(k)) for k in ("hta_unrecognised", "looks_like_comm")):
+        return "its facts' names are not lists of strings"
+    if summary.get("bytes") is not None and not _count(summary.get("bytes")):
+        return "its size is not a byte count"
+    return None

@@ -14,10 +14,11 @@ from __future__ import annotations
 import html
 from typing import Any
 
-from policy_engine.cli.analysis.run import analyze
-from policy_engine.cli.analysis.text import ms, notes, why
-from policy_engine.cli.format import rank_spans
-from policy_engine.cli.usage import UsageError
+from policy_engine.analysis.run import analyze
+from policy_engine.analysis.text import ms, notes, why
+from policy_engine.analysis.format import rank_spans
+from policy_engine.analysis.errors import AnalysisError
+from policy_engine.analysis.manifests import Scan
 
 #: (key, label, colour) of a bar's parts, left to right.
 PARTS = (("compute", "compute", "#4e79a7"), ("comm", "communication", "#f28e2b"),
@@ -162,12 +163,14 @@ _STYLE = ("<style>.analysis .key{display:inline-block;padding:0 8px;margin-right
           + "</style>")
 
 
-def section(root: str, *, jobs: int = 1, max_traces: int = MAX_TRACES) -> str:
+def section(root: str, *, jobs: int = 1, max_traces: int = MAX_TRACES,
+            scan: Scan | None = None) -> str:
     """The analysis section of the report of the run under ``root``: whole windows, oldest
-    first, while their traces fit in ``max_traces`` (the page stays quick to write)."""
+    first, while their traces fit in ``max_traces`` (the page stays quick to write);
+    ``scan``: the manifests, when the report read them already."""
     try:
-        result = analyze(root, jobs=jobs, max_traces=max_traces)
-    except UsageError as err:
+        result = analyze(root, jobs=jobs, max_traces=max_traces, scan=scan)
+    except AnalysisError as err:
         return (f'<section class="analysis"><h2>Analysis</h2><p class="note">'
                 f"{_esc(err)}</p></section>")
     windows = result["windows"]

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from typing import IO, Any
 
-from policy_engine.cli.chrome_trace import TraceError, TraceReader, declared_size
+from policy_engine.analysis.chrome_trace import TraceError, TraceReader, declared_size
 
 __all__ = ["MAX_EVENTS", "MAX_RATIO", "MAX_TRACE_MB", "Bounds", "EventWriter"]
 

@@ -11,7 +11,7 @@ import json
 from collections.abc import Iterator
 from typing import Any
 
-from policy_engine.cli.chrome_trace import TraceError
+from policy_engine.analysis.chrome_trace import TraceError
 
 #: The most threads (distinct pid and tid pairs) and processes one input trace may have;
 #: a torch trace has tens.

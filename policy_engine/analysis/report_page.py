@@ -16,9 +16,12 @@ from urllib.parse import quote
 
 import attrs
 
-from policy_engine.cli.format import rank_spans, size_cell
-from policy_engine.cli.traces import _cell, _roles, _steps, _summary
-from policy_engine.cli.window_roles import families
+from policy_engine.analysis.format import rank_spans, size_cell
+from policy_engine.analysis.listing import cell as _cell
+from policy_engine.analysis.listing import roles_cell as _roles
+from policy_engine.analysis.listing import steps_cell as _steps
+from policy_engine.analysis.listing import summary_line as _summary
+from policy_engine.analysis.window_roles import families
 
 #: Most severe first: the order of the attention list and of the grid's rows.
 SEVERITY = ("failed", "oom", "interrupted", "partial", "running", "complete")

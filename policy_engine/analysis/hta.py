@@ -16,6 +16,8 @@ import tempfile
 import warnings
 from typing import Any
 
+from policy_engine.analysis.format import rank_spans
+
 INSTALL = "pip install HolisticTraceAnalysis"
 
 
@@ -80,4 +82,10 @@ def attach(windows: list[dict[str, Any]], root: str) -> None:
         if not any(r["facts"]["kernels"] for r in readable):
             w["hta"] = {"error": "not run: the window holds no GPU kernels", "ranks": []}
             continue
-        w["hta"] = run_hta([os.path.join(root, r["path"]) for r in readable])
+        files = [os.path.join(root, r["path"]) for r in readable]
+        gone = [r["rank"] for r, f in zip(readable, files, strict=True) if not os.path.isfile(f)]
+        if gone:  # summarised by their ranks, and the traces not kept (or not copied here)
+            w["hta"] = {"error": f"not run: the traces of rank(s) {rank_spans(gone)} are not "
+                                 "here (only their summaries)", "ranks": []}
+            continue
+        w["hta"] = run_hta(files)

@@ -1,0 +1,170 @@
+"""The reading side of policy-engine: what a run's manifests and traces say.
+
+This package sits below the runtime (which uses it to summarise its own captures) and
+imports nothing from the runtime, the integrations or the command line. Its public API:
+
+- :func:`analyze` — every capture window of a run folder, compared across its ranks:
+  step times, compute / communication / overlap / idle, the straggler, readiness. A trace
+  whose rank wrote its summary to the manifest is not read again, so a run whose traces
+  stayed on node-local disks (or were never kept: ``keep: summaries``) is analysed from
+  its manifests alone. :meth:`RunAnalysis.to_json` is the document
+  ``policy-engine analyze --format json`` prints (``schemas/analysis.schema.json``).
+- :func:`scan` — the run's capture windows and manifest records, nothing parsed.
+- :func:`summarize` — one torch trace's per-rank figures (what a rank writes after a
+  capture, and what :func:`analyze` reads when there is no summary).
+- :class:`AnalysisError` — what was asked cannot be answered (no such folder, no traces,
+  no window matching the role or step); the message says what there is instead.
+
+Everything else in the package's modules is internal to it.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping
+from typing import Any
+
+import attrs
+
+from policy_engine.analysis.errors import AnalysisError
+from policy_engine.analysis.manifests import Problem, scan_manifests
+from policy_engine.analysis.run import analyze as _analyze
+from policy_engine.analysis.summary import summarize
+from policy_engine.analysis.windows import describe, from_manifests
+
+__all__ = ["AnalysisError", "RankAnalysis", "RunAnalysis", "RunScan", "StepFigures",
+           "WindowAnalysis", "WindowScan", "analyze", "scan", "summarize"]
+
+_PARTS = ("time_us", "span_us", "compute_us", "comm_us", "overlap_us", "other_us", "idle_us")
+
+
+@attrs.frozen
+class StepFigures:
+    """One ``ProfilerStep`` of one rank (``step`` None: the whole trace, which has none),
+    in microseconds."""
+
+    step: int | None
+    time_us: float
+    span_us: float
+    compute_us: float
+    comm_us: float
+    overlap_us: float
+    other_us: float
+    idle_us: float
+
+
+@attrs.frozen
+class RankAnalysis:
+    """One rank of a window: its figures, or ``error`` saying why there are none."""
+
+    rank: int | None
+    path: str | None
+    status: str | None
+    error: str | None
+    basis: str | None  # "gpu" (kernels) or "cpu"
+    steps: tuple[StepFigures, ...]
+    total: Mapping[str, float] | None
+
+
+@attrs.frozen
+class WindowAnalysis:
+    """One capture window compared across its ranks."""
+
+    title: str
+    role: str
+    region: str | None
+    steps: tuple[Any, ...]
+    cycle: int | None
+    capture: int
+    world: int | None
+    ranks: tuple[RankAnalysis, ...]
+    straggler: Mapping[str, Any] | None
+    readiness: tuple[Mapping[str, Any], ...]
+
+
+@attrs.frozen
+class RunAnalysis:
+    """Every window analysed under ``root``, with the notes and manifest problems met."""
+
+    root: str
+    windows: tuple[WindowAnalysis, ...]
+    notes: tuple[Mapping[str, Any], ...]
+    problems: tuple[str, ...]
+    _document: Mapping[str, Any] = attrs.field(repr=False, eq=False, alias="document")
+
+    def to_json(self) -> dict[str, Any]:
+        """The JSON document of the analysis (its ``version`` says which), a fresh copy."""
+        return copy.deepcopy(dict(self._document))
+
+
+def _rank(doc: Mapping[str, Any]) -> RankAnalysis:
+    steps = tuple(StepFigures(row.get("step"), *(row[k] for k in _PARTS))
+                  for row in doc.get("steps") or ())
+    return RankAnalysis(rank=doc.get("rank"), path=doc.get("path"), status=doc.get("status"),
+                        error=doc.get("error"), basis=doc.get("basis"), steps=steps,
+                        total=doc.get("total"))
+
+
+def _window(doc: Mapping[str, Any]) -> WindowAnalysis:
+    return WindowAnalysis(
+        title=doc["title"], role=doc["role"], region=doc["region"], steps=tuple(doc["steps"]),
+        cycle=doc["cycle"], capture=doc["capture"], world=doc["world"],
+        ranks=tuple(_rank(r) for r in doc["ranks"]), straggler=doc["straggler"],
+        readiness=tuple(doc["readiness"]))
+
+
+def analyze(path: str, *, role: str | None = None, step: int | None = None,
+            jobs: int = 1, from_traces: bool = False) -> RunAnalysis:
+    """The analysis of every capture window under the run folder ``path`` that ``role``
+    and ``step`` choose, reading traces over ``jobs`` processes where their ranks wrote no
+    summary (every trace when ``from_traces``). AnalysisError when nothing can be
+    chosen."""
+    doc = _analyze(path, role=role, step=step, jobs=jobs, from_traces=from_traces)
+    return RunAnalysis(root=doc["root"], windows=tuple(_window(w) for w in doc["windows"]),
+                       notes=tuple(doc["notes"]), problems=tuple(doc["problems"]),
+                       document=doc)
+
+
+@attrs.frozen
+class WindowScan:
+    """A capture window as the manifests record it: which ranks wrote a torch trace, and
+    which of those summarised it (``summarised``), and what cannot be read."""
+
+    title: str
+    role: str
+    region: str | None
+    steps: tuple[Any, ...]
+    cycle: int | None
+    capture: int
+    world: int | None
+    ranks: tuple[int | None, ...]
+    summarised: tuple[int | None, ...]
+    skipped: tuple[Mapping[str, Any], ...]
+    dropped: tuple[Mapping[str, Any], ...]
+
+
+@attrs.frozen
+class RunScan:
+    """What the manifests under a run folder record, nothing parsed: its windows (oldest
+    first), every record (each with ``event``, ``_manifest`` and ``_line``) and every
+    line or file that could not be read."""
+
+    windows: tuple[WindowScan, ...]
+    records: tuple[Mapping[str, Any], ...]
+    problems: tuple[Problem, ...]
+
+
+def scan(path: str) -> RunScan:
+    """The windows and records of the manifests under ``path`` (an empty scan where there
+    are none; unreadable lines are in ``problems``, never raised)."""
+    found = scan_manifests(path)
+    windows, _problems, _notes = from_manifests(path, scan=found)
+    return RunScan(
+        windows=tuple(WindowScan(
+            title=describe(w), role=w["role"], region=w["region"], steps=tuple(w["steps"]),
+            cycle=w["cycle"], capture=w["capture"], world=w["world"],
+            ranks=tuple(t["rank"] for t in w["traces"]),
+            summarised=tuple(t["rank"] for t in w["traces"] if t.get("summary") is not None),
+            skipped=tuple(w["skipped"]), dropped=tuple(w["dropped"])) for w in windows),
+        records=found.records, problems=found.problems)
+

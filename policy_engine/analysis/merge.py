@@ -1,0 +1,311 @@
+"""Joining the per-rank torch traces of one capture window into one trace (``policy-engine
+merge`` is its command).
+
+A capture window is what every rank of a role recorded for the same steps and schedule
+cycle: one trace per rank, as the manifests under DIR list them. The merged trace has one
+process per rank, named ``rank N (role, coords)`` and sorted by rank, with the clocks of
+all ranks aligned on each trace's baseTimeNanoseconds. Traces are read and written as
+streams, so memory stays small however large they are. Only torch traces
+(.pt.trace.json[.gz]) are merged; the other files of the window are listed as skipped.
+OUT ending in .gz is gzipped. Every trace is read under the bounds the other readers
+keep: --max-trace-mb of text and --max-events events per trace, and a gzip that inflates
+to over 100 times its size is refused (its trailer is looked at first). A trace that
+cannot be merged (not JSON, a number JSON cannot carry, past a bound, too many threads or
+too large a top-level key) stops the merge with exit 1, naming the file and where; files
+a manifest names outside DIR are not read, and OUT may never be a manifest or a file the
+manifests name. OUT is published whole: interrupted (SIGTERM, Ctrl-C), merge leaves
+nothing beside it.
+"""
+
+from __future__ import annotations
+
+import gzip
+import itertools
+import os
+import sys
+from collections.abc import Iterable
+from typing import IO, Any
+
+from policy_engine.analysis.chrome_trace import TraceError, TraceReader
+from policy_engine.analysis.format import rank_spans
+from policy_engine.analysis.merge_io import MAX_EVENTS, MAX_TRACE_MB, Bounds, EventWriter
+from policy_engine.analysis.trace_process import ProcessMap
+from policy_engine.analysis.errors import AnalysisError
+from policy_engine.analysis.window_roles import families, holds, label
+from policy_engine.errors import did_you_mean
+from policy_engine.files.publish import publish
+from policy_engine.analysis.manifests import file_of, scan_manifests
+
+_PROG = "policy-engine merge"
+TORCH_SUFFIXES = (".pt.trace.json", ".pt.trace.json.gz")
+#: Flow and async ids of the i-th trace move by i << _ID_SHIFT (below 2**53 for 100k ranks).
+_ID_SHIFT = 36
+
+
+# -- choosing the window ---------------------------------------------------------------
+
+def _is_torch(record: dict[str, Any]) -> bool:
+    path = record.get("path")
+    return record.get("backend") == "torch" or (
+        isinstance(path, str) and path.endswith(TORCH_SUFFIXES))
+
+
+def span(values: Iterable[Any]) -> str:
+    """``[0, 1, 2, 5]`` as ``0-2, 5``."""
+    return rank_spans(values, sep=", ", empty="-")
+
+
+def _warn(where: str, why: str) -> None:
+    print(f"{_PROG}: warning: manifest {where}: {why}", file=sys.stderr)
+
+
+def records(root: str) -> tuple[list[dict[str, Any]], set[str]]:
+    """Every trace line under ``root`` with its ``_file`` and ``_key``; and every file
+    the merged trace must never replace (the manifests, and every file they name)."""
+    scan = scan_manifests(root)
+    for problem in scan.problems:
+        _warn(f"{problem.path}:{problem.line}" if problem.line else problem.path, problem.why)
+    if not scan.records:
+        raise AnalysisError(f"no manifests under {root} (a policy-engine output folder has "
+                         "manifests/*.manifest.jsonl)")
+    inputs = {r["_manifest"] for r in scan.records} | {p.path for p in scan.problems}
+    rows = []
+    for r in scan.records:
+        if r["event"] != "trace":
+            continue
+        record = dict(r)
+        record["_file"] = None
+        if record.get("path"):
+            try:  # never read outside DIR
+                record["_file"] = file_of(r, record["path"])
+            except ValueError as err:
+                _warn(f"{r['_manifest']}:{r['_line']}", str(err))
+                continue
+            inputs.add(record["_file"])
+        record["_label"] = label(record)  # the roles that took part on its rank
+        rows.append(record)
+    if not rows:
+        raise AnalysisError(f"the manifests under {root} record no traces")
+    family = families(rows)  # one window across ranks whose roles differ (window_roles)
+    for r in rows:
+        r["_window"] = family[r["_label"]]
+    rows.sort(key=lambda r: (r["start"] if isinstance(r.get("start"), (int, float)) else 0))
+    nth: dict[tuple[Any, ...], int] = {}
+    for r in rows:  # the i-th capture of the same steps and cycle, per rank and backend
+        steps = tuple(r.get("steps") or ())
+        key = (r["_window"], r.get("region"), steps, r.get("cycle"))
+        who = (*key, r.get("rank"), repr(r.get("backend")), _is_torch(r))
+        nth[who] = nth.get(who, 0) + 1
+        r["_key"] = (*key, nth[who])
+    return rows, inputs
+
+
+def describe(key: tuple[Any, ...], labels: int) -> str:
+    label, region, steps, cycle, nth = key
+    parts = [label] if labels > 1 else []
+    if region is not None:
+        parts.append(f"region {region}")
+    parts.append("whole session" if not steps else
+                 f"step {steps[0]}" if len(steps) == 1 else f"steps {steps[0]}-{steps[-1]}")
+    if cycle is not None:
+        parts.append(f"cycle {cycle}")
+    if nth > 1:
+        parts.append(f"capture {nth}")
+    return ", ".join(parts)
+
+
+def _listing(windows: dict[tuple[Any, ...], list[dict[str, Any]]]) -> str:
+    """One line per window, oldest first."""
+    labels = len({k[0] for k in windows})
+    return "".join(f"\n  {describe(k, labels)}: ranks {span(r.get('rank') for r in rows)}"
+                   for k, rows in windows.items())
+
+
+def choose(rows: list[dict[str, Any]], root: str, *, role: str | None = None,
+           step: int | None = None, cycle: int | None = None, region: str | None = None,
+           capture: int | None = None) -> list[dict[str, Any]]:
+    """The trace lines (every backend) of the one window under ``root`` that ``role``,
+    ``step``, ``cycle``, ``region`` and ``capture`` name; AnalysisError when none or
+    several do."""
+    labels = sorted({r["_window"] for r in rows})
+    if role is not None:
+        # Every window that holds the role, on every rank where it took part.
+        every = labels
+        rows = [r for r in rows if role == r["_window"] or holds(r, role)]
+        labels = sorted({r["_window"] for r in rows})
+        if not labels:
+            raise AnalysisError(f"no role {role!r} under {root}: it holds "
+                             f"{', '.join(every)}{did_you_mean(role, every)}")
+    elif len(labels) > 1:
+        raise AnalysisError(f"{root} holds traces of {len(labels)} roles "
+                         f"({', '.join(labels)}): choose one with --role")
+    torch = [r for r in rows if _is_torch(r)]
+    if not torch:
+        kinds = sorted({str(r.get("backend")) for r in rows})
+        raise AnalysisError(f"{'/'.join(labels)} has no torch traces under {root} (only "
+                         f"{', '.join(kinds)}); merge joins torch traces")
+    windows: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
+    for r in torch:
+        windows.setdefault(r["_key"], []).append(r)
+    wanted = {k: v for k, v in windows.items()
+              if (step is None or step in k[2] or str(step) in map(str, k[2]))
+              and (region is None or k[1] == region)
+              and (cycle is None or k[3] == cycle)
+              and (capture is None or k[4] == capture)}
+    if not wanted:
+        raise AnalysisError(f"no capture window of {'/'.join(labels)} with torch traces matches "
+                         f"--step/--cycle/--region/--capture; there are:{_listing(windows)}")
+    if len(wanted) > 1:
+        raise AnalysisError(f"{len(wanted)} capture windows of {'/'.join(labels)} match: choose "
+                         f"one with --step (or --cycle, --region, --capture):"
+                         f"{_listing(wanted)}")
+    (key,) = wanted
+    return [r for r in rows if r["_key"] == key]
+
+
+# -- the merged file -------------------------------------------------------------------
+
+# -- merging ---------------------------------------------------------------------------
+
+def _name(record: dict[str, Any]) -> str:
+    coords = record.get("coords") or {}
+    where = " ".join(f"{k}={v}" for k, v in coords.items())
+    rank = record.get("rank")
+    return f"rank {'?' if rank is None else rank} ({record['_label']}{', ' if where else ''}" \
+           f"{where})"
+
+
+def skip_reason(record: dict[str, Any]) -> str | None:
+    """Why a trace line of the window is not merged, or None."""
+    if not _is_torch(record):
+        return f"backend {record.get('backend')}: not a torch trace"
+    if record.get("status") == "failed" or record["_file"] is None:
+        return f"failed, no file: {record.get('error') or 'no reason recorded'}"
+    if not str(record["_file"]).endswith(TORCH_SUFFIXES):
+        return "not a .pt.trace.json[.gz] file"
+    if not os.path.exists(record["_file"]):
+        return "missing: the manifest names it, but it is not on disk"
+    return None
+
+
+def _base_time(record: dict[str, Any], root: str, bounds: Bounds) -> int | None:
+    """The trace's baseTimeNanoseconds (read from its head, or the whole file if it comes
+    after the events); None when the trace has none."""
+    with bounds.open(record["_file"]) as reader:
+        meta = reader.header()
+        if "baseTimeNanoseconds" not in meta:  # so the events are read twice: bound both
+            _feed(reader, ProcessMap(0, shift=0, id_base=0, tids=itertools.count()), None)
+            meta = reader.meta
+    base = meta.get("baseTimeNanoseconds")
+    if isinstance(base, int) and not isinstance(base, bool):
+        return base
+    print(f"{_PROG}: note: {os.path.relpath(record['_file'], root)} has no "
+          "baseTimeNanoseconds: its timestamps are taken as Unix microseconds", file=sys.stderr)
+    return None
+
+
+def _pids(records: list[dict[str, Any]]) -> list[int]:
+    """A process id per trace: rank + 1 (Perfetto keeps pid 0 for the idle process)."""
+    known = [r["rank"] for r in records if isinstance(r.get("rank"), int)]
+    spare = itertools.count(max(known, default=-1) + 2)
+    return [r["rank"] + 1 if isinstance(r.get("rank"), int) else next(spare) for r in records]
+
+
+def _feed(reader: TraceReader, proc: ProcessMap, writer: EventWriter | None) -> None:
+    """The events of ``reader`` through ``proc`` into ``writer`` (if any)."""
+    for event in reader.events():
+        try:
+            kept = proc.event(event)
+        except TraceError as err:
+            raise TraceError(f"{err}, at event {reader.count} of traceEvents (before "
+                             f"character {reader.position})") from None
+        if kept is not None and writer is not None:
+            writer.event(kept)
+
+
+def _copy(r: dict[str, Any], rel: str, proc: ProcessMap, writer: EventWriter,
+          bounds: Bounds) -> dict[str, Any]:
+    """The events of one trace into ``writer``; the trace's other top-level keys."""
+    with bounds.open(r["_file"]) as reader:
+        _feed(reader, proc, writer)
+    if reader.not_objects:
+        print(f"{_PROG}: note: {rel}: {reader.not_objects} entries of traceEvents "
+              "are not objects; left out", file=sys.stderr)
+    return reader.meta
+
+
+def merge(records: list[dict[str, Any]], root: str, out: str, force: bool,
+          bounds: Bounds | None = None) -> int:
+    """Write the traces of ``records`` (one window, sorted by rank) as one; the number of
+    events written. TraceError (with the file in front) for a trace that cannot be read
+    or is past ``bounds`` (the defaults of --max-trace-mb and --max-events when None);
+    FileExistsError when ``out`` exists and not ``force``."""
+    bounds = bounds or Bounds(MAX_TRACE_MB << 20, MAX_EVENTS)
+    bases = []
+    for r in records:
+        try:
+            bases.append(_base_time(r, root, bounds) or 0)
+        except TraceError as err:
+            raise TraceError(f"{os.path.relpath(r['_file'], root)}: {err}") from None
+    ref = min(bases)
+    pids = _pids(records)
+    tids = itertools.count(1000 * (max(pids) // 1000 + 1))
+    written = 0
+
+    def write(f: IO[bytes]) -> None:
+        nonlocal written
+        stream: IO[bytes] = f
+        if out.endswith(".gz"):
+            stream = gzip.GzipFile(  # type: ignore[assignment]  # a binary file all the same
+                filename="", fileobj=f, mode="wb", compresslevel=6, mtime=0)
+        writer = EventWriter(stream)
+        for index, (r, base, pid) in enumerate(zip(records, bases, pids, strict=True)):
+            rel = os.path.relpath(r["_file"], root)
+            delta = base - ref  # nanoseconds; microseconds in the trace
+            shift = delta // 1000 if delta % 1000 == 0 else delta / 1000
+            proc = ProcessMap(pid, shift=shift, id_base=index << _ID_SHIFT, tids=tids,
+                              main=r.get("pid"))
+            try:
+                meta = _copy(r, rel, proc, writer, bounds)
+            except TraceError as err:
+                raise TraceError(f"{rel}: {err}") from None
+            args = {"rank": r.get("rank"), "role": r["_label"], "coords": r.get("coords"),
+                    "trace": rel, "status": r.get("status"), "metadata": meta}
+            labels = [str(meta.get("host_name") or ""), r.get("status") or ""]
+            rank = r.get("rank")
+            for event in proc.metadata(_name(r), rank if isinstance(rank, int) else pid, args,
+                                       ", ".join(x for x in labels if x not in ("", "complete"))):
+                writer.event(event)
+        first = records[0]
+        writer.finish({"schemaVersion": 1, "baseTimeNanoseconds": ref, "policy_engine_merge": {
+            "role": first["_window"], "region": first.get("region"),
+            "steps": first.get("steps"), "cycle": first.get("cycle"),
+            "ranks": [r.get("rank") for r in records],
+            "traces": [os.path.relpath(r["_file"], root) for r in records]}})
+        if stream is not f:
+            stream.close()  # the gzip trailer; publish closes the file
+        written = writer.count
+
+    publish(out, write, force=force)
+    return written
+
+
+def refuse_inputs(out: str, window: list[dict[str, Any]], inputs: set[str]) -> None:
+    """AnalysisError when ``out`` is (or is a link to, or another name of) a file of the
+    window, a manifest, or a file a manifest names: inputs are never replaced."""
+    try:
+        target = os.stat(out)
+    except OSError:
+        return  # nothing there (or nothing readable) to replace
+
+    def same(path: str | None) -> bool:
+        try:
+            return bool(path) and os.path.samestat(os.stat(str(path)), target)
+        except OSError:
+            return False
+
+    if any(same(r["_file"]) for r in window):
+        raise AnalysisError(f"{out} is one of the traces to merge: choose another file")
+    if any(same(p) for p in inputs):
+        raise AnalysisError(f"{out} is a manifest or a file the manifests under the folder "
+                         "name: choose another file")
