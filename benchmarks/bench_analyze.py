@@ -11,10 +11,13 @@ all-reduce (GPU-shaped, as a training step's trace is). Printed, in one run:
 - scaling: the same traces with 2 jobs against 1;
 - peak memory of one worker reading the largest trace (its own RSS, in a child process);
 - the seconds ``policy-engine analyze`` takes over ``--ranks`` ranks x 1 window of small
-  traces (a child process, as a user runs it).
+  traces (a child process, as a user runs it);
+- the seconds and peak memory of ``policy-engine analyze --format json`` over
+  ``--summarised`` ranks x 1 window from their summaries alone (each rank's manifest holds
+  the summary of a GPU-shaped trace; no trace on disk).
 
 Targets: >= 40 MB/s per core, >= 1.7x from 1 to 2 jobs, <= 300 MB per worker, <= 10 s at
-4,096 ranks. The machine's load is printed beside the scaling: shared cores measure less.
+4,096 ranks; <= 5 s and <= 300 MB at 10,000 summarised ranks. The machine's load is printed beside the scaling: shared cores measure less.
 """
 
 from __future__ import annotations
@@ -30,11 +33,12 @@ import time
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(REPO, "tests"))
 
-from analysis_traces import make_run, write_trace  # noqa: E402
+from analysis_traces import make_run, make_summarised_run, write_trace  # noqa: E402
 
 from policy_engine.analysis.run import summaries  # noqa: E402
 
 TARGET_MBS, TARGET_SCALE, TARGET_MB, TARGET_S = 40.0, 1.7, 300, 10.0
+TARGET_SUMMARISED_S, TARGET_SUMMARISED_MB = 5.0, 300
 # The child's own high-water mark (VmHWM, in kB): getrusage's ru_maxrss would carry the
 # parent's peak across fork and exec.
 _PEAK = """
@@ -46,6 +50,15 @@ def hwm():
 before = hwm()
 summarize(sys.argv[1])
 print(before, hwm())
+"""
+# policy-engine analyze as a user runs it, with the process's own peak memory after it.
+_CLI_PEAK = """
+import sys
+from policy_engine.cli.main import main
+code = main(sys.argv[1:])
+with open("/proc/self/status") as f:
+    print(next(line.split()[1] for line in f if line.startswith("VmHWM:")), file=sys.stderr)
+sys.exit(code)
 """
 
 
@@ -90,9 +103,12 @@ def main() -> None:
     parser.add_argument("--ops", type=int, default=3000, help="operators per step")
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--ranks", type=int, default=4096)
+    parser.add_argument("--summarised", type=int, default=10_000,
+                        help="ranks of the run analysed from summaries alone")
     parser.add_argument("--quick", action="store_true", help="smaller sizes, one repeat")
     args = parser.parse_args()
     ops, ranks, repeat = (500, 256, 1) if args.quick else (args.ops, args.ranks, 2)
+    summarised = 1000 if args.quick else args.summarised
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(
         filter(None, [REPO, os.environ.get("PYTHONPATH")])))
     with tempfile.TemporaryDirectory(prefix="bench-analyze-") as root:
@@ -143,6 +159,23 @@ def main() -> None:
         print(f"{ranks} ranks x 1 window of small traces: {took:.1f} s with the default "
               f"jobs (target <= {TARGET_S:.0f} s: {TARGET_S / took:.2f}x headroom; "
               f"the run took {made:.0f} s to generate)")
+        only = os.path.join(root, "summarised")
+        make_summarised_run(only, summarised, steps=3, ops=200, gpu=True, extra_us=2000.0)
+        size = sum(e.stat().st_size for e in os.scandir(os.path.join(only, "manifests")))
+        env_compiled = {k: v for k, v in env.items() if k != "PYTHONDONTWRITEBYTECODE"}
+        began = time.perf_counter()
+        done = subprocess.run([sys.executable, "-c", _CLI_PEAK, "analyze", only, "--format",
+                               "json"], env=env_compiled, capture_output=True, text=True)
+        took = time.perf_counter() - began
+        assert done.returncode == 0, done.stderr[-2000:]
+        peak_mb = int(done.stderr.split()[-1]) / 1024
+        windows = json.loads(done.stdout)["windows"]
+        assert len(windows) == 1 and len(windows[0]["ranks"]) == summarised
+        print(f"{summarised} ranks x 1 window from summaries alone ({size / 1e6:.0f} MB of "
+              f"manifests, no trace): {took:.1f} s, {peak_mb:.0f} MB peak (targets <= "
+              f"{TARGET_SUMMARISED_S:.0f} s, <= {TARGET_SUMMARISED_MB} MB: "
+              f"{TARGET_SUMMARISED_S / took:.2f}x and {TARGET_SUMMARISED_MB / peak_mb:.2f}x "
+              "headroom)")
 
 
 if __name__ == "__main__":

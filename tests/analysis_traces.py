@@ -159,3 +159,44 @@ def make_run(root: str, world: int, windows: int = 1, *, role: str = "trainer",
         with open(os.path.join(root, MANIFEST_DIR, name), "wb") as f:
             f.write(b"".join(lines))
     return paths
+
+
+def make_summarised_run(root: str, world: int, *, slow: int = 1, **shape: Any) -> None:
+    """One window of ``world`` ranks as their manifests hold it when each rank summarised
+    its trace and kept only the summary (``keep: summaries``): no trace on disk. The
+    summaries are those of real generated traces (one of the slow rank, one of the
+    others, each with its rank's ``distributedInfo``)."""
+    import tempfile
+
+    from policy_engine.analysis import summarize
+
+    figures = {}
+    with tempfile.TemporaryDirectory() as scratch:
+        for key in (True, False):
+            path = os.path.join(scratch, f"{key}.pt.trace.json")
+            write_trace(path, slow if key else (slow + 1) % world, world, slow=slow,
+                        **shape)
+            figures[key] = summarize(path)
+    os.makedirs(os.path.join(root, MANIFEST_DIR), exist_ok=True)
+    for rank in range(world):
+        pid = 10_000 + rank
+        identity = {"role": "trainer", "roles": ["trainer"], "rank": rank, "world": world,
+                    "coords": {}, "backend": "torch", "pid": pid, "region": None,
+                    "plan_hash": "0" * 16, "trigger": "plan"}
+        cid = f"{pid}-1"
+        rel = f"trainer/step1/run_rank{rank}-of-{world}_pid{pid}.pt.trace.json.gz"
+        summary = json.loads(json.dumps(figures[rank == slow]))
+        summary["facts"]["distributed_info"]["rank"] = rank
+        lines = [
+            encode(dict(identity, event="open", capture=cid, steps=[1], start=2.0)),
+            encode(dict(identity, event="trace", capture=cid, path=rel,
+                        bytes=summary["bytes"], cycle=0, inner_steps=[0, 1, 2],
+                        status="complete", start=2.0, end=3.0, steps=[1], joined=[])),
+            encode(dict(identity, event="summary", capture=cid, path=rel, status="complete",
+                        summary=summary, kept=False, seconds=0.5)),
+            encode({"event": "close", "capture": cid, "status": "complete", "end": 3.0,
+                    "steps": [1], "traces": 1, "joined": []}),
+        ]
+        name = f"node{rank // 8}_pid{pid}_20261202000000{MANIFEST_SUFFIX}"
+        with open(os.path.join(root, MANIFEST_DIR, name), "wb") as f:
+            f.write(b"".join(lines))

@@ -154,10 +154,17 @@ def collect(root: str, scan: Scan | None = None) -> dict[str, Any]:
     rows: list[dict[str, Any]] = []
     named: set[str] = set()
     refused: list[dict[str, Any]] = []
+    summaries = {(r["_manifest"], r.get("path")): r for r in scan.records
+                 if r["event"] == "summary"}
     for r in scan.records:
         if r["event"] != "trace":
             continue
         record = {k: v for k, v in r.items() if not k.startswith("_")}
+        summary = summaries.get((r["_manifest"], r.get("path")))
+        if summary is not None:  # the rank summarised it: complete, failed or cut
+            record["summary"] = summary.get("status")
+            if summary.get("kept") is False and summary.get("status") == "complete":
+                record["kept"] = False  # removed by policy (keep: summaries), not lost
         if record.get("path"):
             try:  # a path out of DIR is reported, never looked at
                 full = file_of(r, record["path"])
@@ -190,7 +197,8 @@ def collect(root: str, scan: Scan | None = None) -> dict[str, Any]:
         "traces": rows,
         "interrupted": interrupted,
         "unlisted": sorted(_text(p) for p in _on_disk(root) - named),
-        "missing": sorted(r["path"] for r in rows if r.get("path") and not r.get("exists")),
+        "missing": sorted(r["path"] for r in rows if r.get("path") and not r.get("exists")
+                          and r.get("kept") is not False),
         "leftovers": leftovers,
         "writing": writing,
         "bad_lines": [{"manifest": _text(p.path), "line": p.line, "why": p.why}
@@ -220,6 +228,8 @@ def row_cells(r: dict[str, Any]) -> tuple[str, ...]:
         path = f"({r['reason']})"
     else:
         path = r.get("path") or f"({r.get('error') or 'no file'})"
+        if r.get("kept") is False and not r.get("exists"):
+            path += " (summary only: not kept)"
     cycle = r.get("cycle")
     steps = steps_cell(r)
     trigger = r.get("trigger")
@@ -255,6 +265,11 @@ def summary_line(data: dict[str, Any]) -> str:
     order = [s for s in _STATUS_ORDER if s in counts] + sorted(set(counts) - {*_STATUS_ORDER})
     parts = [f"{_plural(len(data['traces']), 'trace')} "
              f"({', '.join(f'{counts[s]} {s}' for s in order) or 'none'})"]
+    summarised = sum(1 for r in data["traces"] if r.get("summary") == "complete")
+    if summarised:
+        kept = sum(1 for r in data["traces"] if r.get("kept") is False)
+        parts.append(f"{summarised} summarised" + (f" ({kept} kept as summaries only)"
+                                                   if kept else ""))
     for status in ("interrupted", "running"):
         n = sum(1 for r in data["interrupted"] if r["status"] == status)
         if n:

@@ -103,6 +103,8 @@ def captures(data: dict[str, Any], root: str, page_dir: str) -> list[Capture]:
             rel = os.path.normpath(os.path.join(up, path))
             href = "./" + quote(rel.replace(os.sep, "/"), safe="/")
         message = r.get("reason") if r.get("event") == "capture" else r.get("error")
+        if r.get("kept") is False and not r.get("exists"):  # keep: summaries removed it
+            path, href, message = None, None, "summary only: the trace was not kept"
         out.append(Capture(
             role=family[_roles(r)], rank=rank if isinstance(rank, int) else None,
             column=_column(r), status=str(r.get("status")), record=r,

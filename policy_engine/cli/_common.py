@@ -93,8 +93,16 @@ def load_checked(path: str, args: argparse.Namespace) -> Analysis:
 
 
 def print_json(data: Mapping[str, Any] | list[Any]) -> None:
-    json.dump(data, sys.stdout, indent=2)
-    sys.stdout.write("\n")
+    """``data`` as indented JSON on stdout (orjson's encoder where it takes the data: the
+    standard library's indenting encoder is pure Python, seconds for 10,000 ranks)."""
+    try:
+        import orjson
+
+        text = orjson.dumps(data, option=orjson.OPT_INDENT_2 | orjson.OPT_NON_STR_KEYS
+                            ).decode("utf-8")
+    except (ImportError, TypeError, ValueError):  # not installed; a value orjson refuses
+        text = json.dumps(data, indent=2)
+    sys.stdout.write(text + "\n")
 
 
 def load_role_layout(args: argparse.Namespace, command: str) -> tuple[Policy, int]:
