@@ -51,6 +51,11 @@ def test_installed_wheel_validates_examples_from_another_folder(tmp_path: Path) 
                                ".read_text(), end='')"], cwd=elsewhere, capture_output=True,
                               text=True, timeout=60)
     assert analysis.stdout == (ROOT / "schemas" / "analysis.schema.json").read_text()
+    comparison = subprocess.run([python, "-c", "import importlib.resources as r; print(r.files("
+                                 "'policy_engine').joinpath('_schema/compare.schema.json')"
+                                 ".read_text(), end='')"], cwd=elsewhere, capture_output=True,
+                                text=True, timeout=60)
+    assert comparison.stdout == (ROOT / "schemas" / "compare.schema.json").read_text()
     # The starter policy validates too, and torch was never needed.
     assert subprocess.run([cli, "init"], cwd=elsewhere, timeout=60).returncode == 0
     assert subprocess.run([cli, "validate", "profile_policy.yaml"], cwd=elsewhere,

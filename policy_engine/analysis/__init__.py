@@ -9,6 +9,10 @@ imports nothing from the runtime, the integrations or the command line. Its publ
   stayed on node-local disks (or were never kept: ``keep: summaries``) is analysed from
   its manifests alone. :meth:`RunAnalysis.to_json` is the document
   ``policy-engine analyze --format json`` prints (``schemas/analysis.schema.json``).
+- :func:`compare` — two runs, window by window: what differs in how they were recorded,
+  the change in step time split into its parts, the regions and operators that moved, the
+  straggler then and now, and a verdict gated by the steps' own noise
+  (:meth:`RunComparison.to_json` is ``policy-engine compare --format json``).
 - :func:`scan` — the run's capture windows and manifest records, nothing parsed.
 - :func:`summarize` — one torch trace's per-rank figures (what a rank writes after a
   capture, and what :func:`analyze` reads when there is no summary).
@@ -26,14 +30,16 @@ from typing import Any
 
 import attrs
 
+from policy_engine.analysis.compare import compare_runs
 from policy_engine.analysis.errors import AnalysisError
 from policy_engine.analysis.manifests import Problem, scan_manifests
 from policy_engine.analysis.run import analyze as _analyze
 from policy_engine.analysis.summary import summarize
 from policy_engine.analysis.windows import describe, from_manifests
 
-__all__ = ["AnalysisError", "RankAnalysis", "RunAnalysis", "RunScan", "StepFigures",
-           "WindowAnalysis", "WindowScan", "analyze", "scan", "summarize"]
+__all__ = ["AnalysisError", "RankAnalysis", "RunAnalysis", "RunComparison", "RunScan",
+           "StepFigures", "WindowAnalysis", "WindowScan", "analyze", "compare", "scan",
+           "summarize"]
 
 _PARTS = ("time_us", "span_us", "compute_us", "comm_us", "overlap_us", "other_us", "idle_us")
 
@@ -123,6 +129,35 @@ def analyze(path: str, *, role: str | None = None, step: int | None = None,
     return RunAnalysis(root=doc["root"], windows=tuple(_window(w) for w in doc["windows"]),
                        notes=tuple(doc["notes"]), problems=tuple(doc["problems"]),
                        document=doc)
+
+
+@attrs.frozen
+class RunComparison:
+    """Two runs compared: one entry per pair of windows (``verdict``, ``step_time``,
+    ``parts``, ``regions``, ``operators``, ``straggler``, ``differences``: the keys of
+    ``schemas/compare.schema.json``), and the windows of either run left unmatched."""
+
+    base: str
+    new: str
+    windows: tuple[Mapping[str, Any], ...]
+    unmatched: Mapping[str, tuple[str, ...]]
+    _document: Mapping[str, Any] = attrs.field(repr=False, eq=False, alias="document")
+
+    def to_json(self) -> dict[str, Any]:
+        """The JSON document of the comparison, a fresh copy."""
+        return copy.deepcopy(dict(self._document))
+
+
+def compare(base: str, new: str, *, role: str | None = None,
+            steps: tuple[int, int] | None = None, jobs: int = 1,
+            from_traces: bool = False) -> RunComparison:
+    """Every window of the run under ``base`` matched in the one under ``new`` (by role,
+    region and order; ``steps``: the base's step and the new run's), compared.
+    AnalysisError, naming the run, when either has nothing to compare."""
+    doc = compare_runs(base, new, role=role, steps=steps, jobs=jobs, from_traces=from_traces)
+    return RunComparison(base=doc["base"], new=doc["new"], windows=tuple(doc["windows"]),
+                         unmatched={k: tuple(v) for k, v in doc["unmatched"].items()},
+                         document=doc)
 
 
 @attrs.frozen

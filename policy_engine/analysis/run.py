@@ -81,14 +81,16 @@ def _wanted(expected: dict[tuple[Any, Any], dict[str, set[int]]],
 
 def analyze(root: str, *, role: str | None = None, step: int | None = None,
             jobs: int = 1, max_traces: int | None = None, from_traces: bool = False,
-            scan: Scan | None = None) -> dict[str, Any]:
+            scan: Scan | None = None, detail: bool = False) -> dict[str, Any]:
     """The analysis of every capture window under ``root`` that ``role`` and ``step``
     choose. AnalysisError when nothing is chosen. ``max_traces``: read whole windows, oldest
     first, while their traces fit in it (the first one always); the others say only why
     they exist, with ``not_analysed`` saying why not more. A trace whose rank summarised
     it (a ``summary`` line in its manifest) is not read, unless ``from_traces``: its
     figures are the summary's, and the trace need not be there. ``scan``: the manifests
-    under ``root``, when the caller read them already."""
+    under ``root``, when the caller read them already; ``detail``: each rank keeps the
+    operators of its summary (``ops``) and each window how it was recorded
+    (``identity``), which the comparison of two runs reads."""
     if not os.path.isdir(root):
         raise AnalysisError(f"{root} is not a folder")
     windows, problems, notes = from_manifests(root, from_traces=from_traces, scan=scan)
@@ -124,6 +126,8 @@ def analyze(root: str, *, role: str | None = None, step: int | None = None,
             if rank is None:  # a folder without manifests: the trace says its rank
                 rank = info.get("rank") if isinstance(info.get("rank"), int) else index
                 w["world"] = w["world"] or info.get("world_size")
+            if not detail:  # the comparison of two runs reads them; analyze shows none
+                summary.pop("ops", None)
             ranks.append({"rank": rank, "path": t["path"], "status": t["status"], **summary})
         for s in w["skipped"]:
             ranks.append({"rank": s["rank"], "path": s["path"], "status": None,
@@ -135,6 +139,7 @@ def analyze(root: str, *, role: str | None = None, step: int | None = None,
             **{k: w[k] for k in ("role", "region", "steps", "cycle", "capture", "world",
                                  "why", "limits", "dropped", "other")},
             "ranks": ranks, **compare(w, ranks, want), "hta": None,
-            **({"not_analysed": w["not_analysed"]} if "not_analysed" in w else {})})
+            **({"not_analysed": w["not_analysed"]} if "not_analysed" in w else {}),
+            **({"identity": w.get("identity") or {}} if detail else {})})
     return {"version": VERSION, "root": os.path.abspath(root), "windows": out,
             "notes": notes, "problems": problems}

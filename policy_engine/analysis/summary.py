@@ -48,6 +48,10 @@ DEVICE_OTHER = frozenset({"gpu_memcpy", "gpu_memset"})
 #: Region names kept per trace (the ones with the most time are shown).
 MAX_REGIONS = 256
 TOP_REGIONS = 16
+#: Operator and kernel names timed per trace (past it, new names are counted only), and
+#: those kept in the summary: the ones with the most time.
+MAX_OPS = 4096
+TOP_OPS = 48
 MAX_NAMES = 5
 #: A gzipped trace inflating past this many times its size is no trace (torch's: 10-20).
 MAX_RATIO = 100
@@ -90,6 +94,9 @@ class _Pass:
         self.regions_left_out = 0
         self.hta_missed: set[str] = set()
         self.looks_comm: set[str] = set()
+        # (category, name) -> [calls, total µs] of operators and kernels
+        self.names: dict[tuple[str, str], list[float]] = {}
+        self.names_left_out = 0
 
     def event(self, e: dict[str, Any]) -> None:
         if e.get("ph") != "X":
@@ -107,6 +114,14 @@ class _Pass:
         if kind <= _K_OTHER:
             if kind:
                 self.spans[kind].add(ts, ts + dur)
+                timed = self.names.get(key)
+                if timed is not None:
+                    timed[0] += 1
+                    timed[1] += dur
+                elif len(self.names) < MAX_OPS:
+                    self.names[key] = [1, dur]
+                else:
+                    self.names_left_out += 1
         elif kind == _REGION:
             self._region(key[1], dur)
         else:
@@ -209,12 +224,17 @@ def summarize(path: str) -> dict[str, Any]:
         device = _breakdown(*parts, *whole)
         device["kernel_us"] = device.pop("span_us")
     regions = sorted(p.regions.items(), key=lambda kv: (-kv[1][1], kv[0]))[:TOP_REGIONS]
+    ops = sorted(p.names.items(), key=lambda kv: (-kv[1][1], kv[0]))[:TOP_OPS]
     return {
         "bytes": size,
         "basis": "gpu" if gpu else "cpu",
         "steps": steps,
         "device": device,
         "regions": {name: {"count": int(n), "time_us": _r(t)} for name, (n, t) in regions},
+        # time inside each call, nested calls included (a stream keeps no stack)
+        "ops": {"top": [{"cat": cat, "name": name, "calls": int(n), "time_us": _r(t)}
+                        for (cat, name), (n, t) in ops],
+                "left_out": p.names_left_out},
         "facts": {
             "events": count,
             "profiler_steps": len(p.steps),
@@ -275,6 +295,15 @@ def problem(summary: Any) -> str | None:
             isinstance(v, dict) and _count(v.get("count")) and _number(v.get("time_us"))
             for v in regions.values()):
         return "its regions are not counts and times"
+    ops = summary.get("ops", {"top": [], "left_out": 0})
+    if not isinstance(ops, dict) or not _count(ops.get("left_out")):
+        return "its operators are not an object with a count"
+    ops = ops.get("top")
+    if not isinstance(ops, list) or len(ops) > MAX_OPS or not all(
+            isinstance(o, dict) and isinstance(o.get("name"), str)
+            and isinstance(o.get("cat"), str) and _count(o.get("calls"))
+            and _number(o.get("time_us")) for o in ops):
+        return "its operators are not names, counts and times"
     facts = summary.get("facts")
     if not isinstance(facts, dict) or not all(_count(facts.get(k)) for k in _COUNTS):
         return "its facts lack a count"

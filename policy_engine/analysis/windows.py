@@ -129,6 +129,7 @@ def _place(window: dict[str, Any], r: dict[str, Any], root: str,
     rank = r.get("rank")
     if isinstance(r.get("world"), int):
         window["world"] = max(window["world"] or 0, r["world"])
+    _identify(window.setdefault("identity", {}), r)
     why = window["why"]
     trigger = str(r.get("trigger") or "plan")
     if (trigger, r.get("request")) != (why["trigger"], why.get("request")):
@@ -155,6 +156,26 @@ def _place(window: dict[str, Any], r: dict[str, Any], root: str,
     else:
         window["traces"].append({"rank": rank, "path": rel, "file": full,
                                  "status": r.get("status")})
+
+
+#: What a trace line says of how it was recorded, gathered per window for the comparison
+#: of two runs (each value as seen on any rank: a window normally has one of each).
+IDENTITY = ("policy_hash", "torch", "recorded")
+
+
+def _identify(identity: dict[str, Any], r: dict[str, Any]) -> None:
+    for key in IDENTITY:
+        value = r.get(key)
+        if value is not None:
+            seen = identity.setdefault(key, [])
+            if value not in seen and len(seen) < _ALSO:
+                seen.append(value)
+    coords = r.get("coords")
+    if isinstance(coords, dict):  # the mesh, as far as the ranks' coordinates show it
+        mesh = identity.setdefault("mesh", {})
+        for dim, at in coords.items():
+            if isinstance(at, int) and not isinstance(at, bool) and 0 <= at < 1 << 31:
+                mesh[str(dim)] = max(mesh.get(str(dim), 0), at + 1)
 
 
 def _summary_of(record: dict[str, Any] | None) -> dict[str, Any] | None:

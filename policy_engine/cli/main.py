@@ -26,6 +26,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "memory-plot": ("memory_plot", "draw a memory snapshot as a self-contained HTML page"),
     "merge": ("merge", "join the per-rank traces of one capture window"),
     "analyze": ("analyze", "per window and rank: step time, compute, communication, straggler"),
+    "compare": ("compare", "what a change did between two runs, window by window"),
     "trigger": ("trigger", "ask running processes to capture their next steps"),
     "from-verl": ("from_verl", "write the policy equivalent to a verl config's profiler settings"),
 }

@@ -17,6 +17,7 @@ import argparse
 import os
 from typing import Any
 
+from policy_engine.analysis.compare_page import section as comparison
 from policy_engine.analysis.listing import collect
 from policy_engine.analysis.manifests import scan_manifests
 from policy_engine.analysis.ops import read_all_ops
@@ -32,6 +33,9 @@ def add_parser(sub: Any, name: str, help: str) -> None:
     parser.add_argument("-o", "--output", metavar="OUT", default="report.html",
                         help="the page to write (default: report.html)")
     parser.add_argument("--force", action="store_true", help="replace OUT if it exists")
+    parser.add_argument("--baseline", metavar="BASE",
+                        help="also compare the run with the one under BASE "
+                             "(what policy-engine compare BASE DIR says)")
     parser.add_argument("--top", type=whole_number, default=10, metavar="K",
                         help="operators listed per trace (default: 10)")
     parser.add_argument("--ops", type=whole_number, default=32, metavar="N",
@@ -58,8 +62,11 @@ def run(args: argparse.Namespace) -> int:
     ops, notes = read_all_ops(entries, args.dir, count=args.ops, top=args.top,
                               limit=args.max_trace_mb << 20, total=args.max_total_mb << 20)
     title = f"Captures under {os.path.abspath(args.dir)}"
-    page = render(data, entries, ops, title=title, notes=notes,
-                  extra=[section(args.dir, jobs=os.cpu_count() or 1, scan=scan)])
+    jobs = os.cpu_count() or 1
+    extra = [section(args.dir, jobs=jobs, scan=scan)]
+    if args.baseline is not None:
+        extra.insert(0, comparison(args.baseline, args.dir, jobs=jobs))
+    page = render(data, entries, ops, title=title, notes=notes, extra=extra)
     write_output(out, page.encode("utf-8"), args.force)
     bad = sum(1 for c in entries if c.troubled)
     print(out + (f" ({bad} capture(s) need attention)" if bad else ""))

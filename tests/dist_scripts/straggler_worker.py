@@ -2,11 +2,16 @@
 computes, then all-reduces its gradients; the rank named SLOW (or none, with -1) also
 computes for EXTRA_MS more before the all-reduce, so the others wait for it.
 
-Usage: straggler_worker.py POLICY STEPS SLOW EXTRA_MS
+Usage: straggler_worker.py POLICY STEPS SLOW EXTRA_MS [FOLDER]
+
+FOLDER (e.g. ``node{rank}``): each rank writes under a folder of its own, as ranks on
+separate hosts write to their node-local disks. EXTRA_MM=N in the environment: every rank
+does N more 256x256 matrix multiplications in each update_actor (a change to compare).
 """
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 
@@ -26,11 +31,15 @@ class Trainer:
         self.optim = torch.optim.SGD(self.model.parameters(), lr=0.01)
         self.extra = extra
         self.spare = torch.randn(128, 128)
+        self.mm = int(os.environ.get("EXTRA_MM", "0"))
+        self.square = torch.randn(256, 256) / 16
 
     def update_actor(self) -> None:
         loss = self.model(torch.randn(64, 128)).pow(2).mean()
         self.optim.zero_grad()
         loss.backward()
+        for _ in range(self.mm):
+            torch.mm(self.square, self.square)
         if self.extra:
             # Work measured in time, not in operations: however loaded the machine is,
             # this rank reaches the all-reduce that much later.
@@ -48,7 +57,9 @@ def main() -> None:
     dist.init_process_group("gloo")
     rank = dist.get_rank()
     trainer = Trainer(extra_ms / 1000 if rank == slow else 0.0)
-    prof = apply_policy(trainer, role="trainer", policy=load_policy(policy))
+    overrides = [f"output_dir={sys.argv[5].format(rank=rank)}"] if len(sys.argv) > 5 else []
+    prof = apply_policy(trainer, role="trainer",
+                        policy=load_policy(policy, overrides=overrides))
     for step in range(1, steps + 1):
         with prof.training_step(step):
             for _ in range(INNER):

@@ -1,0 +1,297 @@
+"""Two runs compared, window by window and rank by rank: what a change did to step time.
+
+Windows are matched by role and region and, within those, by order (the n-th window of
+each run), or by the steps the caller names. For each pair:
+
+- **comparability first**: the world size, the mesh the ranks' coordinates show, the basis
+  (GPU kernels or CPU operators) and what the torch profiler was told to record
+  (activities, shapes, stacks, memory) must agree, or no verdict is given and each
+  difference says why; a different policy or torch version is said but does not
+  block (comparing them is often the point).
+- **the change in step time**: the median step time of each run over every (rank, step),
+  and the change of the mean split into compute, exposed communication (not hidden under
+  compute), other device work and idle, which sum to it (each step's parts sum to its
+  span: :func:`policy_engine.analysis.summary._breakdown`).
+- **where it moved**: regions and operators (or kernels) whose time per step changed most,
+  matched by name; the straggler then and now.
+- **a verdict with a noise gate**: ``slower`` or ``faster`` only where a two-sided
+  Mann-Whitney rank-sum test over the per-step times of the two runs gives
+  p < :data:`ALPHA` **and** the medians differ by at least :data:`MIN_CHANGE` of the
+  base's; otherwise ``no change`` (within noise). A rank's last step, when it is far
+  shorter than its others (:data:`TRAILING`), is the empty step torch opens at the last
+  ``step()`` call and is left out.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import statistics
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from policy_engine.analysis.errors import AnalysisError
+from policy_engine.analysis.run import analyze
+
+VERSION = 1
+#: The rank-sum test's significance level.
+ALPHA = 0.01
+#: The least change of the median step time, as a share of the base's, called a change.
+MIN_CHANGE = 0.05
+#: Rows listed per window: ranks, regions, operators.
+TOP = 10
+#: Differences that make a verdict meaningless.
+BLOCKING = ("world", "mesh", "basis", "recorded")
+PARTS = (("compute_us", "compute"), ("exposed_comm_us", "exposed communication"),
+         ("other_us", "other device work"), ("idle_us", "idle"))
+
+
+def _r(value: float) -> float:
+    return round(value, 3)
+
+
+# -- the noise gate -----------------------------------------------------------------------
+
+def rank_sum(a: Sequence[float], b: Sequence[float]) -> float | None:
+    """The two-sided p-value of the Mann-Whitney U test of ``a`` against ``b`` (normal
+    approximation with tie and continuity corrections); None with fewer than 3 values on
+    a side; 1 when every value is the same."""
+    n, m = len(a), len(b)
+    if n < 3 or m < 3:
+        return None
+    pooled = sorted([(v, 0) for v in a] + [(v, 1) for v in b])
+    ranks_a = 0.0
+    ties = 0.0
+    i = 0
+    while i < len(pooled):
+        j = i
+        while j + 1 < len(pooled) and pooled[j + 1][0] == pooled[i][0]:
+            j += 1
+        rank = (i + j) / 2 + 1  # the mean rank of a run of ties
+        count = j - i + 1
+        ties += count ** 3 - count
+        ranks_a += rank * sum(1 for k in range(i, j + 1) if pooled[k][1] == 0)
+        i = j + 1
+    u = ranks_a - n * (n + 1) / 2
+    mean = n * m / 2
+    total = n + m
+    var = n * m / 12 * ((total + 1) - ties / (total * (total - 1)))
+    if var <= 0:
+        return 1.0
+    z = (abs(u - mean) - 0.5) / math.sqrt(var)
+    return min(1.0, math.erfc(max(z, 0.0) / math.sqrt(2)))
+
+
+def verdict(base: Sequence[float], new: Sequence[float]) -> dict[str, Any]:
+    """slower / faster / no change from the per-step times of each run, with the test."""
+    p = rank_sum(base, new)
+    test = {"name": "Mann-Whitney U (two-sided)", "p": None if p is None else round(p, 6),
+            "alpha": ALPHA, "min_change": MIN_CHANGE, "base_steps": len(base),
+            "new_steps": len(new)}
+    if p is None:
+        return {"verdict": None, "why": "too few steps to tell a change from noise (at "
+                "least 3 per run)", "test": test}
+    b, n = statistics.median(base), statistics.median(new)
+    share = (n - b) / b if b > 0 else 0.0
+    if p < ALPHA and abs(share) >= MIN_CHANGE:
+        word = "slower" if share > 0 else "faster"
+        return {"verdict": word, "why": f"median step time {share:+.1%} (p = {p:.2g} < "
+                f"{ALPHA})", "test": test}
+    reason = (f"p = {p:.2g} >= {ALPHA}" if p >= ALPHA
+              else f"a change of {share:+.1%} is under {MIN_CHANGE:.0%}")
+    return {"verdict": "no change", "why": f"within noise ({reason})", "test": test}
+
+
+# -- one pair of windows ------------------------------------------------------------------
+
+#: A rank's last step shorter than this share of its median step is the empty one torch
+#: opens at the last ``step()`` call and the capture's end closes at once: no sample.
+TRAILING = 0.1
+
+
+def _steps(rank: dict[str, Any]) -> list[dict[str, Any]]:
+    steps = list(rank.get("steps") or ())
+    if len(steps) >= 3:
+        rest = statistics.median(row["time_us"] for row in steps[:-1])
+        if steps[-1]["time_us"] < TRAILING * rest:
+            steps.pop()
+    return steps
+
+
+def _read(window: dict[str, Any]) -> list[dict[str, Any]]:
+    """The ranks with steps to compare, each with its steps (less an empty last one)."""
+    out = []
+    for r in window["ranks"]:
+        if not r.get("error") and r.get("steps"):
+            out.append({**r, "steps": _steps(r)})
+    return out
+
+
+def _samples(ranks: Iterable[dict[str, Any]]) -> list[float]:
+    return [row["time_us"] for r in ranks for row in r["steps"]]
+
+
+def _means(ranks: list[dict[str, Any]]) -> dict[str, float]:
+    """The mean step over every (rank, step): its span and the span's parts."""
+    rows = [row for r in ranks for row in r["steps"]]
+    if not rows:
+        return {}
+    out = {"span_us": statistics.fmean(row["span_us"] for row in rows),
+           "compute_us": statistics.fmean(row["compute_us"] for row in rows),
+           "exposed_comm_us": statistics.fmean(row["comm_us"] - row["overlap_us"]
+                                               for row in rows),
+           "other_us": statistics.fmean(row["other_us"] for row in rows),
+           "idle_us": statistics.fmean(row["idle_us"] for row in rows)}
+    return out
+
+
+def _per_step(ranks: list[dict[str, Any]], items: Any) -> dict[tuple[str, str], float]:
+    """Mean over ranks of each name's time per step: ``items(rank)`` yields (key, µs)."""
+    totals: dict[tuple[str, str], float] = {}
+    for r in ranks:
+        steps = max(len(r["steps"]), 1)
+        for key, time_us in items(r):
+            totals[key] = totals.get(key, 0.0) + time_us / steps
+    return {k: v / max(len(ranks), 1) for k, v in totals.items()}
+
+
+def _regions(r: dict[str, Any]) -> Iterable[tuple[tuple[str, str], float]]:
+    return (((name, "region"), v["time_us"]) for name, v in (r.get("regions") or {}).items())
+
+
+def _ops(r: dict[str, Any]) -> Iterable[tuple[tuple[str, str], float]]:
+    return (((o["name"], o["cat"]), o["time_us"])
+            for o in ((r.get("ops") or {}).get("top") or ()))
+
+
+def _moved(base: dict[tuple[str, str], float], new: dict[tuple[str, str], float],
+           kind: str) -> list[dict[str, Any]]:
+    rows = []
+    for key in base.keys() | new.keys():
+        b, n = base.get(key), new.get(key)
+        row = {"name": key[0], "base_us": None if b is None else _r(b),
+               "new_us": None if n is None else _r(n), "change_us": _r((n or 0.0) - (b or 0.0))}
+        if kind == "ops":
+            row["cat"] = key[1]
+        rows.append(row)
+    rows.sort(key=lambda row: (-abs(row["change_us"]), row["name"]))
+    return rows[:TOP]
+
+
+def _differences(base: dict[str, Any], new: dict[str, Any]) -> list[dict[str, Any]]:
+    out = []
+
+    def say(what: str, b: Any, n: Any, message: str) -> None:
+        if b != n:
+            out.append({"what": what, "base": b, "new": n, "blocks": what in BLOCKING,
+                        "message": message})
+
+    say("world", base["world"], new["world"],
+        f"world size {base['world']} -> {new['world']}: the ranks do different work")
+    bi, ni = base.get("identity") or {}, new.get("identity") or {}
+    say("mesh", bi.get("mesh") or None, ni.get("mesh") or None,
+        f"mesh {bi.get('mesh')} -> {ni.get('mesh')} (from the ranks' coordinates)")
+    basis = [sorted({str(r.get("basis")) for r in _read(w)}) for w in (base, new)]
+    say("basis", basis[0], basis[1], f"measured on {'/'.join(basis[0]) or 'nothing'} -> "
+        f"{'/'.join(basis[1]) or 'nothing'}: GPU kernels and CPU operators are not the "
+        "same time")
+    for key, word, blocks in (("recorded", "what the profiler recorded", True),
+                              ("torch", "torch version", False),
+                              ("policy_hash", "policy", False)):
+        b, n = bi.get(key), ni.get(key)
+        if b is not None and n is not None and b != n:
+            out.append({"what": key, "base": b, "new": n, "blocks": blocks,
+                        "message": f"{word} differs" + ("" if blocks else
+                                                         " (compared all the same)")})
+    return out
+
+
+def _straggler(window: dict[str, Any]) -> int | None:
+    s = window.get("straggler")
+    return s.get("rank") if isinstance(s, dict) else None
+
+
+def pair(base: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
+    """The comparison of one window of the base run with one of the new run (windows as
+    :func:`~policy_engine.analysis.run.analyze` returns them, with ``detail``)."""
+    rb, rn = _read(base), _read(new)
+    differences = _differences(base, new)
+    sb, sn = _samples(rb), _samples(rn)
+    mb, mn = _means(rb), _means(rn)
+    out: dict[str, Any] = {
+        "role": base["role"], "region": base["region"],
+        "base": {k: base[k] for k in ("title", "steps", "cycle", "capture")},
+        "new": {k: new[k] for k in ("title", "steps", "cycle", "capture")},
+        "differences": differences,
+        "comparable": not any(d["blocks"] for d in differences) and bool(rb and rn),
+        "step_time": None, "parts": None, "ranks": [], "regions": [], "operators": [],
+        "straggler": {"base": _straggler(base), "new": _straggler(new),
+                      "changed": _straggler(base) != _straggler(new)},
+    }
+    if not (rb and rn):
+        side = "base" if not rb else "new"
+        out.update(verdict=None, why=f"the {side} run has no readable step in this window",
+                   test=None)
+        return out
+    out["step_time"] = {"base_median_us": _r(statistics.median(sb)),
+                        "new_median_us": _r(statistics.median(sn)),
+                        "base_mean_us": _r(mb["span_us"]), "new_mean_us": _r(mn["span_us"]),
+                        "change_us": _r(mn["span_us"] - mb["span_us"])}
+    out["parts"] = {key: _r(mn[key] - mb[key]) for key, _ in PARTS}
+    by_rank = {r["rank"]: r for r in rn}
+    ranks = []
+    for r in rb:
+        other = by_rank.get(r["rank"])
+        if other is not None:
+            b, n = statistics.fmean(_samples([r])), statistics.fmean(_samples([other]))
+            ranks.append({"rank": r["rank"], "base_us": _r(b), "new_us": _r(n),
+                          "change_us": _r(n - b)})
+    ranks.sort(key=lambda row: (-abs(row["change_us"]), str(row["rank"])))
+    out["ranks"] = ranks[:TOP]
+    out["regions"] = _moved(_per_step(rb, _regions), _per_step(rn, _regions), "regions")
+    out["operators"] = _moved(_per_step(rb, _ops), _per_step(rn, _ops), "ops")
+    if out["comparable"]:
+        out.update(verdict(sb, sn))
+    else:
+        out.update(verdict=None, test=None, why="not compared: " + "; ".join(
+            d["message"] for d in differences if d["blocks"]))
+    return out
+
+
+# -- two runs -------------------------------------------------------------------------------
+
+def _side(path: str, which: str, role: str | None, step: int | None, jobs: int,
+          from_traces: bool) -> list[dict[str, Any]]:
+    try:
+        result = analyze(path, role=role, step=step, jobs=jobs, from_traces=from_traces,
+                         detail=True)
+    except AnalysisError as err:
+        raise AnalysisError(f"{which}: {err}") from None
+    return [w for w in result["windows"] if "not_analysed" not in w]
+
+
+def compare_runs(base: str, new: str, *, role: str | None = None,
+                 steps: tuple[int, int] | None = None, jobs: int = 1,
+                 from_traces: bool = False) -> dict[str, Any]:
+    """Every window of ``base`` matched in ``new`` (by role, region and order; with
+    ``steps``, the windows covering the base's step and the new run's), compared.
+    AnalysisError, naming the run, when either has nothing to compare."""
+    a = _side(base, "BASE", role, steps[0] if steps else None, jobs, from_traces)
+    b = _side(new, "NEW", role, steps[1] if steps else None, jobs, from_traces)
+    groups: dict[tuple[Any, Any], list[list[dict[str, Any]]]] = {}
+    for index, side in enumerate((a, b)):
+        for w in side:
+            groups.setdefault((w["role"], w["region"]), [[], []])[index].append(w)
+    windows, only_base, only_new = [], [], []
+    for (_role, _region), (left, right) in groups.items():
+        for x, y in zip(left, right, strict=False):
+            windows.append(pair(x, y))
+        only_base += [w["title"] for w in left[len(right):]]
+        only_new += [w["title"] for w in right[len(left):]]
+    if not windows:
+        raise AnalysisError(f"no window of BASE matches one of NEW by role and region: "
+                            f"BASE holds {', '.join(sorted({w['title'] for w in a}))}; NEW "
+                            f"holds {', '.join(sorted({w['title'] for w in b}))}")
+    return {"version": VERSION, "base": os.path.abspath(base), "new": os.path.abspath(new),
+            "windows": windows,
+            "unmatched": {"base": only_base, "new": only_new}}

@@ -1,0 +1,76 @@
+"""The report's comparison section (``report --baseline BASE``): per pair of windows the
+verdict, what differs in how the runs were recorded, the step time then and now with the
+change split into its parts, and the regions and operators that moved most. Plain
+markup: no script, nothing fetched; every value from the runs is escaped."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from policy_engine.analysis.compare import PARTS, compare_runs
+from policy_engine.analysis.errors import AnalysisError
+from policy_engine.analysis.report_analysis import _esc
+from policy_engine.analysis.text import ms
+
+MAX_WINDOWS, ROWS = 60, 5
+_STYLE = ("<style>.comparison .slower{color:#8b0000;font-weight:bold}"
+          ".comparison .faster{color:#006400;font-weight:bold}"
+          ".comparison td,.comparison th{padding:1px 8px}</style>")
+
+
+def _signed(us: float | None) -> str:
+    return "-" if us is None else ("+" if us >= 0 else "-") + ms(abs(us))
+
+
+def _rows(rows: list[dict[str, Any]], what: str) -> str:
+    moved = [r for r in rows[:ROWS] if r["change_us"]]
+    if not moved:
+        return ""
+    body = "".join(f"<tr><td>{_esc(r['name'][:120])}</td><td>{_esc(ms(r['base_us']))}</td>"
+                   f"<td>{_esc(ms(r['new_us']))}</td><td>{_esc(_signed(r['change_us']))}</td>"
+                   "</tr>" for r in moved)
+    return (f"<table><tr><th>{what} (ms per step)</th><th>base</th><th>new</th>"
+            f"<th>change</th></tr>{body}</table>")
+
+
+def window_html(w: dict[str, Any]) -> str:
+    verdict = w.get("verdict") or "no verdict"
+    css = {"slower": "slower", "faster": "faster"}.get(verdict, "")
+    out = [f"<h3>{_esc(w['base']['title'])}</h3>",
+           f'<p>Verdict: <span class="{css}">{_esc(verdict)}</span> ({_esc(w["why"])})</p>']
+    if w["differences"]:
+        out.append("<ul>" + "".join(
+            f"<li>{'differs' if d['blocks'] else 'note'}: {_esc(d['message'])}</li>"
+            for d in w["differences"]) + "</ul>")
+    t = w.get("step_time")
+    if t:
+        out.append(f"<p>Median step: {_esc(ms(t['base_median_us']))} ms &rarr; "
+                   f"{_esc(ms(t['new_median_us']))} ms. Mean step "
+                   f"{_esc(_signed(t['change_us']))} ms = " + ", ".join(
+                       f"{word} {_esc(_signed(w['parts'][key]))}" for key, word in PARTS)
+                   + ".</p>")
+    out.append(_rows(w["regions"], "region") + _rows(w["operators"], "operator"))
+    s = w["straggler"]
+    if s["changed"]:
+        out.append(f"<p>Straggler: {_esc('none' if s['base'] is None else s['base'])} "
+                   f"&rarr; {_esc('none' if s['new'] is None else s['new'])}</p>")
+    return '<div class="window">' + "".join(out) + "</div>"
+
+
+def section(baseline: str, root: str, *, jobs: int = 1) -> str:
+    """The comparison of the run under ``root`` with the one under ``baseline``."""
+    try:
+        result = compare_runs(baseline, root, jobs=jobs)
+    except AnalysisError as err:
+        return (f'<section class="comparison"><h2>Against the baseline</h2><p class="note">'
+                f"{_esc(err)}</p></section>")
+    windows = result["windows"]
+    verdicts = [w.get("verdict") or "no verdict" for w in windows]
+    counts = ", ".join(f"{verdicts.count(v)} {v}" for v in sorted(set(verdicts)))
+    more = (f'<p class="note">{len(windows) - MAX_WINDOWS} more windows are not drawn '
+            "(policy-engine compare lists every one).</p>") if len(windows) > MAX_WINDOWS \
+        else ""
+    return (f'<section class="comparison">{_STYLE}<h2>Against the baseline</h2>'
+            f"<p>Baseline: {_esc(result['base'])}. {len(windows)} window(s) compared: "
+            f"{_esc(counts)}.</p>"
+            + "".join(window_html(w) for w in windows[:MAX_WINDOWS]) + more + "</section>")

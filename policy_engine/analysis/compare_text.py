@@ -1,0 +1,65 @@
+"""A comparison of two runs as text for a terminal: one block per pair of windows."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from policy_engine.analysis.compare import PARTS
+from policy_engine.analysis.text import ms
+
+
+def _signed(us: float | None) -> str:
+    if us is None:
+        return "-"
+    return ("+" if us >= 0 else "-") + ms(abs(us))
+
+
+def _share(base: float | None, change: float) -> str:
+    return f" ({change / base:+.1%})" if base else ""
+
+
+def _window(w: dict[str, Any]) -> list[str]:
+    head = w["base"]["title"] if w["base"]["title"] == w["new"]["title"] \
+        else f"{w['base']['title']}  vs  {w['new']['title']}"
+    lines = [head]
+    for d in w["differences"]:
+        lines.append(f"  {'differs' if d['blocks'] else 'note'}: {d['message']}")
+    verdict = w.get("verdict")
+    lines.append(f"  verdict: {verdict or 'none'} - {w.get('why')}")
+    t = w.get("step_time")
+    if t:
+        change = t["new_median_us"] - t["base_median_us"]
+        lines.append(f"  step time (median, ms): {ms(t['base_median_us'])} -> "
+                     f"{ms(t['new_median_us'])}, {_signed(change)}"
+                     f"{_share(t['base_median_us'], change)}")
+        parts = w["parts"]
+        lines.append(f"  mean step {_signed(t['change_us'])} ms = " + ", ".join(
+            f"{word} {_signed(parts[key])}" for key, word in PARTS))
+    for title, key in (("regions", "regions"), ("operators", "operators")):
+        rows = [r for r in w[key][:5] if r["change_us"]]
+        if rows:
+            lines.append(f"  {title} that moved most (ms per step):")
+            lines += [f"    {r['name'][:80]}: {ms(r['base_us'])} -> {ms(r['new_us'])} "
+                      f"({_signed(r['change_us'])})" for r in rows]
+    s = w["straggler"]
+    if s["changed"]:
+        lines.append(f"  straggler: {_rank(s['base'])} -> {_rank(s['new'])}")
+    elif s["base"] is not None:
+        lines.append(f"  straggler: rank {s['base']} in both")
+    return lines
+
+
+def _rank(rank: Any) -> str:
+    return "none" if rank is None else f"rank {rank}"
+
+
+def render(result: dict[str, Any]) -> str:
+    """The whole comparison as text."""
+    lines = [f"base: {result['base']}", f"new:  {result['new']}", ""]
+    for w in result["windows"]:
+        lines += _window(w) + [""]
+    for side in ("base", "new"):
+        left = result["unmatched"][side]
+        if left:
+            lines.append(f"only in {side}: {', '.join(left)}")
+    return "\n".join(lines).rstrip()

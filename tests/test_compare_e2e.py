@@ -1,0 +1,65 @@
+"""policy-engine compare on real 4-rank torchrun jobs (gloo, CPU): extra matrix
+multiplications in one region on every rank are `slower`, put down to compute in that
+region and to aten::mm; the same job twice is `no change`; a slow rank added shows as the
+straggler change; another world size or other activities withhold the verdict.
+benchmarks/bench_compare.py repeats the first two 20 times each."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import pytest
+from compare_jobs import compare, run_job
+from test_compare import SCHEMA
+
+pytestmark = pytest.mark.slow
+
+EXTRA_MM, SLOW, EXTRA_MS = 300, 2, 150
+
+
+@pytest.fixture(scope="module")
+def jobs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("compare")
+    return {"base": run_job(root / "base"), "again": run_job(root / "again"),
+            "mm": run_job(root / "mm", extra_mm=EXTRA_MM),
+            "slow": run_job(root / "slow", slow=SLOW, extra_ms=EXTRA_MS)}
+
+
+def _windows(base: Path, new: Path) -> list[dict[str, Any]]:
+    result = compare(base, new)
+    jsonschema.validate(result, SCHEMA)
+    assert len(result["windows"]) == 2
+    return list(result["windows"])
+
+
+def test_extra_matrix_multiplications_are_slower_in_compute_and_mm(
+        jobs: dict[str, Path]) -> None:
+    for w in _windows(jobs["base"], jobs["mm"]):
+        assert w["verdict"] == "slower", w["why"]
+        parts = w["parts"]
+        assert parts["compute_us"] == max(parts.values())  # the change is compute
+        assert w["regions"][0]["name"] == "update_actor" and w["regions"][0]["change_us"] > 0
+        grown = [o["name"] for o in w["operators"] if o["change_us"] > 0][:3]
+        assert {"aten::mm", "aten::matmul"} & set(grown), grown
+
+
+def test_the_same_job_twice_is_no_change(jobs: dict[str, Path]) -> None:
+    for w in _windows(jobs["base"], jobs["again"]):
+        assert w["verdict"] == "no change", w["why"]
+        assert w["why"].startswith("within noise")
+
+
+def test_a_slow_rank_added_is_the_straggler_change(jobs: dict[str, Path]) -> None:
+    for w in _windows(jobs["base"], jobs["slow"]):
+        assert w["straggler"] == {"base": None, "new": SLOW, "changed": True}
+
+
+def test_another_world_size_withholds_the_verdict(jobs: dict[str, Path],
+                                                  tmp_path: Path) -> None:
+    two = run_job(tmp_path / "two", world=2)
+    for w in _windows(jobs["base"], two):
+        assert w["verdict"] is None and not w["comparable"]
+        assert [d["what"] for d in w["differences"] if d["blocks"]] == ["world"]
+        assert "world size 4 -> 2" in w["why"]
