@@ -297,3 +297,10 @@ def test_a_deep_override_from_the_environment_is_invalid(
     assert "Traceback" not in out
     assert out.splitlines()[0].endswith(
         "...: error: nesting is deeper than 64 levels (at $.prefix)")
+
+
+def test_version_prints_the_installed_version(capsys: pytest.CaptureFixture[str]) -> None:
+    from importlib import metadata
+
+    assert cli_main.main(["--version"]) == 0
+    assert capsys.readouterr().out == f"policy-engine {metadata.version('policy-engine')}\n"

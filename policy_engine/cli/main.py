@@ -40,6 +40,7 @@ def build_parser(argv: Sequence[str]) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="policy-engine",
         description="Validate, explain and run declarative profiling policies.")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     chosen = next((arg for arg in argv if not arg.startswith("-")), None)
     for name, (module, help) in COMMANDS.items():
@@ -48,6 +49,18 @@ def build_parser(argv: Sequence[str]) -> argparse.ArgumentParser:
         else:
             sub.add_parser(name, help=help)
     return parser
+
+
+def _version() -> str:
+    """The installed distribution's version (the package's own where it is not installed)."""
+    from importlib import metadata
+
+    try:
+        return metadata.version("policy-engine")
+    except metadata.PackageNotFoundError:
+        from policy_engine import __version__
+
+        return __version__
 
 
 def _tolerant_output() -> None:
