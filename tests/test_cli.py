@@ -304,3 +304,16 @@ def test_version_prints_the_installed_version(capsys: pytest.CaptureFixture[str]
 
     assert cli_main.main(["--version"]) == 0
     assert capsys.readouterr().out == f"policy-engine {metadata.version('policy-engine')}\n"
+
+
+def test_every_option_of_every_command_says_what_it_is() -> None:
+    import argparse
+    import importlib
+
+    for name, (module, text) in cli_main.COMMANDS.items():
+        parser = argparse.ArgumentParser()
+        sub = parser.add_subparsers()
+        importlib.import_module(f"policy_engine.cli.{module}").add_parser(sub, name, text)
+        silent = [a.option_strings or [a.dest] for a in sub.choices[name]._actions
+                  if not a.help]
+        assert silent == [], name

@@ -44,11 +44,12 @@ def policy_parser(sub: Any, name: str, help: str, doc: str | None, *, files: boo
     ``--role`` with ``role``'s keywords when given, then the layout options."""
     parser: argparse.ArgumentParser = sub.add_parser(name, help=help, description=doc)
     if files:
-        parser.add_argument("files", nargs="+", metavar="FILE")
+        parser.add_argument("files", nargs="+", metavar="FILE",
+                            help="policy files (YAML, TOML or JSON)")
     else:
-        parser.add_argument("file", metavar="FILE")
+        parser.add_argument("file", metavar="FILE", help="the policy file (YAML, TOML or JSON)")
     if role:
-        parser.add_argument("--role", **role)
+        parser.add_argument("--role", **{"help": "the role, as the policy names it", **role})
     _add_layout_options(parser)
     return parser
 
@@ -63,7 +64,10 @@ def _add_layout_options(parser: argparse.ArgumentParser) -> None:
 
 
 def add_format_option(parser: argparse.ArgumentParser, *choices: str) -> None:
-    parser.add_argument("--format", choices=choices or ("text", "json"), default="text")
+    choices = choices or ("text", "json")
+    parser.add_argument("--format", choices=choices, default=choices[0],
+                        help=f"how to print the result: {', '.join(choices)} "
+                             f"(default: {choices[0]})")
 
 
 def _set_texts(sets: Sequence[str | Sequence[str]]) -> list[str]:

@@ -25,7 +25,8 @@ from policy_engine.analysis.text import render
 
 def add_parser(sub: Any, name: str, help: str) -> None:
     parser = sub.add_parser(name, help=help, description=__doc__)
-    parser.add_argument("dir", metavar="DIR")
+    parser.add_argument("dir", metavar="DIR",
+                        help="a run's output folder (the policy's output_dir)")
     parser.add_argument("--role", metavar="R", help="only the windows of this role")
     parser.add_argument("--step", type=whole_number, metavar="N",
                         help="only the windows that cover this outer step")

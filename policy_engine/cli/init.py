@@ -49,7 +49,8 @@ roles:
 
 def add_parser(sub: Any, name: str, help: str) -> None:
     parser = sub.add_parser(name, help=help, description=__doc__)
-    parser.add_argument("path", nargs="?", default="profile_policy.yaml", metavar="PATH")
+    parser.add_argument("path", nargs="?", default="profile_policy.yaml", metavar="PATH",
+                        help="the policy to write (default: profile_policy.yaml)")
     parser.add_argument("--force", action="store_true",
                         help="overwrite an existing policy (and a schema file that differs)")
     parser.set_defaults(run=run)

@@ -22,7 +22,8 @@ _PROG = "policy-engine memory-plot"
 
 def add_parser(sub: Any, name: str, help: str) -> None:
     parser = sub.add_parser(name, help=help, description=__doc__)
-    parser.add_argument("snapshot", metavar="SNAPSHOT")
+    parser.add_argument("snapshot", metavar="SNAPSHOT",
+                        help="a memory snapshot (.pickle) the memory backend wrote")
     parser.add_argument("-o", "--output", metavar="OUT",
                         help="the page to write (default: SNAPSHOT with .pickle as .html)")
     parser.add_argument("--device", type=whole_number, metavar="N",

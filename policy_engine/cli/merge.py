@@ -43,7 +43,8 @@ EXIT_BAD_DATA = 1  # a trace of the window cannot be read
 
 def add_parser(sub: Any, name: str, help: str) -> None:
     parser = sub.add_parser(name, help=help, description=__doc__)
-    parser.add_argument("dir", metavar="DIR")
+    parser.add_argument("dir", metavar="DIR",
+                        help="a run's output folder (the policy's output_dir)")
     parser.add_argument("--role", metavar="R",
                         help="the role (needed when DIR holds traces of more than one)")
     parser.add_argument("--step", type=whole_number, metavar="N",

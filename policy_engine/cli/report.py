@@ -29,7 +29,8 @@ from policy_engine.cli.usage import UsageError
 
 def add_parser(sub: Any, name: str, help: str) -> None:
     parser = sub.add_parser(name, help=help, description=__doc__)
-    parser.add_argument("dir", metavar="DIR")
+    parser.add_argument("dir", metavar="DIR",
+                        help="a run's output folder (the policy's output_dir)")
     parser.add_argument("-o", "--output", metavar="OUT", default="report.html",
                         help="the page to write (default: report.html)")
     parser.add_argument("--force", action="store_true", help="replace OUT if it exists")

@@ -27,7 +27,8 @@ from policy_engine.cli.usage import UsageError
 
 def add_parser(sub: Any, name: str, help: str) -> None:
     parser = sub.add_parser(name, help=help, description=__doc__)
-    parser.add_argument("dir", metavar="DIR")
+    parser.add_argument("dir", metavar="DIR",
+                        help="a run's output folder (the policy's output_dir)")
     add_format_option(parser)
     parser.set_defaults(run=run)
 
