@@ -31,24 +31,23 @@ from policy_engine.analysis.format import rank_spans
 from policy_engine.analysis.merge_io import MAX_EVENTS, MAX_TRACE_MB, Bounds, EventWriter
 from policy_engine.analysis.trace_process import ProcessMap
 from policy_engine.analysis.errors import AnalysisError
-from policy_engine.analysis.window_roles import families, holds, label
+from policy_engine.analysis.window_roles import (
+    TORCH_SUFFIXES,
+    holds,
+    is_torch,
+    label,
+    window_keys,
+)
 from policy_engine.errors import did_you_mean
 from policy_engine.files.publish import publish
 from policy_engine.analysis.manifests import file_of, scan_manifests
 
 _PROG = "policy-engine merge"
-TORCH_SUFFIXES = (".pt.trace.json", ".pt.trace.json.gz")
 #: Flow and async ids of the i-th trace move by i << _ID_SHIFT (below 2**53 for 100k ranks).
 _ID_SHIFT = 36
 
 
 # -- choosing the window ---------------------------------------------------------------
-
-def _is_torch(record: dict[str, Any]) -> bool:
-    path = record.get("path")
-    return record.get("backend") == "torch" or (
-        isinstance(path, str) and path.endswith(TORCH_SUFFIXES))
-
 
 def span(values: Iterable[Any]) -> str:
     """``[0, 1, 2, 5]`` as ``0-2, 5``."""
@@ -86,17 +85,9 @@ def records(root: str) -> tuple[list[dict[str, Any]], set[str]]:
         rows.append(record)
     if not rows:
         raise AnalysisError(f"the manifests under {root} record no traces")
-    family = families(rows)  # one window across ranks whose roles differ (window_roles)
-    for r in rows:
-        r["_window"] = family[r["_label"]]
     rows.sort(key=lambda r: (r["start"] if isinstance(r.get("start"), (int, float)) else 0))
-    nth: dict[tuple[Any, ...], int] = {}
-    for r in rows:  # the i-th capture of the same steps and cycle, per rank and backend
-        steps = tuple(r.get("steps") or ())
-        key = (r["_window"], r.get("region"), steps, r.get("cycle"))
-        who = (*key, r.get("rank"), repr(r.get("backend")), _is_torch(r))
-        nth[who] = nth.get(who, 0) + 1
-        r["_key"] = (*key, nth[who])
+    for r, key in zip(rows, window_keys(rows), strict=True):
+        r["_window"], r["_key"] = key[0], key  # one window across ranks (window_roles)
     return rows, inputs
 
 
@@ -139,7 +130,7 @@ def choose(rows: list[dict[str, Any]], root: str, *, role: str | None = None,
     elif len(labels) > 1:
         raise AnalysisError(f"{root} holds traces of {len(labels)} roles "
                          f"({', '.join(labels)}): choose one with --role")
-    torch = [r for r in rows if _is_torch(r)]
+    torch = [r for r in rows if is_torch(r)]
     if not torch:
         kinds = sorted({str(r.get("backend")) for r in rows})
         raise AnalysisError(f"{'/'.join(labels)} has no torch traces under {root} (only "
@@ -177,7 +168,7 @@ def _name(record: dict[str, Any]) -> str:
 
 def skip_reason(record: dict[str, Any]) -> str | None:
     """Why a trace line of the window is not merged, or None."""
-    if not _is_torch(record):
+    if not is_torch(record):
         return f"backend {record.get('backend')}: not a torch trace"
     if record.get("status") == "failed" or record["_file"] is None:
         return f"failed, no file: {record.get('error') or 'no reason recorded'}"

@@ -10,12 +10,12 @@ from typing import Any
 from policy_engine.analysis.chrome_trace import TraceError, TraceReader, TraceTooLarge
 from policy_engine.analysis.format import size_cell
 from policy_engine.analysis.report_page import Capture, Ops
+from policy_engine.analysis.window_roles import TORCH_SUFFIXES
 
 #: Trace events whose self time the page lists (others still nest: a user_annotation
 #: range encloses operators but is not one).
 OP_CATEGORIES = frozenset({"cpu_op", "kernel", "gpu_memcpy", "gpu_memset", "cuda_runtime",
                            "cuda_driver"})
-TRACE_SUFFIXES = (".pt.trace.json", ".pt.trace.json.gz")
 #: The most timed events whose self times one trace's table is computed from (memory
 #: grows with them: about 150 bytes each).
 MAX_OP_EVENTS = 1_000_000
@@ -132,7 +132,7 @@ def read_ops(path: str, *, top: int, limit: int, budget: int | None = None,
 
 
 def _is_trace(c: Capture) -> bool:
-    return bool(c.path and c.exists and c.path.endswith(TRACE_SUFFIXES))
+    return bool(c.path and c.exists and c.path.endswith(TORCH_SUFFIXES))
 
 
 def read_all_ops(entries: list[Capture], root: str, *, count: int, top: int,

@@ -69,3 +69,30 @@ def families(records: Iterable[Mapping[str, Any]]) -> dict[str, str]:
         order = members.setdefault(root(labels[text][0]), [])
         order.extend(name for name in labels[text] if name not in order)
     return {text: "+".join(members[root(found[0])]) for text, found in labels.items()}
+
+
+#: The file endings of a torch trace.
+TORCH_SUFFIXES = (".pt.trace.json", ".pt.trace.json.gz")
+
+
+def is_torch(record: Mapping[str, Any]) -> bool:
+    """Whether a trace line names a torch trace (its backend, or its file's ending)."""
+    path = record.get("path")
+    return record.get("backend") == "torch" or (
+        isinstance(path, str) and path.endswith(TORCH_SUFFIXES))
+
+
+def window_keys(records: list[Mapping[str, Any]]) -> list[tuple[Any, ...]]:
+    """The window of each trace line of ``records`` (oldest first), as ``merge`` and
+    ``analyze`` both key it: (family, region, outer steps, cycle, n), n counting the
+    captures of the same steps and cycle on the same rank and backend (a region or a rerun
+    that captured them again)."""
+    family = families(records)
+    nth: dict[tuple[Any, ...], int] = {}
+    keys = []
+    for r in records:
+        key = (family[label(r)], r.get("region"), tuple(r.get("steps") or ()), r.get("cycle"))
+        who = (*key, r.get("rank"), repr(r.get("backend")), is_torch(r))
+        nth[who] = nth.get(who, 0) + 1
+        keys.append((*key, nth[who]))
+    return keys

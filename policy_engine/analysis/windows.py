@@ -16,11 +16,15 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from policy_engine.analysis.window_roles import families, label, participants
+from policy_engine.analysis.window_roles import (
+    TORCH_SUFFIXES,
+    is_torch,
+    participants,
+    window_keys,
+)
 from policy_engine.analysis.manifests import Scan, scan_manifests
 from policy_engine.analysis.summary import problem
 
-TORCH_SUFFIXES = (".pt.trace.json", ".pt.trace.json.gz")
 _ALSO = 16  # ranks listed whose capture has another trigger than the window's first
 
 
@@ -37,12 +41,6 @@ def describe(window: dict[str, Any]) -> str:
     if window.get("capture", 1) > 1:
         parts.append(f"capture {window['capture']}")
     return ", ".join(parts)
-
-
-def _is_torch(record: dict[str, Any]) -> bool:
-    path = record.get("path")
-    return record.get("backend") == "torch" or (
-        isinstance(path, str) and path.endswith(TORCH_SUFFIXES))
 
 
 def _why(first: dict[str, Any], notes: list[dict[str, Any]]) -> dict[str, Any]:
@@ -81,21 +79,14 @@ def from_manifests(root: str, *, from_traces: bool = False, scan: Scan | None = 
     traces = [r for r in scan.records if r["event"] == "trace"]
     traces.sort(key=lambda r: r["start"] if isinstance(r.get("start"), (int, float)) else 0)
     found: dict[tuple[Any, ...], dict[str, Any]] = {}
-    nth: dict[tuple[Any, ...], int] = {}
-    family = families(traces)
-    for r in traces:
-        name = family[label(r)]
-        steps = tuple(r.get("steps") or ())
-        key = (name, r.get("region"), steps, r.get("cycle"))
-        who = (*key, r.get("rank"), repr(r.get("backend")), _is_torch(r))
-        nth[who] = nth.get(who, 0) + 1
-        wkey = (*key, nth[who])
+    for r, wkey in zip(traces, window_keys(traces), strict=True):
+        name, _region, steps, _cycle, nth = wkey
         window = found.get(wkey)
         if window is None:
             role_notes = [n for role in name.split("+") for n in notes.get(role, [])]
             window = found[wkey] = {
                 "role": name, "region": r.get("region"), "steps": list(steps),
-                "cycle": r.get("cycle"), "capture": nth[who], "world": r.get("world"),
+                "cycle": r.get("cycle"), "capture": nth, "world": r.get("world"),
                 "why": _why(r, role_notes), "traces": [], "skipped": [], "limits": [],
                 "dropped": [], "other": [], "holds": [], "holders": {}}
         # Who took part, per rank (internal: --role and the ranks a window should have).
@@ -143,7 +134,7 @@ def _place(window: dict[str, Any], r: dict[str, Any], root: str,
     if r.get("status") == "failed" or full is None:
         window["dropped"].append({"rank": rank, "backend": r.get("backend"),
                                   "why": r.get("error") or "no file written"})
-    elif not _is_torch(r):
+    elif not is_torch(r):
         window["other"].append({"rank": rank, "backend": r.get("backend"), "path": rel})
     elif (found := _summary_of(summary)) is not None:
         window["traces"].append({"rank": rank, "path": rel, "file": None,
