@@ -24,15 +24,16 @@ roles:
     ranks: all
     steps: all
     regions: [update_actor]
-    torch: {{activities: [{activities}]}}
+    torch: {{activities: [{activities}], record_shapes: {shapes}}}
 """
 
 
 def run_job(folder: Path, *, windows: int = 2, world: int = 4, slow: int = -1,
-            extra_ms: float = 0.0, extra_mm: int = 0, activities: str = "cpu") -> Path:
+            extra_ms: float = 0.0, extra_mm: int = 0, activities: str = "cpu",
+            shapes: bool = False) -> Path:
     """One job under ``folder``; its output folder."""
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / "policy.yaml").write_text(POLICY.format(activities=activities))
+    (folder / "policy.yaml").write_text(POLICY.format(activities=activities, shapes=str(shapes).lower()))
     env = dict(child_env(), EXTRA_MM=str(extra_mm))
     done = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--standalone",

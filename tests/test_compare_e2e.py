@@ -63,3 +63,14 @@ def test_another_world_size_withholds_the_verdict(jobs: dict[str, Path],
         assert w["verdict"] is None and not w["comparable"]
         assert [d["what"] for d in w["differences"] if d["blocks"]] == ["world"]
         assert "world size 4 -> 2" in w["why"]
+
+
+def test_other_activities_withhold_the_verdict(jobs: dict[str, Path], tmp_path: Path) -> None:
+    other = run_job(tmp_path / "shapes", activities="cpu, cuda", shapes=True)
+    for w in _windows(jobs["base"], other):
+        assert w["verdict"] is None and not w["comparable"]
+        (d,) = [d for d in w["differences"] if d["blocks"]]
+        assert d["what"] == "recorded" and d["message"] == "what the profiler recorded differs"
+        assert d["base"][0]["activities"] == ["cpu"]
+        assert d["new"][0]["activities"] == ["cpu", "cuda"]
+        assert d["new"][0]["record_shapes"] is True

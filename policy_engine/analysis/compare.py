@@ -35,7 +35,7 @@ from policy_engine.analysis.run import analyze
 
 VERSION = 1
 #: The rank-sum test's significance level.
-ALPHA = 0.01
+ALPHA = 0.001
 #: The least change of the median step time, as a share of the base's, called a change.
 MIN_CHANGE = 0.05
 #: Rows listed per window: ranks, regions, operators.

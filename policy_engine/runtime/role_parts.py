@@ -5,7 +5,9 @@ starts) and where the training loop is (:class:`Loop`, changed as it goes)."""
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Callable, Mapping
+from importlib import metadata
 from typing import Any
 
 from policy_engine.backends.combined import Combined
@@ -19,6 +21,30 @@ from policy_engine.runtime.triggers import Listener
 NEW, SESSION, STEPS = "new", "session", "steps"
 
 Why = tuple[str, str | None, int]  # a trigger: its kind, its request, its last step
+
+
+#: The torch profiler's settings that change what a trace holds (compare withholds its
+#: verdict where two runs differ in them).
+_RECORDED = ("activities", "record_shapes", "profile_memory", "with_stack", "with_flops",
+             "with_modules")
+
+
+def recording(plan: Plan) -> dict[str, Any]:
+    """How a torch capture of ``plan`` records: the torch version (``torch``) and the
+    settings that change what the trace holds (``recorded``); nothing for other backends."""
+    if "torch" not in plan.backends:
+        return {}
+    settings = plan.settings
+    recorded = {k: (sorted(settings[k]) if k == "activities" else settings[k])
+                for k in _RECORDED if k in settings}
+    found = sys.modules.get("torch")
+    version = getattr(found, "__version__", None)
+    if version is None:
+        try:
+            version = metadata.version("torch")
+        except metadata.PackageNotFoundError:
+            version = None
+    return {"recorded": recorded, **({"torch": str(version)} if version else {})}
 
 
 class Loop:
@@ -56,6 +82,7 @@ class Fixed:
             "backend": plan.spec.backend_label, "plan_hash": plan.plan_hash,
             "policy_file": plan.policy_source, "policy_hash": plan.policy_hash,
             "policy_file_hash": manifest.file_hash(policy_sources), "pid": os.getpid(),
+            **recording(plan),
         }
         spec = plan.spec
         limits = spec.limits
