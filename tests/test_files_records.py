@@ -7,8 +7,8 @@ import inspect
 
 import pytest
 
-from policy_engine.files import records
 from policy_engine.analysis.manifests import parse_line
+from policy_engine.files import records
 from policy_engine.runtime.manifest import encode
 
 BASE = {"role": "actor", "rank": 3, "world": 8, "backend": "torch", "pid": 1234}
@@ -16,7 +16,8 @@ BASE = {"role": "actor", "rank": 3, "world": 8, "backend": "torch", "pid": 1234}
 
 def test_each_builder_asks_for_what_its_kind_requires() -> None:
     builders = {"open": records.open_line, "trace": records.trace_line,
-                "close": records.close_line, "note": records.note_line}
+                "close": records.close_line, "note": records.note_line,
+                "summary": records.summary_line}
     assert set(builders) == set(records.EVENTS)
     for event, build in builders.items():
         keyword_only = {name for name, p in inspect.signature(build).parameters.items()
@@ -30,6 +31,11 @@ def test_each_builder_asks_for_what_its_kind_requires() -> None:
                        bytes=10, cycle=0, steps=[5], start=1.5, end=2.5),
     records.close_line(capture="c1", status="partial", end=3.0, traces=1, steps=[5]),
     records.note_line(BASE, note="slow_step", time=4.0),
+    records.summary_line({"role": "actor", "rank": 3}, capture="c1", path="a.pt.trace.json.gz",
+                         status="complete", summary={"basis": "cpu", "steps": []}, kept=True,
+                         seconds=0.25),
+    records.summary_line({"role": "actor", "rank": 3}, capture="c1", path="a.pt.trace.json.gz",
+                         status="cut", error="cut short by exit", kept=True, seconds=5.0),
 ])
 def test_built_lines_read_back_as_they_were_written(line: dict[str, object]) -> None:
     assert parse_line(encode(line).rstrip(b"\n")) == line

@@ -163,7 +163,8 @@ def compare(base: str, new: str, *, role: str | None = None,
 @attrs.frozen
 class WindowScan:
     """A capture window as the manifests record it: which ranks wrote a torch trace, and
-    which of those summarised it (``summarised``), and what cannot be read."""
+    which of those summarised it (``summarised``; both in rank order), and what cannot
+    be read."""
 
     title: str
     role: str
@@ -189,6 +190,10 @@ class RunScan:
     problems: tuple[Problem, ...]
 
 
+def _ranks(found: Any) -> tuple[int | None, ...]:
+    return tuple(sorted(found, key=lambda r: (not isinstance(r, int), r or 0)))
+
+
 def scan(path: str) -> RunScan:
     """The windows and records of the manifests under ``path`` (an empty scan where there
     are none; unreadable lines are in ``problems``, never raised)."""
@@ -198,8 +203,8 @@ def scan(path: str) -> RunScan:
         windows=tuple(WindowScan(
             title=describe(w), role=w["role"], region=w["region"], steps=tuple(w["steps"]),
             cycle=w["cycle"], capture=w["capture"], world=w["world"],
-            ranks=tuple(t["rank"] for t in w["traces"]),
-            summarised=tuple(t["rank"] for t in w["traces"] if t.get("summary") is not None),
+            ranks=_ranks(t["rank"] for t in w["traces"]),
+            summarised=_ranks(t["rank"] for t in w["traces"] if t.get("summary") is not None),
             skipped=tuple(w["skipped"]), dropped=tuple(w["dropped"])) for w in windows),
         records=found.records, problems=found.problems)
 

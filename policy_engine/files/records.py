@@ -1,14 +1,15 @@
 """Manifest records: what each line of a per-process manifest holds, declared once, and the
 one place such a line is built.
 
-Four kinds of line (the ``event`` key): ``open`` when a capture opens, ``trace`` per file
+Five kinds of line (the ``event`` key): ``open`` when a capture opens, ``trace`` per file
 a capture wrote (or failed to write), ``close`` when it ends, ``note`` for what happened
-to a role that is no capture. :data:`FIELDS` says what each field must be where present,
-:data:`REQUIRED` what each kind must have; the reader
-(:func:`policy_engine.runtime.manifest.parse_line`) checks lines against them, and the
+to a role that is no capture, and ``summary`` per torch trace, the figures its rank
+computed from it after the capture (``runtime.summaries``). :data:`FIELDS` says what each
+field must be where present, :data:`REQUIRED` what each kind must have; the reader
+(:func:`policy_engine.analysis.manifests.parse_line`) checks lines against them, and the
 builders below (:func:`open_line`, :func:`trace_line`, :func:`close_line`,
-:func:`note_line`) take the required fields as arguments (a test keeps the two equal),
-so a line cannot be built without them.
+:func:`note_line`, :func:`summary_line`) take the required fields as arguments (a test
+keeps the two equal), so a line cannot be built without them.
 """
 
 from __future__ import annotations
@@ -17,12 +18,15 @@ import math
 from collections.abc import Callable, Mapping
 from typing import Any
 
-EVENTS = ("open", "trace", "close", "note")
+EVENTS = ("open", "trace", "close", "note", "summary")
 #: Keys of a trace line's ``extra`` that name a file written beside the trace (relative
 #: to the output folder, as ``path`` is).
 COMPANIONS = ("plot", "memory_timeline")
 TRACE_STATUSES = ("complete", "partial", "failed", "oom")
 CLOSE_STATUSES = ("complete", "partial", "failed", "interrupted")
+#: complete: ``summary`` holds the figures; failed: ``error`` says why there are none;
+#: cut: the process ended while the summary was being made.
+SUMMARY_STATUSES = ("complete", "failed", "cut")
 
 Record = dict[str, Any]
 
@@ -79,10 +83,15 @@ FIELDS: dict[str, tuple[Callable[[Any], bool], str]] = {
     "trigger": (_is_str, "a string"),
     "request": (_opt(_is_str), "a string or null"),
     "note": (_is_str, "a string"),
+    "summary": (_opt(lambda v: isinstance(v, dict)), "an object or null"),
+    "kept": (lambda v: isinstance(v, bool), "true or false"),
+    "seconds": (lambda v: _is_number(v) and v >= 0, "a number of seconds"),
+    "trimmed": (_opt(_is_str), "a string or null"),
 }
 REQUIRED = {"open": ("capture",), "trace": ("status",), "close": ("capture", "status"),
-             "note": ("note",)}
-STATUSES = {"open": None, "trace": TRACE_STATUSES, "close": CLOSE_STATUSES, "note": None}
+            "note": ("note",), "summary": ("capture", "path", "status")}
+STATUSES = {"open": None, "trace": TRACE_STATUSES, "close": CLOSE_STATUSES, "note": None,
+            "summary": SUMMARY_STATUSES}
 
 
 def _line(event: str, base: Mapping[str, Any], fields: Mapping[str, Any]) -> Record:
@@ -113,3 +122,12 @@ def note_line(base: Mapping[str, Any], *, note: str, **fields: Any) -> Record:
     """A ``note`` line: ``note`` names what happened to a role that is no capture (a
     trigger request accepted or missed, a slow step, a limit reached)."""
     return _line("note", base, {"note": note, **fields})
+
+
+def summary_line(base: Mapping[str, Any], *, capture: str, path: str | None, status: str,
+                 **fields: Any) -> Record:
+    """A ``summary`` line: the figures of the trace at ``path`` (as capture ``capture``'s
+    trace line names it), or why there are none (``error``); ``kept`` says whether the
+    trace file is still there, ``seconds`` how long the summary took."""
+    return _line("summary", base, {"capture": capture, "path": path, "status": status,
+                                   **fields})

@@ -341,6 +341,17 @@ def base_schema() -> dict[str, Any]:
                         "default": "warn",
                         "description": "What a backend failure at run time does.",
                     },
+                    "keep": {
+                        "enum": ["traces", "summaries"],
+                        "default": "traces",
+                        "description": (
+                            "What stays of each torch trace once its rank has summarised "
+                            "it (the figures analyze reads, in the manifest): traces keeps "
+                            "the trace; summaries removes it when the summary was written "
+                            "whole, and keeps it when the summary failed. limits.bytes "
+                            "counts what stays."
+                        ),
+                    },
                     "triggers": {"$ref": "#/$defs/triggers"},
                     "export": {"$ref": "#/$defs/export"},
                     "limits": {"$ref": "#/$defs/limits"},

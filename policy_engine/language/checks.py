@@ -223,6 +223,10 @@ def _check_role(sink: _Sink, data: Mapping[str, Any], role: str, spec: RoleSpec,
                  "writes a trace per step; list the steps or give a range such as '10-12'",
                  steps_at, "warning", role=role)
     _check_budget(sink, data, spec, role)
+    if spec.keep == "summaries" and "torch" not in spec.backends:
+        sink.add(f"keep: summaries keeps every trace of {{who}}: summaries are made of torch "
+                 f"traces only, and its backend is {spec.backend_label}",
+                 origin(data, role, "keep"), "warning", role=role)
     every = spec.steps.every_step_from()
     if spec.triggers.any and every is not None:
         sink.add(f"triggers add nothing to {{who}} from step {every} on: the plan already "

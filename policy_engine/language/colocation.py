@@ -34,6 +34,7 @@ _SHARED = (
     ("schedule", "schedule"),
     ("name", "name template"),
     ("on_error", "on_error"),
+    ("keep", "keep"),
 )
 
 

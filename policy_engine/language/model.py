@@ -77,6 +77,8 @@ class RoleSpec:
     mesh: FrozenDict = attrs.field(factory=FrozenDict)
     #: whether the role's own block wrote ``mesh`` (else it came from ``defaults``)
     mesh_written: bool = attrs.field(default=False, eq=False)
+    #: ``keep``: what stays of a torch trace once summarised (traces, summaries)
+    keep: str = "traces"
 
     @property
     def backend_label(self) -> str:
@@ -193,6 +195,7 @@ def build_role(name: str, merged_defaults: Mapping[str, Any],
         # A mesh lists dimensions in order: the role's replaces the defaults' whole.
         mesh=FrozenDict((role or {}).get("mesh", merged_defaults.get("mesh")) or {}),
         mesh_written="mesh" in (role or {}),
+        keep=raw["keep"],
     )
 
 

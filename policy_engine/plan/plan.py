@@ -134,6 +134,7 @@ class Plan:
             "triggers": self.spec.triggers.to_json(),
             "limits": self.spec.limits.to_json(),
             "export": {"mode": self.spec.export, "in_flight": self.spec.export_in_flight},
+            "keep": self.spec.keep,
         }
 
     @functools.cached_property

@@ -112,6 +112,8 @@ def rank_entry(plan: Plan, lo: int, hi: int, inner: int | None = None,
     limits = plan.spec.limits
     if limits.captures is not None or limits.bytes is not None:
         entry["limits"] = limits.to_json()
+    if plan.spec.keep != "traces":  # its torch traces are removed once summarised
+        entry["keep"] = plan.spec.keep
     return entry
 
 

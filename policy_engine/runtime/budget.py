@@ -9,6 +9,10 @@ it. So an export counts as *in flight* from the save that queued it until it is 
 and a cycle about to begin under ``limits.bytes`` first waits for the role's exports in
 flight (at most :data:`EXPORT_WAIT` seconds): the budget is then passed by at most the
 one trace under way, as in sync mode.
+
+``limits.bytes`` counts what stays on disk: a trace removed once its summary is written
+(``keep: summaries``, runtime.summaries) gives its bytes back, and a role that had
+reached the limit may begin captures again.
 """
 
 from __future__ import annotations
@@ -31,11 +35,12 @@ EXPORT_WAIT = 60.0
 class Spend:
     """What one role has spent in this process, shared by every profiler of the role."""
 
-    __slots__ = ("bytes", "cond", "cycles", "in_flight", "noted")
+    __slots__ = ("bytes", "cond", "cycles", "freed", "in_flight", "noted")
 
     def __init__(self) -> None:
         self.cycles = 0
         self.bytes = 0
+        self.freed = 0  # how many times bytes were given back (traces removed)
         self.in_flight = 0  # background exports queued or being written
         self.cond = threading.Condition(threading.Lock())
         self.noted: set[str] = set()  # limits already warned about and noted
@@ -60,6 +65,7 @@ class Budget:
         self.role = role
         self.spend = spend_of(role)
         self.spent_why: str | None = None
+        self.spent_at = 0  # spend.freed when the budget was found spent
 
     @property
     def cycles(self) -> int:
@@ -78,12 +84,12 @@ class Budget:
 
     def room(self) -> bool:
         """Whether another capture cycle may begin (the first refusal warns and notes)."""
-        if self.spent_why is not None:
+        if self.spent_why is not None and not self._given_back():
             return False
         why = self._spent()
         if why is None:
             return True
-        self.spent_why = why
+        self.spent_why, self.spent_at = why, self.spend.freed
         spend = self.spend
         with spend.cond:
             first = why not in spend.noted
@@ -93,6 +99,16 @@ class Budget:
                         "process", self.role, why)
             self.note("limit", message=f"{why}: no new capture begins")
         return False
+
+    def _given_back(self) -> bool:
+        """Whether bytes came back since ``limits.bytes`` was found spent (traces removed
+        after their summaries): then the budget is looked at again."""
+        why = self.spent_why
+        if why is None or not why.startswith("limits.bytes") or \
+                self.spent_at == self.spend.freed:
+            return False
+        self.spent_why = None
+        return True
 
     def _spent(self) -> str | None:
         limits, spend = self.limits, self.spend
@@ -134,6 +150,15 @@ class Budget:
             spend = self.spend
             with spend.cond:
                 spend.bytes += size
+                spend.cond.notify_all()
+
+    def freed(self, size: int | None) -> None:
+        """A file of ``size`` bytes that counted was removed (from any thread)."""
+        if size:
+            spend = self.spend
+            with spend.cond:
+                spend.bytes = max(0, spend.bytes - size)
+                spend.freed += 1
                 spend.cond.notify_all()
 
     def carry(self, job: Callable[[], None]) -> Callable[[], None]:

@@ -66,7 +66,8 @@ class Capture:
                  on_failure: Callable[[BaseException, str], None],
                  step_per_cycle: bool = False, budget: Budget | None = None,
                  exporter: Exporter | None = None,
-                 on_export_failure: Callable[[BaseException], None] | None = None) -> None:
+                 on_export_failure: Callable[[BaseException], None] | None = None,
+                 keep: str = "traces") -> None:
         self.slot = slot
         self.session = session
         self.name = name
@@ -81,7 +82,8 @@ class Capture:
         self.lines = Lines(record, capture_id, output_dir,
                            lambda: self.cycle.fields(self.span.steps, self.span.joined),
                            budget, exporter,
-                           on_export_failure or (lambda err: on_failure(err, "export")))
+                           on_export_failure or (lambda err: on_failure(err, "export")),
+                           keep)
         reporter = getattr(session, "set_reporter", None)
         if reporter is not None:  # backends that write outside transitions (OOM dumps)
             reporter(self.lines.report, self._current_name)

@@ -142,7 +142,8 @@ class RoleProfiler(RoleFailures):
                               last_step=last, on_failure=self._capture_failed,
                               step_per_cycle=first is not None and plan.step_per_cycle,
                               budget=self._fixed.budget, exporter=self._fixed.exporter,
-                              on_export_failure=self._fixed.late.append)
+                              on_export_failure=self._fixed.late.append,
+                              keep=plan.spec.keep)
             self.slot.hold(capture)
             if capture.begin():
                 self._raise_failure(capture)

@@ -1,6 +1,7 @@
 """The manifest lines of one capture (:mod:`policy_engine.runtime.manifest`): a ``trace``
 line per file or failure, a ``close`` line at the end; and the background export of a
-saved cycle, whose lines it writes from the export thread."""
+saved cycle, whose lines it writes from the export thread. Each torch trace, once its
+line is written, goes to its summary worker (:mod:`policy_engine.runtime.summaries`)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from typing import Any
 
 from policy_engine.backends.base import Artifact
 from policy_engine.files.records import close_line, trace_line
-from policy_engine.runtime import manifest
+from policy_engine.runtime import manifest, summaries
 from policy_engine.runtime.budget import Budget
 from policy_engine.runtime.export import Exporter
 
@@ -31,13 +32,14 @@ class Lines:
     """The manifest lines of one capture, and its background exports. Changed only here;
     ``traces`` counts the trace lines written (the close line says how many)."""
 
-    __slots__ = ("budget", "export_error", "exporter", "id", "on_export_failure",
+    __slots__ = ("budget", "export_error", "exporter", "id", "keep", "on_export_failure",
                  "output_dir", "queued", "record", "snapshot", "traces")
 
     def __init__(self, record: dict[str, Any], capture_id: str, output_dir: str,
                  snapshot: Callable[[], dict[str, Any]], budget: Budget | None,
                  exporter: Exporter | None,
-                 on_export_failure: Callable[[BaseException], None]) -> None:
+                 on_export_failure: Callable[[BaseException], None],
+                 keep: str = "traces") -> None:
         self.record = record  # identity fields of every manifest line of the capture
         self.id = capture_id
         self.output_dir = output_dir
@@ -49,6 +51,7 @@ class Lines:
         self.traces = 0  # trace lines written
         self.queued = False  # an export was queued: later lines go through the queue
         self.export_error: str | None = None  # a background export of it failed
+        self.keep = keep  # the role's keep: whether a summarised trace stays
 
     def report(self, artifact: Artifact, status: str) -> None:
         """A file the session wrote outside a save (an out-of-memory snapshot), from
@@ -110,7 +113,15 @@ class Lines:
         self.traces += 1
         if self.budget is not None and artifact is not None:
             self.budget.wrote(artifact.bytes)
-        self._emit(lambda: manifest.append(self.output_dir, record))
+        summarised = artifact is not None and summaries.wanted(artifact.path, part, status)
+
+        def line() -> None:
+            manifest.append(self.output_dir, record)
+            if summarised:  # once its line is written: a summary names a known trace
+                assert artifact is not None
+                summaries.order(self.output_dir, record, artifact.path, keep=self.keep,
+                                budget=self.budget)
+        self._emit(line)
 
     def close(self, status: str, error: str | None = None, *, steps: list[int],
               joined: list[str], waits: int = 0, stopped_by: str | None = None,

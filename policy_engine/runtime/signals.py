@@ -10,7 +10,9 @@ that arrives while the main thread is in a critical stretch (holding a slot's or
 process's lock: opening a capture, a transition, a save, a manifest line; see
 runtime.state) waits until the stretch ends. A capture that another thread is opening,
 moving or saving is waited for through its slot's lock. So the handler always finds every
-capture either running (and saves what it recorded) or finished.
+capture either running (and saves what it recorded) or finished. After the captures and
+their exports, summaries still being made get a few seconds, then are cut
+(runtime.summaries).
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ import signal
 import threading
 from types import FrameType
 
-from policy_engine.runtime import export
+from policy_engine.runtime import export, summaries
 from policy_engine.runtime.state import STATE, in_critical
 
 log = logging.getLogger("policy_engine")
@@ -63,6 +65,7 @@ def _flush(why: str) -> None:
 def _on_exit() -> None:
     stop_all("the interpreter exited")
     _flush("the interpreter exits")  # what the export thread still holds
+    summaries.finish()  # a few seconds for summaries under way, then they are cut
 
 
 def _on_sigterm(signum: int, frame: FrameType | None) -> None:
@@ -77,6 +80,7 @@ def _terminate(signum: int, frame: FrameType | None) -> None:
     try:
         stop_all("SIGTERM arrived")
         _flush("the process ends")
+        summaries.finish()
     finally:
         STATE.hooks.pending_signal = None  # one that came meanwhile is this one
         STATE.hooks.terminating = False

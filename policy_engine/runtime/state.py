@@ -167,6 +167,7 @@ class ProcessState:
         # (id(worker), role) -> (worker's weak reference, profiler, its runtime.wrapping.Patches)
         self.applied: dict[tuple[int, str], Any] = {}
         self.exporter: Any = None  # runtime.export.Exporter, made on first use
+        self.summaries: Any = None  # runtime.summaries.Pool, made on first use
         self.budgets: dict[tuple[int, str], Any] = {}  # (pid, role) -> runtime.budget.Spend
 
     # The hooks' fields that other modules and tests name on STATE itself.
@@ -232,6 +233,8 @@ def reset() -> None:
             log.debug("reset: ending a capture failed: %r", err)
     if STATE.exporter is not None:
         STATE.exporter.flush()
+    if STATE.summaries is not None:
+        STATE.summaries.finish(0.0)  # summaries still running are cut
     # atexit and signal handlers cannot be undone; they read STATE whenever they run.
     hooks = STATE.hooks
     hooks.pending_signal, hooks.terminating = None, False
@@ -243,6 +246,7 @@ def _after_fork() -> None:
     parent's profilers are the parent's. Locks a parent thread held are made anew."""
     STATE.lock = GuardedLock()
     STATE.exporter = None  # its thread stayed in the parent
+    STATE.summaries = None  # so did the summary workers
     for found in STATE.slots.values():
         found.lock = GuardedLock()
         found.capture = None

@@ -1,0 +1,370 @@
+"""Summaries of torch traces, made by the rank that recorded them, off its GIL.
+
+Once a torch trace is written and its ``trace`` line appended (runtime.records), it is
+handed here. A worker process (``python -m policy_engine.analysis.summarize_main``, at
+the lowest CPU priority, no stdin, no inherited descriptors) reads it, and a daemon
+thread of this process, blocked in ``communicate()`` (which releases the GIL), appends
+one ``summary`` line to the manifest: the figures ``analyze`` reads, or why there are
+none. The pure-Python work never runs on a thread of the training process.
+
+At most :data:`WORKERS` workers run at once and :data:`MAX_WAITING` traces wait; past
+that a trace is not summarised (its line says so). A worker that runs past
+:data:`TIMEOUT` is killed. A summary larger than :data:`MAX_SUMMARY_BYTES` loses the
+regions beyond the top :data:`TRIM_REGIONS` and the facts' name lists (the line's
+``trimmed`` says so); one whose steps alone pass :data:`MAX_KEPT_BYTES` fails.
+
+With ``keep: summaries`` a trace whose summary is complete is removed after its line is
+written, and its bytes go back to the role's ``limits.bytes``; a trace whose summary
+failed or was cut stays. At exit and on SIGTERM (runtime.signals) summaries under way get
+:data:`EXIT_WAIT` seconds, then their workers are killed and their lines say ``cut``.
+Nothing here raises into a capture or the training loop.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import signal
+import stat
+import subprocess
+import sys
+import threading
+import time
+from collections import deque
+from collections.abc import Mapping
+from typing import Any
+
+from policy_engine.backends.files import TORCH_GZIP, TORCH_PLAIN
+from policy_engine.files.publish import folder
+from policy_engine.files.records import summary_line
+from policy_engine.runtime import manifest
+from policy_engine.runtime.budget import Budget
+from policy_engine.runtime.state import STATE, critical, warn_once
+
+log = logging.getLogger("policy_engine")
+
+#: Worker processes per process at once, and traces waiting for one.
+WORKERS = 2
+MAX_WAITING = 64
+#: Seconds a worker may run before it is killed (its summary fails).
+TIMEOUT = 1800.0
+#: Seconds summaries under way get at exit and on SIGTERM before they are cut.
+EXIT_WAIT = 5.0
+#: The workers' nice value: the lowest priority.
+NICE = 19
+#: A summary (as JSON) past this loses its bulky parts; one still past the second fails.
+MAX_SUMMARY_BYTES = 64 << 10
+MAX_KEPT_BYTES = 512 << 10
+TRIM_REGIONS = 4
+WORKER = "policy_engine.analysis.summarize_main"
+#: The folder this package is imported from: the worker imports the same one.
+_SOURCE = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+_SAID = 300  # characters of a worker's own words kept in an error
+
+
+class Job:
+    """One trace to summarise; ``done`` once its line is claimed (by its worker's thread,
+    or by the exit that cut it)."""
+
+    __slots__ = ("budget", "done", "full", "output_dir", "proc", "remove", "started",
+                 "trace")
+
+    def __init__(self, output_dir: str, trace: Mapping[str, Any], full: str, *,
+                 remove: bool, budget: Budget | None) -> None:
+        self.output_dir = output_dir
+        self.trace = trace  # its trace line
+        self.full = full
+        self.remove = remove  # keep: summaries
+        self.budget = budget
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.started = 0.0
+        self.done = False
+
+
+#: status, summary, error, trimmed
+Outcome = tuple[str, dict[str, Any] | None, str | None, str | None]
+
+
+class Pool:
+    """The process's summary workers: a bounded queue, at most WORKERS threads."""
+
+    __slots__ = ("cond", "running", "threads", "waiting")
+
+    def __init__(self) -> None:
+        self.cond = threading.Condition(threading.Lock())
+        self.waiting: deque[Job] = deque()
+        self.running: set[Job] = set()
+        self.threads = 0
+
+    def submit(self, job: Job) -> None:
+        # A critical stretch: a SIGTERM handler that finished the pool here would wait
+        # for the lock this thread holds (runtime.state).
+        with critical(), self.cond:
+            full = len(self.waiting) >= MAX_WAITING
+            if not full:
+                self.waiting.append(job)
+                if self.threads < WORKERS:
+                    self.threads += 1
+                    threading.Thread(target=self._run, daemon=True,
+                                     name="policy-engine-summary").start()
+        if full:
+            self.conclude(job, ("failed", None, f"{MAX_WAITING} traces were already waiting "
+                                "for their summaries: this one is not summarised", None))
+
+    def _run(self) -> None:
+        while True:
+            with self.cond:
+                if not self.waiting:
+                    self.threads -= 1  # idle: the thread ends, none is left at shutdown
+                    self.cond.notify_all()
+                    return
+                job = self.waiting.popleft()
+                self.running.add(job)
+            try:
+                self._work(job)
+            except BaseException as err:  # a last resort: the line says what it can
+                self.conclude(job, ("failed", None, f"{type(err).__name__}: {err}", None))
+            finally:
+                with self.cond:
+                    self.running.discard(job)
+                    self.cond.notify_all()
+
+    def _work(self, job: Job) -> None:
+        job.started = time.monotonic()
+        try:
+            proc = _spawn(job.full)
+        except (OSError, ValueError, subprocess.SubprocessError) as err:
+            self.conclude(job, ("failed", None, f"the summary worker could not start: {err}",
+                                None))
+            return
+        with self.cond:
+            job.proc = proc
+            cut = job.done
+        if cut:  # the process began to end while the worker started
+            proc.kill()
+        try:
+            out, said = proc.communicate(timeout=TIMEOUT)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.communicate()
+            self.conclude(job, ("failed", None, f"the summary took longer than {TIMEOUT:g} s: "
+                                "its worker was killed", None))
+            return
+        self.conclude(job, _outcome(out, said, proc.returncode))
+
+    def conclude(self, job: Job, outcome: Outcome) -> None:
+        """Write ``job``'s one line (unless another thread did), then remove its trace
+        when the role keeps summaries only and the summary is complete."""
+        with critical(), self.cond:
+            if job.done:
+                return
+            job.done = True
+        _record(job, outcome)
+
+    def wait(self, timeout: float | None) -> bool:
+        """Wait until no summary waits or runs; False if ``timeout`` ran out first."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with critical(), self.cond:
+            while self.waiting or self.running:
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    return False
+                self.cond.wait(left)
+        return True
+
+    def finish(self, wait: float) -> None:
+        """The process ends: summaries get ``wait`` seconds, then the rest are cut (their
+        workers killed, their lines written here)."""
+        if self.wait(wait):
+            return
+        with critical(), self.cond:
+            left = [*self.waiting, *self.running]
+            self.waiting.clear()
+            cut = [job for job in left if not job.done]
+            for job in cut:
+                job.done = True
+                if job.proc is not None:
+                    with contextlib.suppress(OSError):
+                        job.proc.kill()
+        for job in cut:
+            _record(job, ("cut", None, "cut short by exit: the process ended before the "
+                          "summary was made", None))
+
+
+def _spawn(path: str) -> subprocess.Popen[bytes]:
+    """A worker summarising ``path``, at the lowest priority."""
+    env = dict(os.environ)  # the worker imports this very package
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (_SOURCE, env.get("PYTHONPATH")) if p)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", WORKER, path, "--parent", str(os.getpid())],
+        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        close_fds=True, env=env)
+    with contextlib.suppress(OSError, AttributeError):  # a platform without setpriority
+        os.setpriority(os.PRIO_PROCESS, proc.pid, NICE)
+    return proc
+
+
+def _said(data: bytes) -> str:
+    """The last line a worker wrote to stderr, shortened."""
+    lines = data.decode("utf-8", "replace").strip().splitlines()
+    text = lines[-1] if lines else "nothing on stderr"
+    return text if len(text) <= _SAID else text[:_SAID - 3] + "..."
+
+
+def _outcome(out: bytes, err: bytes, code: int) -> Outcome:
+    """What a worker's output says: the summary, or why there is none."""
+    if code < 0:
+        with contextlib.suppress(ValueError):
+            return ("failed", None, f"the summary worker was ended by "
+                    f"{signal.Signals(-code).name}", None)
+        return "failed", None, f"the summary worker was ended by signal {-code}", None
+    if code != 0:
+        return ("failed", None, f"the summary worker exited with status {code}: "
+                f"{_said(err)}", None)
+    try:
+        found = json.loads(out.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError):
+        return ("failed", None, f"the summary worker printed no summary: "
+                f"{_said(out or err)}", None)
+    if not isinstance(found, dict):
+        return "failed", None, "the summary worker printed no summary object", None
+    if "error" in found:
+        return "failed", None, str(found["error"])[:_SAID], None
+    return _fit(found)
+
+
+def _size(summary: Mapping[str, Any]) -> int:
+    return len(json.dumps(summary))
+
+
+def _fit(summary: dict[str, Any]) -> Outcome:
+    """``summary`` as a manifest line may hold it: whole, trimmed, or refused."""
+    size = _size(summary)
+    if size <= MAX_SUMMARY_BYTES:
+        return "complete", summary, None, None
+    trimmed = dict(summary)
+    regions = summary.get("regions")
+    if isinstance(regions, dict):  # the longest regions first (analysis.summary)
+        trimmed["regions"] = dict(list(regions.items())[:TRIM_REGIONS])
+    facts = summary.get("facts")
+    if isinstance(facts, dict):
+        trimmed["facts"] = dict(facts, hta_unrecognised=[], looks_like_comm=[])
+    left = _size(trimmed)
+    if left > MAX_KEPT_BYTES:
+        return ("failed", None, f"the summary is {left} bytes even trimmed, over the "
+                f"{MAX_KEPT_BYTES >> 10} KiB a manifest line may hold of it", None)
+    return ("complete", trimmed, None, f"the summary was {size} bytes, over "
+            f"{MAX_SUMMARY_BYTES >> 10} KiB: regions beyond the top {TRIM_REGIONS} and the "
+            "facts' name lists were left out")
+
+
+def _record(job: Job, outcome: Outcome) -> None:
+    """Append ``job``'s summary line; then remove its trace when the role keeps only
+    summaries and this one is complete. A trace is removed only once its line is
+    written."""
+    status, summary, error, trimmed = outcome
+    trace = job.trace
+    remove = job.remove and status == "complete" and _removable(job)
+    fields: dict[str, Any] = {"kept": not remove, "seconds": round(
+        time.monotonic() - job.started, 3) if job.started else 0.0}
+    if summary is not None:
+        fields["summary"] = summary
+    if error is not None:
+        fields["error"] = error
+        warn_once(("summary", status), "policy-engine: the summary of %s %s: %s "
+                  "(the trace is kept; later ones are not warned about)", trace.get("path"),
+                  "was cut" if status == "cut" else "failed", error)
+    if trimmed is not None:
+        fields["trimmed"] = trimmed
+    line = summary_line({"role": trace.get("role"), "rank": trace.get("rank")},
+                        capture=str(trace.get("capture")), path=trace.get("path"),
+                        status=status, **fields)
+    try:
+        manifest.append(job.output_dir, line)
+    except OSError as err:
+        warn_once(("summary-line", job.output_dir), "policy-engine: a summary line could "
+                  "not be written to the manifest under %s (%s); its trace is kept",
+                  job.output_dir, err.strerror or err)
+        return
+    if remove:
+        _remove(job)
+
+
+def _where(job: Job) -> tuple[str, str]:
+    """The trace's folder (relative to the output folder) and its name."""
+    rel = os.path.relpath(job.full, job.output_dir)
+    return os.path.dirname(rel), os.path.basename(rel)
+
+
+def _removable(job: Job) -> bool:
+    """Whether the trace is still the file its line names: a regular file of its size,
+    reached without following a link."""
+    sub, name = _where(job)
+    try:
+        with folder(job.output_dir, sub, create=False) as fd:
+            found = os.stat(name, dir_fd=fd, follow_symlinks=False)
+    except OSError:
+        return False
+    return stat.S_ISREG(found.st_mode) and found.st_size == job.trace.get("bytes")
+
+
+def _remove(job: Job) -> None:
+    sub, name = _where(job)
+    try:
+        with folder(job.output_dir, sub, create=False) as fd:
+            os.unlink(name, dir_fd=fd)
+    except OSError as err:
+        warn_once(("summary-remove", job.output_dir), "policy-engine: %s could not be "
+                  "removed after its summary (%s): it stays, though its summary line says "
+                  "kept: false", job.full, err.strerror or err)
+        return
+    if job.budget is not None:
+        job.budget.freed(job.trace.get("bytes"))
+
+
+# -- what the runtime calls ---------------------------------------------------------------
+
+def wanted(path: str | None, part: str | None, status: str) -> bool:
+    """Whether a trace line's file is summarised: a torch trace, complete or partial."""
+    return bool(path) and part in (None, "torch") and status in ("complete", "partial") \
+        and str(path).endswith((TORCH_GZIP, TORCH_PLAIN))
+
+
+def order(output_dir: str, trace: Mapping[str, Any], full: str, *, keep: str,
+          budget: Budget | None) -> None:
+    """Summarise the trace at ``full`` (its trace line ``trace`` is written); never
+    raises."""
+    try:
+        if not os.path.isfile(full):
+            return
+        job = Job(output_dir, dict(trace), os.path.abspath(full),
+                  remove=keep == "summaries", budget=budget)
+        pool().submit(job)
+    except Exception as err:
+        warn_once(("summary-order",), "policy-engine: a trace could not be handed to its "
+                  "summary worker: %s: %s", type(err).__name__, err)
+
+
+def pool() -> Pool:
+    """This process's pool (made on first use)."""
+    with STATE.lock:
+        found: Pool | None = STATE.summaries
+        if found is None:
+            found = STATE.summaries = Pool()
+        return found
+
+
+def wait(timeout: float | None = None) -> bool:
+    """Wait for every summary of this process to be written (tests, benchmarks)."""
+    found: Pool | None = STATE.summaries
+    return True if found is None else found.wait(timeout)
+
+
+def finish(wait_for: float | None = None) -> None:
+    """At exit and on SIGTERM: wait ``wait_for`` seconds at most (:data:`EXIT_WAIT`),
+    then cut the rest."""
+    found: Pool | None = STATE.summaries
+    if found is not None:
+        found.finish(EXIT_WAIT if wait_for is None else wait_for)
