@@ -10,8 +10,9 @@ none. The pure-Python work never runs on a thread of the training process.
 At most :data:`WORKERS` workers run at once and :data:`MAX_WAITING` traces wait; past
 that a trace is not summarised (its line says so). A worker that runs past
 :data:`TIMEOUT` is killed. A summary larger than :data:`MAX_SUMMARY_BYTES` loses the
-regions beyond the top :data:`TRIM_REGIONS` and the facts' name lists (the line's
-``trimmed`` says so); one whose steps alone pass :data:`MAX_KEPT_BYTES` fails.
+regions beyond the top :data:`TRIM_REGIONS`, operators beyond the top :data:`TRIM_OPS`
+and the facts' name lists (the line's ``trimmed`` says so); one whose steps alone pass
+:data:`MAX_KEPT_BYTES` fails.
 
 With ``keep: summaries`` a trace whose summary is complete is removed after its line is
 written, and its bytes go back to the role's ``limits.bytes``; a trace whose summary
@@ -58,6 +59,7 @@ NICE = 19
 MAX_SUMMARY_BYTES = 64 << 10
 MAX_KEPT_BYTES = 512 << 10
 TRIM_REGIONS = 4
+TRIM_OPS = 8
 WORKER = "policy_engine.analysis.summarize_main"
 #: The folder this package is imported from: the worker imports the same one.
 _SOURCE = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -251,13 +253,18 @@ def _fit(summary: dict[str, Any]) -> Outcome:
     facts = summary.get("facts")
     if isinstance(facts, dict):
         trimmed["facts"] = dict(facts, hta_unrecognised=[], looks_like_comm=[])
+    ops = summary.get("ops")
+    if isinstance(ops, dict) and isinstance(ops.get("top"), list):  # the most time first
+        top = ops["top"]
+        trimmed["ops"] = dict(ops, top=top[:TRIM_OPS],
+                              left_out=int(ops.get("left_out") or 0) + len(top[TRIM_OPS:]))
     left = _size(trimmed)
     if left > MAX_KEPT_BYTES:
         return ("failed", None, f"the summary is {left} bytes even trimmed, over the "
                 f"{MAX_KEPT_BYTES >> 10} KiB a manifest line may hold of it", None)
     return ("complete", trimmed, None, f"the summary was {size} bytes, over "
-            f"{MAX_SUMMARY_BYTES >> 10} KiB: regions beyond the top {TRIM_REGIONS} and the "
-            "facts' name lists were left out")
+            f"{MAX_SUMMARY_BYTES >> 10} KiB: regions beyond the top {TRIM_REGIONS}, "
+            f"operators beyond the top {TRIM_OPS} and the facts' name lists were left out")
 
 
 def _record(job: Job, outcome: Outcome) -> None:
