@@ -152,12 +152,15 @@ class _Pass:
 
 
 def _breakdown(compute: Merged, comm: Merged, other: Merged, lo: float,
-               hi: float) -> dict[str, float]:
-    """How [lo, hi) splits into compute, communication, overlap, other work and idle."""
+               hi: float, joint: tuple[Merged, Merged] | None = None) -> dict[str, float]:
+    """How [lo, hi) splits into compute, communication, overlap, other work and idle.
+    ``joint``: compute and communication intersected, and all three united, when the
+    caller made them once for many ranges."""
     span = max(hi - lo, 0.0)
     c, m = length(compute, lo, hi), length(comm, lo, hi)
-    both = length(intersect(compute, comm), lo, hi)
-    busy = length(union(compute, comm, other), lo, hi)
+    overlap, all_work = joint or (intersect(compute, comm), union(compute, comm, other))
+    both = length(overlap, lo, hi)
+    busy = length(all_work, lo, hi)
     return {"span_us": _r(span), "compute_us": _r(c), "comm_us": _r(m),
             "overlap_us": _r(both), "other_us": _r(max(busy - c - m + both, 0.0)),
             "idle_us": _r(max(span - busy, 0.0))}
@@ -178,6 +181,7 @@ def _steps(p: _Pass, gpu: bool, parts: tuple[Merged, Merged, Merged]) -> list[di
         return [{"step": None, "time_us": _r(whole[1] - whole[0]),
                  **_breakdown(compute, comm, other, *whole)}]
     rows = []
+    joint = (intersect(compute, comm), union(compute, comm, other))  # once, not per step
     steps = sorted(p.steps, key=lambda s: s[1])
     last_end = max((b[1] for b in (bounds(x) for x in parts) if b is not None),
                    default=steps[-1][2])
@@ -186,7 +190,7 @@ def _steps(p: _Pass, gpu: bool, parts: tuple[Merged, Merged, Merged]) -> list[di
         if gpu:  # kernels run after their launch: the step's window lasts to the next step
             hi = steps[i + 1][1] if i + 1 < len(steps) else max(end, last_end)
         rows.append({"step": number, "time_us": _r(end - start),
-                     **_breakdown(compute, comm, other, start, hi)})
+                     **_breakdown(compute, comm, other, start, hi, joint)})
     return rows
 
 
