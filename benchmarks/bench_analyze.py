@@ -17,7 +17,8 @@ all-reduce (GPU-shaped, as a training step's trace is). Printed, in one run:
   the summary of a GPU-shaped trace; no trace on disk).
 
 Targets: >= 40 MB/s per core, >= 1.7x from 1 to 2 jobs, <= 300 MB per worker, <= 10 s at
-4,096 ranks; <= 5 s and <= 300 MB at 10,000 summarised ranks. The machine's load is printed beside the scaling: shared cores measure less.
+4,096 ranks; <= 5 s and <= 300 MB at 10,000 summarised ranks. The machine's load is
+printed beside the scaling: shared cores measure less.
 """
 
 from __future__ import annotations

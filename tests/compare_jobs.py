@@ -33,7 +33,8 @@ def run_job(folder: Path, *, windows: int = 2, world: int = 4, slow: int = -1,
             shapes: bool = False) -> Path:
     """One job under ``folder``; its output folder."""
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / "policy.yaml").write_text(POLICY.format(activities=activities, shapes=str(shapes).lower()))
+    text = POLICY.format(activities=activities, shapes=str(shapes).lower())
+    (folder / "policy.yaml").write_text(text)
     env = dict(child_env(), EXTRA_MM=str(extra_mm))
     done = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--standalone",

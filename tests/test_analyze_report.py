@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 from analysis_traces import make_run
 
-from policy_engine.cli.main import main
 from policy_engine.analysis.report_analysis import MAX_BARS, section, svg
+from policy_engine.cli.main import main
 from policy_engine.runtime.manifest import MANIFEST_DIR, encode
 
 

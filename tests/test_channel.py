@@ -20,10 +20,10 @@ from typing import Any
 import pytest
 
 from policy_engine import Topology, apply_policy
+from policy_engine.analysis.manifests import scan_manifests
 from policy_engine.cli.main import main
 from policy_engine.runtime.channel import PREFIX, JobChannel, StoreKV, agreed_step
 from policy_engine.runtime.channel_folder import read_advert
-from policy_engine.analysis.manifests import scan_manifests
 from policy_engine.runtime.requests import request_body, write_request
 from policy_engine.runtime.state import STATE
 from policy_engine.testing import recording_backend

@@ -23,9 +23,9 @@ from typing import Any
 import pytest
 from job_env import child_env
 
+from policy_engine.analysis.manifests import scan_manifests
 from policy_engine.runtime.channel import JobChannel, connect_store
 from policy_engine.runtime.channel_folder import read_progress
-from policy_engine.analysis.manifests import scan_manifests
 
 pytest.importorskip("torch")
 pytestmark = pytest.mark.slow

@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 
 from policy_engine import Topology, apply_policy
+from policy_engine.analysis.manifests import scan_manifests
 from policy_engine.runtime.channel import JobChannel, agreed_step
 from policy_engine.runtime.channel_folder import read_advert
-from policy_engine.analysis.manifests import scan_manifests
 from policy_engine.runtime.requests import request_body
 from policy_engine.testing import recording_backend
 

@@ -16,8 +16,8 @@ from policy_engine import (
     load_policy,
     profile_session,
 )
-from policy_engine.language.colocation import window_roles
 from policy_engine.analysis.manifests import read_manifests, scan_manifests
+from policy_engine.language.colocation import window_roles
 from policy_engine.testing import recording_backend
 
 

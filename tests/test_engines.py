@@ -20,6 +20,7 @@ from fake_engines import sglang as fake_sglang
 from fake_engines import vllm as fake_vllm
 
 from policy_engine import apply_policy as apply_worker_policy
+from policy_engine.analysis.manifests import scan_manifests
 from policy_engine.backends.vllm import checks as vllm_checks
 from policy_engine.cli.engine_args import build as engine_args
 from policy_engine.cli.main import main
@@ -27,7 +28,6 @@ from policy_engine.integrations.engines import OffEngineProfiler, apply_policy
 from policy_engine.language.load import load_policy
 from policy_engine.plan.predict import explain
 from policy_engine.plan.topology import Topology
-from policy_engine.analysis.manifests import scan_manifests
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "policies" / "verl_rollout_engines.yaml"

@@ -14,10 +14,10 @@ from fake_engines import sglang as fake_sglang
 from fake_engines import vllm as fake_vllm
 from fake_engines.server import serving
 
+from policy_engine.analysis.manifests import scan_manifests
 from policy_engine.cli.engine_args import build as engine_args
 from policy_engine.integrations.engines import apply_policy
 from policy_engine.language.load import load_policy
-from policy_engine.analysis.manifests import scan_manifests
 
 
 def _policy(tmp_path: Path, backend: str, **rollout: Any) -> dict[str, Any]:

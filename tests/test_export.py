@@ -14,9 +14,9 @@ from typing import Any
 import pytest
 
 from policy_engine import ProfilingError, Topology, profile_session
+from policy_engine.analysis.manifests import scan_manifests
 from policy_engine.backends.base import Artifact, CaptureInfo
 from policy_engine.runtime import export
-from policy_engine.analysis.manifests import scan_manifests
 from policy_engine.runtime.state import slot
 
 

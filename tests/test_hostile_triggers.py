@@ -16,10 +16,10 @@ from typing import Any
 import pytest
 
 from policy_engine import Topology, apply_policy
+from policy_engine.analysis.manifests import scan_manifests
 from policy_engine.cli import trigger as trigger_cli
 from policy_engine.cli.main import main
 from policy_engine.runtime import requests, trigger_parts, triggers
-from policy_engine.analysis.manifests import scan_manifests
 from policy_engine.testing import recording_backend
 
 BOUND = 20.0  # seconds a whole run of a few steps may take, however loaded the machine

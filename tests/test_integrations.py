@@ -20,9 +20,9 @@ from typing import Any
 import pytest
 
 from policy_engine import Topology
+from policy_engine.analysis.manifests import scan_manifests
 from policy_engine.cli.main import main
 from policy_engine.integrations._driver import HookDriver
-from policy_engine.analysis.manifests import scan_manifests
 from policy_engine.testing import recording_backend
 
 TRACE_NAME = r"trainer/step{step}/it_rank0-of-1_pid\d+_\d{{17}}\.pt\.trace\.json\.gz"

@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
-from policy_engine.runtime import manifest
 from policy_engine.analysis import manifests
 from policy_engine.analysis.manifests import Problem, read_manifests, scan_manifests
+from policy_engine.runtime import manifest
 from policy_engine.runtime.manifest import append
 
 OPEN = {"event": "open", "capture": "1", "role": "actor", "rank": 0, "steps": [3],

@@ -19,12 +19,12 @@ from typing import Any
 import pytest
 
 from policy_engine import PolicyError, ProfilingError, Topology, load_policy, profile_session
+from policy_engine.analysis.listing import collect
+from policy_engine.analysis.manifests import read_manifests, scan_manifests
 from policy_engine.backends.memory.device import CudaMemory
 from policy_engine.backends.memory.session import MemoryBackend
 from policy_engine.cli.main import main
-from policy_engine.analysis.listing import collect
 from policy_engine.runtime import state
-from policy_engine.analysis.manifests import read_manifests, scan_manifests
 from policy_engine.testing import recording_backend
 
 

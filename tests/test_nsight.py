@@ -17,9 +17,9 @@ from typing import Any
 import pytest
 
 from policy_engine import Topology, compile_plan, load_policy, profile_session
+from policy_engine.analysis.manifests import read_manifests
 from policy_engine.backends.base import BackendUnavailable, CaptureInfo
 from policy_engine.backends.nsight import session as nsight
-from policy_engine.analysis.manifests import read_manifests
 from policy_engine.runtime.state import slot
 from policy_engine.settings import nsight as nsight_checks
 

@@ -23,8 +23,8 @@ from typing import Any
 
 import pytest
 
-from policy_engine.backends.nsight.launch import resolve_output
 from policy_engine.analysis.manifests import read_manifests
+from policy_engine.backends.nsight.launch import resolve_output
 
 pytestmark = pytest.mark.slow
 

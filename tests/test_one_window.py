@@ -21,10 +21,10 @@ from typing import Any
 import pytest
 
 from policy_engine import Topology, compile_plan, load_policy
-from policy_engine.analysis.run import analyze
-from policy_engine.cli.main import main
-from policy_engine.analysis.window_roles import families, holds, label, participants
 from policy_engine.analysis.manifests import scan_manifests
+from policy_engine.analysis.run import analyze
+from policy_engine.analysis.window_roles import families, holds, label, participants
+from policy_engine.cli.main import main
 from policy_engine.runtime.manifest import append
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -19,8 +19,8 @@ from typing import Any
 import pytest
 
 from policy_engine import load_policy
-from policy_engine.plan.predict import explain
 from policy_engine.analysis.manifests import read_manifests
+from policy_engine.plan.predict import explain
 
 pytest.importorskip("torch")
 pytestmark = pytest.mark.slow

@@ -24,9 +24,9 @@ from hypothesis import HealthCheck, assume, event, given, settings
 from hypothesis import strategies as st
 
 from policy_engine import PolicyError, Topology, load_policy, profile_session
+from policy_engine.analysis.manifests import scan_manifests
 from policy_engine.plan.predict import explain
 from policy_engine.runtime import manifest, state
-from policy_engine.analysis.manifests import scan_manifests
 from policy_engine.runtime.profiler import RoleProfiler
 from policy_engine.testing import recording_backend
 

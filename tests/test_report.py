@@ -25,9 +25,9 @@ from hypothesis import strategies as st
 
 from policy_engine.analysis import chrome_trace, ops
 from policy_engine.analysis.format import rank_spans as ranges
-from policy_engine.cli.main import main
 from policy_engine.analysis.listing import cell, collect, roles_cell
 from policy_engine.analysis.window_roles import families
+from policy_engine.cli.main import main
 from policy_engine.runtime.manifest import encode
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -72,15 +72,15 @@ class Page(HTMLParser):
     def covered(self) -> set[tuple[str, int | None, str]]:
         """(role, rank, step) of every capture the grid shows."""
         out: set[tuple[str, int | None, str]] = set()
-        for cell in self.cells:
-            for part in cell["data-ranks"].split(","):
+        for found in self.cells:
+            for part in found["data-ranks"].split(","):
                 if part == "?":
-                    out.add((cell["data-role"], None, cell["data-col"]))
+                    out.add((found["data-role"], None, found["data-col"]))
                     continue
                 match = re.fullmatch(r"(-?\d+)(?:-(-?\d+))?", part)
                 assert match is not None, part
                 first, last = int(match[1]), int(match[2] or match[1])
-                out.update((cell["data-role"], rank, cell["data-col"])
+                out.update((found["data-role"], rank, found["data-col"])
                            for rank in range(first, last + 1))
         return out
 

@@ -27,8 +27,8 @@ from typing import Any
 
 import pytest
 
-from policy_engine.files.layout import find_leftovers
 from policy_engine.analysis.manifests import scan_manifests
+from policy_engine.files.layout import find_leftovers
 
 pytestmark = pytest.mark.slow
 

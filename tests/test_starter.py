@@ -16,10 +16,10 @@ import pytest
 from test_integrations import hf_trainer, lightning_fit, lightning_module
 
 from policy_engine import Topology, load_policy, profile_session
+from policy_engine.analysis.manifests import scan_manifests
 from policy_engine.cli.main import main
 from policy_engine.integrations._driver import HookDriver
 from policy_engine.plan.predict import explain
-from policy_engine.analysis.manifests import scan_manifests
 from policy_engine.testing import recording_backend
 
 

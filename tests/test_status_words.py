@@ -9,9 +9,9 @@ from pathlib import Path
 from typing import Any
 
 from policy_engine import Topology, profile_session
-from policy_engine.cli.main import main
 from policy_engine.analysis.listing import collect
 from policy_engine.analysis.manifests import scan_manifests
+from policy_engine.cli.main import main
 from policy_engine.testing import recording_backend
 
 

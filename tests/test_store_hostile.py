@@ -22,8 +22,8 @@ from typing import Any
 import pytest
 from job_env import child_env
 
-from policy_engine.runtime.channel import PREFIX, JobChannel, StoreKV
 from policy_engine.analysis.manifests import scan_manifests
+from policy_engine.runtime.channel import PREFIX, JobChannel, StoreKV
 
 dist = pytest.importorskip("torch.distributed")
 pytestmark = pytest.mark.slow

@@ -18,8 +18,8 @@ import pytest
 import torch
 
 from policy_engine import Topology, apply_policy, load_policy
-from policy_engine.plan.predict import explain
 from policy_engine.analysis.manifests import read_manifests
+from policy_engine.plan.predict import explain
 
 
 class Worker:

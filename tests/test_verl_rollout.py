@@ -22,11 +22,11 @@ import pytest
 import yaml
 from fake_engines import vllm as fake_vllm
 
+from policy_engine.analysis.manifests import scan_manifests
 from policy_engine.integrations.verl import PATCHES
 from policy_engine.integrations.verl import rollout as verl_rollout
 from policy_engine.language.load import ENV_FILE
 from policy_engine.runtime import state
-from policy_engine.analysis.manifests import scan_manifests
 
 SERVER = verl_rollout.VLLM_SERVER
 

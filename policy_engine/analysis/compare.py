@@ -169,7 +169,7 @@ def _moved(base: dict[tuple[str, str], float], new: dict[tuple[str, str], float]
     rows = []
     for key in base.keys() | new.keys():
         b, n = base.get(key), new.get(key)
-        row = {"name": key[0], "base_us": None if b is None else _r(b),
+        row: dict[str, Any] = {"name": key[0], "base_us": None if b is None else _r(b),
                "new_us": None if n is None else _r(n), "change_us": _r((n or 0.0) - (b or 0.0))}
         if kind == "ops":
             row["cat"] = key[1]

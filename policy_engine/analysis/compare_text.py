@@ -57,7 +57,7 @@ def render(result: dict[str, Any]) -> str:
     """The whole comparison as text."""
     lines = [f"base: {result['base']}", f"new:  {result['new']}", ""]
     for w in result["windows"]:
-        lines += _window(w) + [""]
+        lines += [*_window(w), ""]
     for side in ("base", "new"):
         left = result["unmatched"][side]
         if left:

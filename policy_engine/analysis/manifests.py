@@ -30,11 +30,11 @@ from typing import IO, Any
 
 import attrs
 
+from policy_engine.files.layout import MANIFEST_SUFFIX
 from policy_engine.files.records import CLOSE_STATUSES as CLOSE_STATUSES
 from policy_engine.files.records import COMPANIONS as COMPANIONS
 from policy_engine.files.records import EVENTS, FIELDS, REQUIRED, STATUSES
 from policy_engine.files.records import TRACE_STATUSES as TRACE_STATUSES
-from policy_engine.files.layout import MANIFEST_SUFFIX
 
 #: The longest line read; a longer one is reported, not loaded.
 MAX_LINE_BYTES = 1 << 20

@@ -27,10 +27,11 @@ from collections.abc import Iterable
 from typing import IO, Any
 
 from policy_engine.analysis.chrome_trace import TraceError, TraceReader
+from policy_engine.analysis.errors import AnalysisError
 from policy_engine.analysis.format import rank_spans
+from policy_engine.analysis.manifests import file_of, scan_manifests
 from policy_engine.analysis.merge_io import MAX_EVENTS, MAX_TRACE_MB, Bounds, EventWriter
 from policy_engine.analysis.trace_process import ProcessMap
-from policy_engine.analysis.errors import AnalysisError
 from policy_engine.analysis.window_roles import (
     TORCH_SUFFIXES,
     holds,
@@ -40,7 +41,6 @@ from policy_engine.analysis.window_roles import (
 )
 from policy_engine.errors import did_you_mean
 from policy_engine.files.publish import publish
-from policy_engine.analysis.manifests import file_of, scan_manifests
 
 _PROG = "policy-engine merge"
 #: Flow and async ids of the i-th trace move by i << _ID_SHIFT (below 2**53 for 100k ranks).

@@ -14,11 +14,11 @@ from __future__ import annotations
 import html
 from typing import Any
 
+from policy_engine.analysis.errors import AnalysisError
+from policy_engine.analysis.format import rank_spans
+from policy_engine.analysis.manifests import Scan
 from policy_engine.analysis.run import analyze
 from policy_engine.analysis.text import ms, notes, why
-from policy_engine.analysis.format import rank_spans
-from policy_engine.analysis.errors import AnalysisError
-from policy_engine.analysis.manifests import Scan
 
 #: (key, label, colour) of a bar's parts, left to right.
 PARTS = (("compute", "compute", "#4e79a7"), ("comm", "communication", "#f28e2b"),

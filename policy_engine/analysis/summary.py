@@ -20,6 +20,7 @@ import os
 import re
 from typing import Any
 
+from policy_engine.analysis.chrome_trace import TraceError, TraceReader
 from policy_engine.analysis.intervals import (
     EMPTY,
     Merged,
@@ -29,7 +30,6 @@ from policy_engine.analysis.intervals import (
     length,
     union,
 )
-from policy_engine.analysis.chrome_trace import TraceError, TraceReader
 
 STEP = re.compile(r"ProfilerStep\s*#\s*(\d+)$")
 #: CPU operators and ranges that are collectives (torch's c10d ops, the ranges the

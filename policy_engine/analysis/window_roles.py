@@ -13,7 +13,7 @@ Manifests written before ``roles`` existed name a shared capture's roles in ``ro
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 
@@ -82,7 +82,7 @@ def is_torch(record: Mapping[str, Any]) -> bool:
         isinstance(path, str) and path.endswith(TORCH_SUFFIXES))
 
 
-def window_keys(records: list[Mapping[str, Any]]) -> list[tuple[Any, ...]]:
+def window_keys(records: Sequence[Mapping[str, Any]]) -> list[tuple[Any, ...]]:
     """The window of each trace line of ``records`` (oldest first), as ``merge`` and
     ``analyze`` both key it: (family, region, outer steps, cycle, n), n counting the
     captures of the same steps and cycle on the same rank and backend (a region or a rerun

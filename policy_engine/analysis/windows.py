@@ -16,14 +16,14 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from policy_engine.analysis.manifests import Scan, scan_manifests
+from policy_engine.analysis.summary import problem
 from policy_engine.analysis.window_roles import (
     TORCH_SUFFIXES,
     is_torch,
     participants,
     window_keys,
 )
-from policy_engine.analysis.manifests import Scan, scan_manifests
-from policy_engine.analysis.summary import problem
 
 _ALSO = 16  # ranks listed whose capture has another trigger than the window's first
 

@@ -17,10 +17,10 @@ import os
 import sys
 from typing import Any
 
-from policy_engine.cli._common import add_format_option, positive_int, print_json, whole_number
 from policy_engine.analysis import hta as hta_bridge
 from policy_engine.analysis.run import analyze
 from policy_engine.analysis.text import render
+from policy_engine.cli._common import add_format_option, positive_int, print_json, whole_number
 
 
 def add_parser(sub: Any, name: str, help: str) -> None:

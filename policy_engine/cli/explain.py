@@ -10,6 +10,7 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from policy_engine import backends
+from policy_engine.analysis.format import size_cell
 from policy_engine.backends.files import name_files
 from policy_engine.cli._common import (
     add_format_option,
@@ -18,7 +19,6 @@ from policy_engine.cli._common import (
     positive_int,
 )
 from policy_engine.cli.forecast import Sizes, add_sizes_option, forecast, read_sizes
-from policy_engine.analysis.format import size_cell
 from policy_engine.cli.usage import UsageError
 from policy_engine.plan.plan import Plan
 from policy_engine.plan.predict import iter_ranks

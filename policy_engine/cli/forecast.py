@@ -19,10 +19,10 @@ from typing import Any
 import attrs
 
 from policy_engine.analysis.format import size_cell
+from policy_engine.analysis.manifests import scan_manifests
 from policy_engine.cli.usage import UsageError
 from policy_engine.language.model import Policy, RoleSpec
 from policy_engine.plan.captures import count_ranges
-from policy_engine.analysis.manifests import scan_manifests
 
 
 @attrs.frozen

@@ -16,6 +16,7 @@ import textwrap
 from collections.abc import Iterator
 from typing import Any
 
+from policy_engine.analysis.format import complement_spans, rank_spans
 from policy_engine.backends.nsight.launch import (
     NsysArgsError,
     nsys_output,
@@ -29,7 +30,6 @@ from policy_engine.cli._common import (
     positive_int,
     print_json,
 )
-from policy_engine.analysis.format import complement_spans, rank_spans
 from policy_engine.cli.usage import UsageError
 from policy_engine.errors import PolicyError, Problem, json_path
 from policy_engine.language.frozen import thaw
