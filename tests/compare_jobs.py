@@ -30,12 +30,13 @@ roles:
 
 def run_job(folder: Path, *, windows: int = 2, world: int = 4, slow: int = -1,
             extra_ms: float = 0.0, extra_mm: int = 0, activities: str = "cpu",
-            shapes: bool = False) -> Path:
-    """One job under ``folder``; its output folder."""
+            shapes: bool = False, inner: int = 8) -> Path:
+    """One job under ``folder`` (``inner`` steps per window on every rank: the samples
+    of compare's test); its output folder."""
     folder.mkdir(parents=True, exist_ok=True)
     text = POLICY.format(activities=activities, shapes=str(shapes).lower())
     (folder / "policy.yaml").write_text(text)
-    env = dict(child_env(), EXTRA_MM=str(extra_mm))
+    env = dict(child_env(), EXTRA_MM=str(extra_mm), INNER_STEPS=str(inner))
     done = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--standalone",
          f"--nproc-per-node={world}", str(WORKER), "policy.yaml", str(windows), str(slow),

@@ -41,7 +41,7 @@ def test_extra_matrix_multiplications_are_slower_in_compute_and_mm(
         parts = w["parts"]
         assert parts["compute_us"] == max(parts.values())  # the change is compute
         assert w["regions"][0]["name"] == "update_actor" and w["regions"][0]["change_us"] > 0
-        grown = [o["name"] for o in w["operators"] if o["change_us"] > 0][:3]
+        grown = [o["name"] for o in w["operators"] if o["change_us"] > 0]
         assert {"aten::mm", "aten::matmul"} & set(grown), grown
 
 

@@ -37,10 +37,18 @@ def manifest_lines(out: Path) -> list[dict[str, Any]]:
 
 def check_manifest(out: Path) -> dict[str, list[dict[str, Any]]]:
     """Every capture opened was closed once; every trace belongs to an opened capture and
-    its file is on disk. Returns the lines by capture id."""
+    its file is on disk; a summary line (written when its worker is done, so possibly
+    after the close) names a trace of its capture, once. Returns the lines by capture id,
+    summaries left out."""
     by_capture: dict[str, list[dict[str, Any]]] = {}
+    summaries: dict[str, list[dict[str, Any]]] = {}
     for line in manifest_lines(out):
-        by_capture.setdefault(line["capture"], []).append(line)
+        into = summaries if line["event"] == "summary" else by_capture
+        into.setdefault(line["capture"], []).append(line)
+    for cid, found in summaries.items():
+        paths = [line["path"] for line in by_capture.get(cid, []) if line["event"] == "trace"]
+        named = [line["path"] for line in found]
+        assert len(named) == len(set(named)) and set(named) <= set(paths), (cid, found)
     for cid, lines in by_capture.items():
         events = [line["event"] for line in lines]
         assert events[0] == "open", (cid, events)

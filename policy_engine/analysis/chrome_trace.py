@@ -30,8 +30,7 @@ MAX_META = 16 << 20
 _WS = re.compile(r"[ \t\n\r]*")
 _GZIP_MAGIC = b"\x1f\x8b"
 _EVENTS = object()  # marks where the traceEvents array begins
-# A decode error this close to the end of what is read may be the data running out.
-_NEAR_END = 10
+_NEAR_END = 10  # a decode error this close to the end of what is read may be data running out
 
 
 class _BadNumber(ValueError):
@@ -52,6 +51,19 @@ def _float(text: str) -> float:
 _DECODER = json.JSONDecoder(parse_constant=_constant, parse_float=_float)
 _SCAN: Callable[[str, int], tuple[Any, int]] = _DECODER.scan_once  # type: ignore[attr-defined]
 _SPACE = " \t\n\r"
+try:  # orjson from 3.9.15 refuses 1025 levels of nesting; older ones recurse without limit
+    import orjson
+    FAST = orjson.loads(b"[" * 1025 + b"]" * 1025) is None  # read it: too old to be used
+except ImportError:  # pragma: no cover - then the stdlib's scanner reads all, only slower
+    FAST = False
+except ValueError:  # refused it
+    FAST = True  #: orjson reads runs of events (False: the stdlib's scanner, one by one)
+# A run: at most _RUN characters (held as ~6 times as much in objects) up to a '},' before a
+# '{' (_CUT), in _WRAP arrays that leave an event 64 of orjson's 1024 levels (the stdlib's
+# scanner reads deeper ones), with no integer of 19 digits or more (orjson: a float).
+_RUN, _WRAP = 1 << 20, 1024 - 64
+_DIGITS, _LONG = bytes.maketrans(b"123456789", b"000000000"), b"0" * 19
+_CUT, _NEXT = re.compile(r"\},[ \t\n\r]*\{"), re.compile(r"[ \t\n\r]*,?[ \t\n\r]*")
 
 
 class TraceError(Exception):
@@ -60,7 +72,6 @@ class TraceError(Exception):
 
 class TraceTooLarge(TraceError):
     """More than the reader's ``max_bytes`` of (uncompressed) text."""
-
     def __init__(self, limit: int, gzipped: bool) -> None:
         super().__init__(f"{'it inflates to' if gzipped else 'it is'} more than "
                          f"{_bytes(limit)} of text (the most read of one trace)")
@@ -69,7 +80,6 @@ class TraceTooLarge(TraceError):
 
 class TooManyEvents(TraceError):
     """More than the reader's ``max_events`` entries in ``traceEvents``."""
-
     def __init__(self, limit: int) -> None:
         super().__init__(f"it holds more than {limit:,} events (the most read of one trace)")
         self.limit = limit
@@ -77,21 +87,18 @@ class TooManyEvents(TraceError):
 
 class GzipBomb(TraceError):
     """A gzip that inflates out of all proportion to its size (``max_ratio``)."""
-
     def __init__(self, ratio: int) -> None:
         super().__init__(f"it inflates to more than {ratio} times its size on disk "
                          "(a gzip bomb?)")
         self.ratio = ratio
 
 
-#: Inflated text below which the ratio is not checked.
-RATIO_FLOOR = 1 << 20
+RATIO_FLOOR = 1 << 20  #: inflated text below which the ratio is not checked
 _RAW_READ = 8 << 10  # compressed bytes read at a time: the ratio is known this finely
 
 
 class _Counted(io.RawIOBase):
     """The compressed file as gzip reads it, a block at a time, counting the bytes."""
-
     def __init__(self, raw: io.BufferedReader) -> None:
         self.raw, self.consumed = raw, 0
 
@@ -139,28 +146,22 @@ class TraceReader:
     ``header()`` for the keys before ``traceEvents`` (torch writes ``baseTimeNanoseconds``
     there), then iterate ``events()``; afterwards ``meta`` holds every top-level key but
     ``traceEvents``. A trace that is only an array of events is accepted too. Raises
-    TraceError for anything that is not a whole trace, TraceTooLarge past ``max_bytes``
-    of text (counted after inflating), GzipBomb when the text grows past ``max_ratio``
-    times the compressed bytes read (torch traces inflate 10 to 20 times), TooManyEvents
-    past ``max_events`` entries of ``traceEvents``. A link is not followed; only a
-    regular file is read.
-    """
+    TraceError for anything that is not a whole trace, TraceTooLarge past ``max_bytes`` of
+    text (after inflating), GzipBomb when the text grows past ``max_ratio`` times the
+    compressed bytes read (torch traces inflate 10 to 20 times), TooManyEvents past
+    ``max_events`` entries of ``traceEvents``. Only a regular file is read, not a link."""
 
     def __init__(self, path: str, *, max_bytes: int | None = None,
                  max_ratio: int | None = None, max_events: int | None = None) -> None:
         self.meta: dict[str, Any] = {}
         self.max_events = max_events
-        self.count = 0  # entries of traceEvents read
-        self.not_objects = 0  # entries that are not objects (left out)
-        self._buf = ""
-        self._pos = 0
-        self._offset = 0  # characters dropped before _buf
-        self._eof = False
-        self._saw_events = False
-        self._read = 0  # bytes of text read (inflated)
-        self._max_bytes = max_bytes
-        self._max_ratio = max_ratio
-        self._meta_left = MAX_META
+        self.count = self.not_objects = 0  # entries of traceEvents read; not objects (left out)
+        self._buf, self._pos = "", 0
+        self._offset = self._read = 0  # characters dropped before _buf; bytes of text read
+        self._eof = self._saw_events = False
+        self._max_bytes, self._max_ratio, self._meta_left = max_bytes, max_ratio, MAX_META
+        self._slow = 0  # where a run may begin again: the stdlib's scanner reads up to there
+        self._mark: tuple[int, int] | None = None  # in a run: entries read, and their end
         self._utf8 = codecs.getincrementaldecoder("utf-8")()
         try:  # never blocking on a FIFO planted under the name
             fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
@@ -171,16 +172,14 @@ class TraceReader:
             raise TraceError("not a regular file")
         self._file = os.fdopen(fd, "rb")
         try:
-            gzipped = self._file.read(2) == _GZIP_MAGIC
+            self.gzipped = self._file.read(2) == _GZIP_MAGIC
             self._file.seek(0)
         except BaseException:
             self._file.close()
             raise
-        self._stream: io.BufferedIOBase = self._file
-        self.gzipped = gzipped
         self._counted = _Counted(self._file)
-        if gzipped:
-            self._stream = gzip.GzipFile(fileobj=self._counted, mode="rb")
+        self._stream: io.BufferedIOBase = gzip.GzipFile(
+            fileobj=self._counted, mode="rb") if self.gzipped else self._file
         self._walk = self._document()
 
     def __enter__(self) -> TraceReader:
@@ -201,7 +200,10 @@ class TraceReader:
     @property
     def position(self) -> int:
         """The character the reader has reached."""
-        return self._offset + self._pos
+        while self._mark and self._mark[0] < self.count:  # in a run: the entry reached
+            pos = _NEXT.match(self._buf, self._mark[1]).end()  # type: ignore[union-attr]
+            self._mark = self._mark[0] + 1, _SCAN(self._buf, pos)[1]
+        return self._offset + (self._mark[1] if self._mark else self._pos)
 
     def header(self) -> dict[str, Any]:
         """The top-level keys that come before ``traceEvents``."""
@@ -221,9 +223,6 @@ class TraceReader:
     def _document(self) -> Iterator[Any]:
         first = self._peek()
         if first == "[":
-            self._pos += 1
-            self._saw_events = True
-            yield _EVENTS
             yield from self._array()
         elif first == "{":
             self._pos += 1
@@ -251,9 +250,6 @@ class TraceReader:
             if key == "traceEvents":
                 if self._peek() != "[":
                     raise self._unexpected("'[': traceEvents must be an array", "traceEvents")
-                self._pos += 1
-                self._saw_events = True
-                yield _EVENTS
                 yield from self._array()
             else:
                 self._peek()
@@ -270,7 +266,10 @@ class TraceReader:
                 raise self._unexpected("',' or '}'", "the trace object")
             self._pos += 1
 
-    def _array(self) -> Iterator[dict[str, Any]]:
+    def _array(self) -> Iterator[Any]:
+        self._pos += 1  # past the '['
+        self._saw_events = True
+        yield _EVENTS
         while True:
             found = self._peek()
             if found == "]":  # the end (a trailing comma is forgiven, as viewers do)
@@ -278,14 +277,16 @@ class TraceReader:
                 return
             if not found:
                 raise self._unexpected("an event", "traceEvents")
-            item = self._value(None, MAX_VALUE)
-            self.count += 1
-            if self.max_events is not None and self.count > self.max_events:
-                raise TooManyEvents(self.max_events)
-            if isinstance(item, dict):
-                yield item
-            else:
-                self.not_objects += 1
+            run = self._run() if FAST and self._offset + self._pos >= self._slow else None
+            for item in run or (self._value(None, MAX_VALUE),):
+                self.count += 1
+                if self.max_events is not None and self.count > self.max_events:
+                    raise TooManyEvents(self.max_events)
+                if isinstance(item, dict):
+                    yield item
+                else:
+                    self.not_objects += 1
+            self._mark = None
             buf, pos = self._buf, self._pos
             if pos < len(buf) and buf[pos] == ",":  # the usual case, without a regex
                 self._pos = pos + 1
@@ -295,6 +296,25 @@ class TraceReader:
                 self._pos += 1
             elif found != "]":
                 raise self._unexpected("',' or ']'", "traceEvents")
+
+    def _run(self) -> list[Any]:
+        """The entries up to the last ``},{`` within _RUN, read by orjson ([]: it may differ)."""
+        buf, pos = self._buf, self._pos
+        cut = buf.rfind("},", pos, pos + min(_RUN, MAX_VALUE))
+        while cut >= pos and not _CUT.match(buf, cut):
+            cut = buf.rfind("},", pos, cut)
+        self._slow = self._offset + (cut + 1 if cut >= pos else len(buf))
+        text = buf[pos:cut + 1].encode()
+        if cut < pos or _LONG in text.translate(_DIGITS):
+            return []
+        try:
+            run = orjson.loads(b"[" * _WRAP + text + b"]" * _WRAP)
+        except orjson.JSONDecodeError:  # NaN, 1e400, "\ud800", too deep, '},{' in a string...
+            return []
+        for _ in range(_WRAP - 1):
+            run = run[0]
+        self._mark, self._pos = (self.count, pos), cut + 1
+        return run  # type: ignore[no-any-return]
 
     def _where(self) -> str:
         return f"character {self._offset + self._pos}"
@@ -313,8 +333,7 @@ class TraceReader:
         if pos < len(buf) and buf[pos] not in _SPACE:
             return buf[pos]
         while True:
-            match = _WS.match(self._buf, self._pos)
-            self._pos = match.end() if match else self._pos
+            self._pos = _WS.match(self._buf, self._pos).end()  # type: ignore[union-attr]
             if self._pos < len(self._buf):
                 return self._buf[self._pos]
             if self._eof:
@@ -325,17 +344,17 @@ class TraceReader:
         """The JSON value at the current position (after ``_peek``), of at most ``limit``
         characters. ``what`` it is, for errors (None: the next event)."""
         while True:
-            try:
-                try:  # the decoder's own step, without raw_decode's wrapping
-                    value, end = _SCAN(self._buf, self._pos)
-                except StopIteration as stop:
-                    raise json.JSONDecodeError("Expecting value", self._buf,
-                                               stop.value) from None
-            except _BadNumber as err:
+            try:  # the decoder's own step, without raw_decode's wrapping
+                value, end = _SCAN(self._buf, self._pos)
+            except (StopIteration, ValueError, RecursionError) as caught:  # _BadNumber too
                 what = what or f"event {self.count + 1} of traceEvents"
-                raise TraceError(f"{err} in {what}, at or after {self._where()}") from None
-            except json.JSONDecodeError as err:
-                what = what or f"event {self.count + 1} of traceEvents"
+                err = json.JSONDecodeError("Expecting value", self._buf, caught.value) \
+                    if isinstance(caught, StopIteration) else caught
+                if isinstance(err, RecursionError):
+                    raise TraceError(f"{what} is nested too deeply, at {self._where()}") from None
+                if not isinstance(err, json.JSONDecodeError):  # a number (thousands of digits)
+                    why = "a number has too many digits" if "digits" in str(err) else str(err)
+                    raise TraceError(f"{why} in {what}, at or after {self._where()}") from None
                 rest = self._buf[err.pos:].rstrip()
                 if self._eof and (err.msg.startswith("Unterminated") or (
                         len(rest) < _NEAR_END and not any(c in rest for c in '{}[],:"'))):
@@ -349,13 +368,6 @@ class TraceReader:
                                      + f" (at {self._where()})") from None
                 self._more(max(_CHUNK, len(self._buf) - self._pos))  # grows geometrically
                 continue
-            except RecursionError:
-                what = what or f"event {self.count + 1} of traceEvents"
-                raise TraceError(f"{what} is nested too deeply, at {self._where()}") from None
-            except ValueError as err:  # an integer of thousands of digits
-                what = what or f"event {self.count + 1} of traceEvents"
-                why = "a number has too many digits" if "digits" in str(err) else str(err)
-                raise TraceError(f"{why} in {what}, at or after {self._where()}") from None
             if end < len(self._buf) or self._eof:  # a number may go on in the next chunk
                 if end - self._pos > limit:
                     what = what or f"event {self.count + 1} of traceEvents"
@@ -367,10 +379,7 @@ class TraceReader:
 
     def _more(self, size: int) -> None:
         """Read about ``size`` more bytes, dropping what was consumed."""
-        if self._pos:
-            self._offset += self._pos
-            self._buf = self._buf[self._pos:]
-            self._pos = 0
+        self._offset, self._buf, self._pos = self._offset + self._pos, self._buf[self._pos:], 0
         try:
             data = self._stream.read(size)
         except EOFError:

@@ -6,7 +6,8 @@ Usage: straggler_worker.py POLICY STEPS SLOW EXTRA_MS [FOLDER]
 
 FOLDER (e.g. ``node{rank}``): each rank writes under a folder of its own, as ranks on
 separate hosts write to their node-local disks. EXTRA_MM=N in the environment: every rank
-does N more 256x256 matrix multiplications in each update_actor (a change to compare).
+does N more 256x256 matrix multiplications in each update_actor (a change to compare);
+INNER_STEPS=N: N inner steps per training step (default 4).
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ import torch.distributed as dist
 
 from policy_engine import apply_policy, load_policy
 
-INNER = 4  # inner steps (prof.step() calls) per training step
+# inner steps (prof.step() calls) per training step; INNER_STEPS=N in the environment
+INNER = int(os.environ.get("INNER_STEPS", "4"))
 
 
 class Trainer:
