@@ -1,20 +1,12 @@
-"""Joining the per-rank torch traces of one capture window into one trace (``policy-engine
-merge`` is its command).
+"""Joining the per-rank torch traces of one capture window into one trace, as a stream
+(``policy-engine merge``, in ``cli/merge.py``, says what the user sees).
 
-A capture window is what every rank of a role recorded for the same steps and schedule
-cycle: one trace per rank, as the manifests under DIR list them. The merged trace has one
-process per rank, named ``rank N (role, coords)`` and sorted by rank, with the clocks of
-all ranks aligned on each trace's baseTimeNanoseconds. Traces are read and written as
-streams, so memory stays small however large they are. Only torch traces
-(.pt.trace.json[.gz]) are merged; the other files of the window are listed as skipped.
-OUT ending in .gz is gzipped. Every trace is read under the bounds the other readers
-keep: --max-trace-mb of text and --max-events events per trace, and a gzip that inflates
-to over 100 times its size is refused (its trailer is looked at first). A trace that
-cannot be merged (not JSON, a number JSON cannot carry, past a bound, too many threads or
-too large a top-level key) stops the merge with exit 1, naming the file and where; files
-a manifest names outside DIR are not read, and OUT may never be a manifest or a file the
-manifests name. OUT is published whole: interrupted (SIGTERM, Ctrl-C), merge leaves
-nothing beside it.
+:func:`records` reads the manifests' trace lines with their window keys
+(``window_roles.window_keys``); :func:`choose` picks the one window asked for
+(AnalysisError when none or several match); :func:`merge` writes it: one process per
+rank, sorted, clocks aligned on each trace's baseTimeNanoseconds, flow and async ids
+moved apart, every input read under the readers' bounds (``merge_io.Bounds``), the output
+published whole (``files.publish``).
 """
 
 from __future__ import annotations
