@@ -19,7 +19,7 @@ from policy_engine.analysis.compare import compare_runs, rank_sum, verdict
 
 REPO = Path(__file__).resolve().parents[1]
 SCHEMA = json.loads((REPO / "schemas" / "compare.schema.json").read_text())
-SHAPE = {"steps": 6, "ops": 30, "gpu": True}
+SHAPE = {"steps": 10, "ops": 30, "gpu": True}
 
 
 def _run(path: Path, world: int = 4, **shape: Any) -> str:
@@ -39,11 +39,22 @@ def test_the_rank_sum_test_gives_the_textbook_p_values() -> None:
         == pytest.approx(0.027303402992194, rel=1e-9)
     assert rank_sum([5.0] * 6, [5.0] * 6) == 1.0
     assert rank_sum([1, 2], [3, 4, 5]) is None
-    same = verdict([10.0, 10.1, 9.9, 10.0, 10.2], [10.1, 10.0, 9.9, 10.1, 10.0])
+    same = verdict([10.0, 10.1, 9.9, 10.0, 10.2, 10.1, 9.8],
+                   [10.1, 10.0, 9.9, 10.1, 10.0, 10.2, 9.9])
     assert same["verdict"] == "no change" and same["why"].startswith("within noise")
     # significant but small: under the 5% floor, no change
     small = verdict([100.0 + i / 100 for i in range(40)], [102.0 + i / 100 for i in range(40)])
     assert small["verdict"] == "no change" and "under 5%" in small["why"]
+    # significant and large, but the steps spread wider than the shift: no change
+    wide = [60.0 + 4 * i for i in range(20)]  # 60 .. 136, median 98
+    shifted = [v + 12 for v in wide]  # median 110: +12%, inside the base's middle half
+    spread = verdict(wide * 5, shifted * 5)
+    assert spread["test"]["p"] < 0.005 and not spread["test"]["apart"]
+    assert spread["verdict"] == "no change" and "middle half" in spread["why"]
+    # six steps a side cannot reach p < 0.005 even fully apart: no verdict, and it says so
+    few = verdict([10.0] * 6, [20.0] * 6)
+    assert few["verdict"] is None and "too few steps" in few["why"]
+    assert verdict([10.0] * 7, [20.0] * 7)["verdict"] == "slower"
 
 
 def test_more_compute_is_slower_and_the_change_is_compute(tmp_path: Path) -> None:
@@ -52,7 +63,9 @@ def test_more_compute_is_slower_and_the_change_is_compute(tmp_path: Path) -> Non
     result = _compare(base, new)
     (w,) = result["windows"]
     assert w["comparable"] and w["differences"] == []
-    assert w["verdict"] == "slower" and w["test"]["p"] < 0.001
+    assert w["verdict"] == "slower" and w["test"]["p"] < 0.005
+    # the sample is the step (4 ranks' n-th step counted once), less the capture's first
+    assert (w["test"]["base_steps"], w["test"]["new_steps"]) == (9, 9)
     parts, change = w["parts"], w["step_time"]["change_us"]
     assert sum(parts.values()) == pytest.approx(change, abs=0.01)
     assert parts["compute_us"] == pytest.approx(change, rel=0.05)  # all of it is compute
@@ -118,8 +131,8 @@ def test_windows_pair_in_order_or_by_the_steps_named(tmp_path: Path) -> None:
 
 def test_runs_kept_as_summaries_only_are_compared(tmp_path: Path) -> None:
     base, new = tmp_path / "base", tmp_path / "new"
-    make_summarised_run(str(base), 64, steps=6, ops=20, gpu=True, extra_us=0.0)
-    make_summarised_run(str(new), 64, slow=5, steps=6, ops=20, gpu=True, extra_us=4000.0)
+    make_summarised_run(str(base), 64, steps=10, ops=20, gpu=True, extra_us=0.0)
+    make_summarised_run(str(new), 64, slow=5, steps=10, ops=20, gpu=True, extra_us=4000.0)
     assert not list(base.rglob("*.pt.trace.json*"))
     (w,) = _compare(str(base), str(new))["windows"]
     assert w["straggler"]["new"] == 5 and w["verdict"] == "slower"

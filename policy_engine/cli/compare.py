@@ -7,8 +7,9 @@ size, mesh, GPU or CPU basis and what the profiler recorded withhold a verdict; 
 policy and the torch version are only said), the median step time then and now, the change of
 the mean step split into compute, exposed communication, other device work and idle, the
 regions and operators whose time per step moved most, the straggler then and now, and a
-verdict: slower or faster only where a rank-sum test over the per-step times says the
-difference is beyond the steps' own noise and the median moved by 5% or more, else no
+verdict: slower or faster only where a rank-sum test over the steps (each step once, the
+median of its ranks) says the difference is beyond the steps' own noise (p < 0.005), the
+median moved by 5% or more and lies outside the other run's middle half of steps, else no
 change. Ranks' summaries are used where they wrote them (--from-traces reads the traces).
 The JSON output's shape is schemas/compare.schema.json.
 """
