@@ -99,20 +99,23 @@ def cycles(edges: Mapping[str, Iterable[str]]) -> list[list[str]]:
     return sorted(found)
 
 
-def layer(name: str) -> str:
-    """The top-level package (or module) of ``policy_engine.<layer>...``."""
-    return name.split(".")[1] if "." in name else "__init__"
+def layer(name: str, depth: int = 1) -> str:
+    """The package (or module) ``depth`` names deep: ``policy_engine.<layer>...`` at 1,
+    ``policy_engine.language.<layer>...`` at 2."""
+    parts = name.split(".")
+    return parts[depth] if len(parts) > depth else "__init__"
 
 
-def upward(edges: Mapping[str, Iterable[str]], layers: list[str]) -> list[tuple[str, str]]:
+def upward(edges: Mapping[str, Iterable[str]], layers: list[str],
+           depth: int = 1) -> list[tuple[str, str]]:
     """Imports from a layer to one above it (to its right in ``layers``)."""
     out = []
     for name, deps in edges.items():
-        if layer(name) not in layers:
+        if layer(name, depth) not in layers:
             continue
-        here = layers.index(layer(name))
+        here = layers.index(layer(name, depth))
         out += [(name, dep) for dep in sorted(deps)
-                if layer(dep) in layers and layers.index(layer(dep)) > here]
+                if layer(dep, depth) in layers and layers.index(layer(dep, depth)) > here]
     return sorted(out)
 
 

@@ -27,6 +27,8 @@ PACKAGE = ROOT / "policy_engine"
 MAX_LINES = 400
 LAYERS = ["errors", "_resources", "settings", "files", "language", "plan", "backends",
           "analysis", "runtime", "testing", "integrations", "cli"]
+#: The language's own order: each part imports only those before it.
+LANGUAGE = ["values", "read", "schema", "model", "rules", "load"]
 TOP_LEVEL = {"__init__.py", "__main__.py", "errors.py", "testing.py", "_resources.py"}
 PACKAGES = {"settings", "files", "language", "plan", "backends", "analysis", "runtime",
             "integrations", "cli"}
@@ -70,6 +72,13 @@ def test_the_top_level_holds_the_entry_points_only() -> None:
     # a folder without __init__.py would be a namespace package: not packaged, not checked
     assert [p for p in PACKAGE.rglob("*") if p.is_dir() and p.name != "__pycache__"
             and not (p / "__init__.py").exists()] == []
+
+
+def test_the_language_parts_import_down_their_order() -> None:
+    inside = {name: {dep for dep in deps if rules.layer(dep) == "language"}
+              for name, deps in GRAPH.items() if rules.layer(name) == "language"}
+    assert {rules.layer(name, 2) for name in inside} == set(LANGUAGE) | {"__init__"}
+    assert rules.upward(inside, LANGUAGE, depth=2) == []
 
 
 def test_settings_import_nothing_above_them() -> None:
@@ -169,6 +178,16 @@ def test_a_typing_import_upward_is_caught(tmp_path: Path) -> None:
                              "if TYPE_CHECKING:\n    from pkg.plan.plan import Plan\n",
     })
     assert rules.upward(edges, LAYERS) == [("pkg.language.model", "pkg.plan.plan")]
+
+
+def test_a_language_value_importing_the_model_is_caught(tmp_path: Path) -> None:
+    edges = _package(tmp_path, {
+        "__init__.py": "", "language/__init__.py": "", "language/values/__init__.py": "",
+        "language/model.py": "",
+        "language/values/steps.py": "def f():\n    from pkg.language.model import Policy\n",
+    })
+    assert rules.upward(edges, LANGUAGE, depth=2) == [
+        ("pkg.language.values.steps", "pkg.language.model")]
 
 
 @pytest.mark.parametrize("text", [

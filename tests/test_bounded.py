@@ -16,17 +16,17 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import policy_engine.language.clash as clash
-import policy_engine.language.runs as runs_module
+import policy_engine.language.rules.clash as clash
+import policy_engine.language.values.runs as runs_module
 from policy_engine.cli.main import main
 from policy_engine.language.load import analyze, load_policy
-from policy_engine.language.mesh import DIMS, coords_from_mesh, mesh_size
-from policy_engine.language.naming import NameTemplate
-from policy_engine.language.ranks import RankSelector
-from policy_engine.language.read import document_from_mapping
-from policy_engine.language.schedule import Action, Schedule
-from policy_engine.language.selector import SelectorError
-from policy_engine.language.steps import StepSet
+from policy_engine.language.read.source import document_from_mapping
+from policy_engine.language.values.mesh import DIMS, coords_from_mesh, mesh_size
+from policy_engine.language.values.naming import NameTemplate
+from policy_engine.language.values.ranks import RankSelector
+from policy_engine.language.values.schedule import Action, Schedule
+from policy_engine.language.values.selector import SelectorError
+from policy_engine.language.values.steps import StepSet
 from policy_engine.plan.captures import count_ranges, cycle_ranges
 from policy_engine.plan.compile import compile_plan
 from policy_engine.plan.plan import Plan

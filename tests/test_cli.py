@@ -13,7 +13,7 @@ import pytest
 from policy_engine.cli import main as cli_main
 from policy_engine.cli import validate as validate_cmd
 from policy_engine.cli.main import main
-from policy_engine.language.schema import SCHEMA_NAME
+from policy_engine.language.schema.build import SCHEMA_NAME
 
 ROOT = Path(__file__).resolve().parent.parent
 POLICIES = sorted((ROOT / "policies").glob("*.yaml"))
@@ -84,7 +84,7 @@ def test_importtime_shows_no_torch() -> None:
     assert done.returncode == 0, done.stderr
     imported = [line.rsplit("|", 1)[-1].strip() for line in done.stderr.splitlines()
                 if line.startswith("import time:")]
-    assert "policy_engine.language.checks" in imported  # the run got as far as checking
+    assert "policy_engine.language.rules.checks" in imported  # the run got as far as checking
     assert not [name for name in imported if name.split(".")[0] == "torch"]
 
 

@@ -17,7 +17,7 @@ from policy_engine import (
     profile_session,
 )
 from policy_engine.analysis.manifests import read_manifests, scan_manifests
-from policy_engine.language.colocation import window_roles
+from policy_engine.language.rules.colocation import window_roles
 from policy_engine.testing import recording_backend
 
 

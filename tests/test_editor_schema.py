@@ -14,7 +14,7 @@ from jsonschema import Draft202012Validator
 
 from policy_engine import load_policy
 from policy_engine.cli.main import main
-from policy_engine.language.schema import SCHEMA_NAME, schema, schema_text
+from policy_engine.language.schema.build import SCHEMA_NAME, schema, schema_text
 
 SCHEMA = schema()
 ROLE = SCHEMA["$defs"]["role"]["properties"]

@@ -36,7 +36,7 @@ from fake_engines import vllm as fake_vllm
 from policy_engine.backends.engine import files
 from policy_engine.backends.sglang import checks as sglang_checks
 from policy_engine.backends.vllm import checks as vllm_checks
-from policy_engine.language import schema
+from policy_engine.language.schema import build as schema
 
 VLLM, SGLANG = ("vllm", "0.33.0"), ("sglang", "0.5.23")
 VLLM_FILES = (

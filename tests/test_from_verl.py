@@ -20,7 +20,7 @@ from policy_engine.integrations.verl_config import convert_mapping, policy_text
 from policy_engine.integrations.verl_config.overrides import parse_value
 from policy_engine.integrations.verl_config.resolve import InterpolationError, Resolver
 from policy_engine.language.load import analyze
-from policy_engine.language.read import parse_document
+from policy_engine.language.read.source import parse_document
 
 SCHEDULE = {"skip_first": 0, "wait": 0, "warmup": 0, "active": 0, "repeat": 0}
 GLOBAL = "${oc.select:global_profiler.%s,%s}"
@@ -662,7 +662,7 @@ def test_interpolations_resolve_as_omegaconf_resolves_them(script: str,
                                                           composed: dict[str, Any]) -> None:
     from omegaconf import OmegaConf
 
-    from policy_engine.language.read import read_document
+    from policy_engine.language.read.source import read_document
 
     path, cfg = composed[script]
     resolver = Resolver(read_document(path).data)

@@ -34,10 +34,10 @@ from hypothesis import strategies as st
 
 from policy_engine.cli.main import main
 from policy_engine.errors import PolicyError
-from policy_engine.language import yaml_reader as _yaml
 from policy_engine.language.load import load_policy
 from policy_engine.language.model import Policy
-from policy_engine.language.overrides import overrides_from_env, parse_override
+from policy_engine.language.read import yaml_reader as _yaml
+from policy_engine.language.read.overrides import overrides_from_env, parse_override
 
 HOSTILE = settings(
     max_examples=200,

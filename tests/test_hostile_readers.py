@@ -27,7 +27,7 @@ from policy_engine.backends.memory import snapshot
 from policy_engine.cli.main import main
 from policy_engine.files.layout import find_leftovers
 from policy_engine.files.publish import publish
-from policy_engine.language.sizes import human_bytes
+from policy_engine.language.values.sizes import human_bytes
 from policy_engine.runtime.manifest import MANIFEST_DIR, encode
 
 MiB = 1 << 20

@@ -18,17 +18,17 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from policy_engine.errors import Location, PolicyError, Problem
-from policy_engine.language import extends
-from policy_engine.language import read as reader
-from policy_engine.language.document import MAX_DEPTH, Document, PolicyFileError
-from policy_engine.language.extends import load_policy_document
-from policy_engine.language.overrides import (
+from policy_engine.language.read import extends
+from policy_engine.language.read import source as reader
+from policy_engine.language.read.document import MAX_DEPTH, Document, PolicyFileError
+from policy_engine.language.read.extends import load_policy_document
+from policy_engine.language.read.overrides import (
     Override,
     apply_overrides,
     overrides_from_env,
     parse_override,
 )
-from policy_engine.language.read import (
+from policy_engine.language.read.source import (
     document_from_mapping,
     parse_document,
     read_document,

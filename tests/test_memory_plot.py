@@ -26,7 +26,7 @@ from policy_engine.backends.memory.plot import (
     write_plot,
 )
 from policy_engine.cli.main import main
-from policy_engine.language.sizes import human_bytes
+from policy_engine.language.values.sizes import human_bytes
 
 ROOT = Path(__file__).resolve().parent.parent
 MiB = 1 << 20

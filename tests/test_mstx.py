@@ -20,7 +20,7 @@ from npu_fixtures import FAKE_ROOT, installed_fake
 
 from policy_engine.backends.base import BackendUnavailable, CaptureInfo
 from policy_engine.backends.mstx import session as backend
-from policy_engine.language import schema
+from policy_engine.language.schema import build as schema
 from policy_engine.settings import mstx as checks
 
 #: An mstx block as a plan carries it: every setting, merged over the schema's defaults.
@@ -417,7 +417,7 @@ def test_worker_names_are_safe_short_and_deterministic(base: str) -> None:
 def test_importing_the_backend_imports_no_torch() -> None:
     code = (
         "import sys, policy_engine.backends.mstx.session as m\n"
-        "from policy_engine.language.schema import defaults\n"
+        "from policy_engine.language.schema.build import defaults\n"
         "m.check_settings(defaults('role')['mstx'])\n"
         "assert not {'torch', 'torch_npu'} & set(sys.modules), sorted(sys.modules)"
     )

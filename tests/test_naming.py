@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from policy_engine.language import schema
-from policy_engine.language.naming import (
+from policy_engine.language.schema import build as schema
+from policy_engine.language.values.naming import (
     EMPTY_NAME,
     FIELDS,
     LATE_FIELDS,

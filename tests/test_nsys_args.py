@@ -26,8 +26,8 @@ from policy_engine.backends.nsight.launch import (
     resolve_output,
 )
 from policy_engine.cli.main import main
-from policy_engine.language import schema
-from policy_engine.language.steps import StepSet
+from policy_engine.language.schema import build as schema
+from policy_engine.language.values.steps import StepSet
 from policy_engine.plan.captures import count_ranges
 from policy_engine.plan.plan import Plan
 from policy_engine.testing import recording_backend

@@ -9,9 +9,9 @@ import pytest
 
 from policy_engine import Topology, load_policy
 from policy_engine.analysis.format import complement_spans, rank_spans, size_cell
-from policy_engine.language.mesh import DIMS, effective_mesh
-from policy_engine.language.ranks import RankSelector
-from policy_engine.language.sizes import human_bytes
+from policy_engine.language.values.mesh import DIMS, effective_mesh
+from policy_engine.language.values.ranks import RankSelector
+from policy_engine.language.values.sizes import human_bytes
 from policy_engine.plan.captures import count_ranges
 from policy_engine.plan.compile import counting_plan, selects
 from policy_engine.plan.placement import places

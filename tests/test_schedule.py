@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from policy_engine.language.schedule import Action, Schedule, ScheduleError
+from policy_engine.language.values.schedule import Action, Schedule, ScheduleError
 
 torch_profiler = pytest.importorskip("torch.profiler")
 
@@ -188,5 +188,6 @@ def test_module_does_not_import_torch() -> None:
         "sys.modules['m'] = module\n"
         "spec.loader.exec_module(module)\n"
         "assert 'torch' not in sys.modules\n"
-    ).format(path=str(Path(__file__).parents[1] / "policy_engine" / "language" / "schedule.py"))
+    ).format(path=str(Path(__file__).parents[1] / "policy_engine" / "language" / "values"
+                 / "schedule.py"))
     subprocess.run([sys.executable, "-c", code], check=True)

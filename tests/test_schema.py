@@ -13,12 +13,12 @@ from hypothesis import strategies as st
 from jsonschema import Draft202012Validator
 
 from policy_engine import settings as backends
-from policy_engine.language import schema
-from policy_engine.language.frozen import thaw
-from policy_engine.language.mesh import DIMS
-from policy_engine.language.ranks import DIMENSIONS
-from policy_engine.language.read import document_from_mapping, parse_document
-from policy_engine.language.schedule import FIELDS
+from policy_engine.language.read.source import document_from_mapping, parse_document
+from policy_engine.language.schema import build as schema
+from policy_engine.language.values.frozen import thaw
+from policy_engine.language.values.mesh import DIMS
+from policy_engine.language.values.ranks import DIMENSIONS
+from policy_engine.language.values.schedule import FIELDS
 
 ROOT = Path(__file__).resolve().parent.parent
 SCHEMA_FILE = ROOT / "schemas" / schema.SCHEMA_NAME

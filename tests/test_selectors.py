@@ -9,9 +9,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from policy_engine.language.ranks import DIMENSIONS, RankSelector
-from policy_engine.language.selector import SelectorError
-from policy_engine.language.steps import StepSet
+from policy_engine.language.values.ranks import DIMENSIONS, RankSelector
+from policy_engine.language.values.selector import SelectorError
+from policy_engine.language.values.steps import StepSet
 
 # ---------------------------------------------------------------- steps
 
@@ -527,7 +527,7 @@ def test_module_does_not_import_torch() -> None:
     # A fresh interpreter: importing the selectors (and the package) must not load torch.
     code = (
         "import sys\n"
-        "import policy_engine.language.steps, policy_engine.language.ranks\n"
+        "import policy_engine.language.values.steps, policy_engine.language.values.ranks\n"
         "assert 'torch' not in sys.modules\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True)

@@ -171,7 +171,7 @@ def test_with_block_without_any_call_records_the_block(make_policy: Any,
 ])
 def test_schedule_text_shows_what_differs_from_torch(fields: dict[str, int],
                                                       text: str) -> None:
-    from policy_engine.language.schedule import Schedule
+    from policy_engine.language.values.schedule import Schedule
     from policy_engine.runtime.shortfall import schedule_text
 
     assert schedule_text(Schedule(**fields)) == text

@@ -14,7 +14,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from policy_engine.language.mesh import coords_from_mesh, parse_mesh
+from policy_engine.language.values.mesh import coords_from_mesh, parse_mesh
 from policy_engine.plan.discover import coords_from_mesh_dims
 from policy_engine.plan.topology import Topology
 

@@ -34,7 +34,7 @@ from hypothesis import strategies as st
 from npu_fixtures import installed_fake
 
 from policy_engine.backends.mstx import session as backend
-from policy_engine.language import schema
+from policy_engine.language.schema import build as schema
 from policy_engine.settings import mstx as checks
 
 VERSION, OLD = "2.13.0", "2.5.1"
@@ -433,7 +433,7 @@ def test_real_npu_schedule_equals_torch_schedule(
 
 def _engine_schedule(fields: dict[str, int]) -> Any:
     try:
-        from policy_engine.language.schedule import Schedule
+        from policy_engine.language.values.schedule import Schedule
     except ImportError:  # written concurrently; compared once it exists
         return None
     return Schedule(**fields)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import itertools
 
-from policy_engine.language.schedule import Action
+from policy_engine.language.values.schedule import Action
 from policy_engine.runtime import capture
 from policy_engine.runtime.transitions import TABLE, Op, starts_recording
 

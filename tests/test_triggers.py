@@ -15,7 +15,7 @@ import pytest
 from policy_engine import Topology, apply_policy, load_policy
 from policy_engine.analysis.manifests import scan_manifests
 from policy_engine.cli.main import main
-from policy_engine.language.triggers import parse_bytes
+from policy_engine.language.values.triggers import parse_bytes
 from policy_engine.runtime import triggers
 from policy_engine.runtime.state import STATE
 from policy_engine.testing import recording_backend

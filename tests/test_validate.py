@@ -16,9 +16,9 @@ from hypothesis import strategies as st
 
 from policy_engine import PolicyError, load_policy
 from policy_engine.cli.main import main
-from policy_engine.language.checks import COORDINATES_WITHOUT_MESH
 from policy_engine.language.load import analyze
-from policy_engine.language.read import document_from_mapping
+from policy_engine.language.read.source import document_from_mapping
+from policy_engine.language.rules.checks import COORDINATES_WITHOUT_MESH
 
 DATA = Path(__file__).parent / "data"
 INVALID = DATA / "invalid"

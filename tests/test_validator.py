@@ -13,9 +13,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from jsonschema import Draft202012Validator, validators
 
-from policy_engine.language import schema
-from policy_engine.language.read import read_document
-from policy_engine.language.validator import SchemaError, Validator, equal, unique
+from policy_engine.language.read.source import read_document
+from policy_engine.language.schema import build as schema
+from policy_engine.language.schema.validator import SchemaError, Validator, equal, unique
 
 ROOT = Path(__file__).resolve().parent.parent
 

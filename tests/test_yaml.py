@@ -16,10 +16,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from policy_engine.errors import PolicyError
-from policy_engine.language import yaml_reader as _yaml
-from policy_engine.language import yaml_shape
-from policy_engine.language.document import MAX_DEPTH, MAX_NODES
-from policy_engine.language.yaml_reader import parse_yaml, parse_yaml_value
+from policy_engine.language.read import yaml_reader as _yaml
+from policy_engine.language.read import yaml_shape
+from policy_engine.language.read.document import MAX_DEPTH, MAX_NODES
+from policy_engine.language.read.yaml_reader import parse_yaml, parse_yaml_value
 
 Error = tuple[str, "int | None", "int | None", str]
 
@@ -482,7 +482,7 @@ def test_deep_input_is_refused_where_the_limit_is_crossed(
 def test_deep_input_never_reaches_the_composer() -> None:
     """In a process of its own: a regression here is a crash, not a failed assertion."""
     script = (
-        "from policy_engine.language.yaml_reader import parse_yaml\n"
+        "from policy_engine.language.read.yaml_reader import parse_yaml\n"
         "from policy_engine.errors import PolicyError\n"
         "texts = ['[' * 60_000, '{a: ' * 20_000, '- ' * 30_000 + 'x', '? ' * 20_000 + 'x']\n"
         "for text in texts:\n"

@@ -1,13 +1,13 @@
 """How the commands print ranks and sizes: rank spans (``0-3,8``) and byte sizes.
 
-Sizes climb :mod:`policy_engine.language.sizes`'s ladder, which the memory plot shares.
+Sizes climb :mod:`policy_engine.language.values.sizes`'s ladder, which the memory plot shares.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 
-from policy_engine.language.sizes import human_bytes, size_cell
+from policy_engine.language.values.sizes import human_bytes, size_cell
 
 __all__ = ["complement_spans", "human_bytes", "rank_spans", "size_cell"]
 

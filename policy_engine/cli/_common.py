@@ -12,10 +12,10 @@ from typing import Any
 from policy_engine.cli.usage import UsageError
 from policy_engine.errors import PolicyError
 from policy_engine.files.publish import publish
-from policy_engine.language.document import PolicyFileError
 from policy_engine.language.load import Analysis, analyze, read_source
-from policy_engine.language.mesh import mesh_size, parse_mesh
 from policy_engine.language.model import Policy
+from policy_engine.language.read.document import PolicyFileError
+from policy_engine.language.values.mesh import mesh_size, parse_mesh
 
 
 def mesh_arg(text: str) -> dict[str, int]:

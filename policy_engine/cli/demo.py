@@ -10,7 +10,7 @@ from typing import Any
 from policy_engine._resources import read_resource
 from policy_engine.cli import traces
 from policy_engine.language.load import load_policy
-from policy_engine.language.read import parse_document
+from policy_engine.language.read.source import parse_document
 
 DEFAULT_POLICY = "verl_ppo.yaml"
 

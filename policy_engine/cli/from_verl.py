@@ -14,9 +14,9 @@ from policy_engine.cli._common import check_output, write_output
 from policy_engine.cli.usage import UsageError
 from policy_engine.errors import PolicyError
 from policy_engine.integrations.verl_config import convert_file, policy_text
-from policy_engine.language.document import PolicyFileError
 from policy_engine.language.load import analyze
-from policy_engine.language.read import parse_document
+from policy_engine.language.read.document import PolicyFileError
+from policy_engine.language.read.source import parse_document
 
 
 def add_parser(sub: Any, name: str, help: str) -> None:

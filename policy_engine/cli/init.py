@@ -9,7 +9,7 @@ import sys
 from typing import Any
 
 from policy_engine.cli.usage import UsageError
-from policy_engine.language.schema import SCHEMA_NAME, schema_text
+from policy_engine.language.schema.build import SCHEMA_NAME, schema_text
 
 STARTER = """\
 # yaml-language-server: $schema=./{schema}

@@ -32,8 +32,8 @@ from policy_engine.cli._common import (
 )
 from policy_engine.cli.usage import UsageError
 from policy_engine.errors import PolicyError, Problem, json_path
-from policy_engine.language.frozen import thaw
 from policy_engine.language.model import Policy
+from policy_engine.language.values.frozen import thaw
 from policy_engine.plan.captures import count_ranges
 from policy_engine.plan.compile import compile_plan
 from policy_engine.plan.placement import places

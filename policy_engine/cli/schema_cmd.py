@@ -6,7 +6,7 @@ import argparse
 import sys
 from typing import Any
 
-from policy_engine.language.schema import schema_text
+from policy_engine.language.schema.build import schema_text
 
 
 def add_parser(sub: Any, name: str, help: str) -> None:

@@ -14,8 +14,8 @@ import re
 from collections.abc import Iterator
 
 from policy_engine.errors import Location, Problem, json_path
-from policy_engine.language.document import Document
-from policy_engine.language.schema import SCHEMA_NAME
+from policy_engine.language.read.document import Document
+from policy_engine.language.schema.build import SCHEMA_NAME
 
 #: ``# yaml-language-server: $schema=PATH`` and Taplo's ``#:schema PATH`` (TOML).
 _LINE = re.compile(r"^\s*#\s*(?:yaml-language-server:\s*\$schema=|:schema\s+)(\S+)")

@@ -24,8 +24,8 @@ from policy_engine.analysis.manifests import scan_manifests
 from policy_engine.cli import trigger_store
 from policy_engine.cli.usage import UsageError
 from policy_engine.files.publish import UnsafePathError, open_folder
-from policy_engine.language.ranks import RankSelector
-from policy_engine.language.selector import SelectorError
+from policy_engine.language.values.ranks import RankSelector
+from policy_engine.language.values.selector import SelectorError
 from policy_engine.runtime.requests import (
     MAX_COUNT,
     MAX_STEP,

@@ -18,9 +18,9 @@ from policy_engine.cli._common import (
 from policy_engine.cli.forecast import Sizes, add_sizes_option, budget_problems, read_sizes
 from policy_engine.cli.schema_link import schema_problems
 from policy_engine.errors import PolicyError, Problem, json_path
-from policy_engine.language.checks import UNNAMED, origin
-from policy_engine.language.document import Document, PolicyFileError
 from policy_engine.language.model import Policy
+from policy_engine.language.read.document import Document, PolicyFileError
+from policy_engine.language.rules.checks import UNNAMED, origin
 
 
 def add_parser(sub: Any, name: str, help: str) -> None:

@@ -18,7 +18,7 @@ from typing import Any
 
 from policy_engine.backends.engine.files import EngineFile, publish
 from policy_engine.files.records import close_line, note_line, open_line, trace_line
-from policy_engine.language.engine_layout import rank_at
+from policy_engine.language.rules.engine_layout import rank_at
 from policy_engine.plan.plan import Plan
 from policy_engine.runtime import manifest
 from policy_engine.runtime.records import timestamp

@@ -39,7 +39,7 @@ from policy_engine.backends.vllm.checks import launch_config
 from policy_engine.errors import ProfilingError
 from policy_engine.files.publish import make_tool_folder
 from policy_engine.integrations._engine_window import Window, identity
-from policy_engine.language import engine_layout as layout
+from policy_engine.language.rules import engine_layout as layout
 from policy_engine.plan.compile import compile_plan
 from policy_engine.plan.plan import Plan
 from policy_engine.plan.topology import Topology

@@ -18,17 +18,19 @@ from typing import Any, Union
 import attrs
 
 from policy_engine.errors import PolicyError, Problem
-from policy_engine.language import checks, model, schema
-from policy_engine.language.document import Document
-from policy_engine.language.extends import load_policy_document
+from policy_engine.language import model
 from policy_engine.language.model import Policy
-from policy_engine.language.overrides import (
+from policy_engine.language.read.document import Document
+from policy_engine.language.read.extends import load_policy_document
+from policy_engine.language.read.overrides import (
     Override,
     apply_overrides,
     overrides_from_env,
     parse_override,
 )
-from policy_engine.language.read import document_from_mapping
+from policy_engine.language.read.source import document_from_mapping
+from policy_engine.language.rules import checks
+from policy_engine.language.schema import build as schema
 
 PolicySource = Union[str, "os.PathLike[str]", Mapping[str, Any], Policy]
 ENV_FILE = "PROFILE_POLICY"
@@ -75,7 +77,8 @@ def read_source(source: str | os.PathLike[str] | Mapping[str, Any],
                 environ: Mapping[str, str] | None = None) -> Document:
     """The document for ``source`` with ``--set``-style and environment overrides applied.
 
-    A file that cannot be read raises :class:`~policy_engine.language.document.PolicyFileError`.
+    A file that cannot be read raises
+    :class:`~policy_engine.language.read.document.PolicyFileError`.
     """
     parsed = _overrides(overrides, os.environ if environ is None else environ)
     if isinstance(source, Mapping):

@@ -1,6 +1,6 @@
 """The validated policy as frozen objects, and the builder that makes them.
 
-A role's settings are the schema's defaults (:func:`policy_engine.language.schema.defaults`),
+A role's settings are the schema's defaults (:func:`policy_engine.language.schema.build.defaults`),
 then the policy's ``defaults``, then ``roles.<role>``, deep-merged (maps merge, lists
 replace). :func:`build` turns what the schema accepted into the model: it parses each
 block's values (ranks, steps, name templates; a backend block is checked by its backend),
@@ -19,17 +19,17 @@ import attrs
 
 from policy_engine import settings as registry
 from policy_engine.errors import Problem, did_you_mean, json_path
-from policy_engine.language import schema
-from policy_engine.language.document import Document
-from policy_engine.language.frozen import FrozenDict, deep_merge, freeze, thaw
-from policy_engine.language.mesh import effective_mesh
-from policy_engine.language.naming import NameTemplate, TemplateError
-from policy_engine.language.ranks import RankSelector
-from policy_engine.language.schedule import Schedule
-from policy_engine.language.schema import Refused
-from policy_engine.language.selector import SelectorError
-from policy_engine.language.steps import StepSet
-from policy_engine.language.triggers import Limits, Triggers
+from policy_engine.language.read.document import Document
+from policy_engine.language.schema import build as schema
+from policy_engine.language.schema.build import Refused
+from policy_engine.language.values.frozen import FrozenDict, deep_merge, freeze, thaw
+from policy_engine.language.values.mesh import effective_mesh
+from policy_engine.language.values.naming import NameTemplate, TemplateError
+from policy_engine.language.values.ranks import RankSelector
+from policy_engine.language.values.schedule import Schedule
+from policy_engine.language.values.selector import SelectorError
+from policy_engine.language.values.steps import StepSet
+from policy_engine.language.values.triggers import Limits, Triggers
 
 Path = tuple[str | int, ...]
 

@@ -17,8 +17,8 @@ from typing import Any
 
 import attrs
 
-from policy_engine.language.schedule import Schedule
-from policy_engine.language.steps import StepSet
+from policy_engine.language.values.schedule import Schedule
+from policy_engine.language.values.steps import StepSet
 from policy_engine.plan.plan import Plan
 
 

@@ -7,11 +7,11 @@ import socket
 import attrs
 
 from policy_engine.errors import PolicyError, Problem
-from policy_engine.language.colocation import window_roles
-from policy_engine.language.frozen import FrozenDict
-from policy_engine.language.mesh import DIMS
 from policy_engine.language.model import Policy, RoleSpec
-from policy_engine.language.steps import StepSet
+from policy_engine.language.rules.colocation import window_roles
+from policy_engine.language.values.frozen import FrozenDict
+from policy_engine.language.values.mesh import DIMS
+from policy_engine.language.values.steps import StepSet
 from policy_engine.plan.plan import Plan, RegionPlan
 from policy_engine.plan.topology import Topology
 

@@ -18,7 +18,7 @@ from typing import Any
 
 import attrs
 
-from policy_engine.language.mesh import DIMS
+from policy_engine.language.values.mesh import DIMS
 
 log = logging.getLogger("policy_engine")
 

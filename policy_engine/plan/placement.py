@@ -14,8 +14,8 @@ from collections.abc import Callable, Iterator
 from types import MappingProxyType
 from typing import NamedTuple
 
-from policy_engine.language.mesh import DIMS
 from policy_engine.language.model import Policy
+from policy_engine.language.values.mesh import DIMS
 from policy_engine.plan.topology import Topology
 
 
@@ -25,7 +25,7 @@ class Place(NamedTuple):
     rank: int
     local_rank: int
     node: int
-    #: its coordinates, in :data:`~policy_engine.language.mesh.DIMS` order
+    #: its coordinates, in :data:`~policy_engine.language.values.mesh.DIMS` order
     coords: dict[str, int]
     #: where the role profiles, the rank's topology (as :meth:`Topology.for_rank` gives
     #: it); None where it does not

@@ -16,10 +16,10 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
-from policy_engine.language.frozen import FrozenDict, thaw
-from policy_engine.language.naming import LATE_FIELDS, NameTemplate
-from policy_engine.language.schedule import Schedule
-from policy_engine.language.steps import StepSet, step_per_cycle
+from policy_engine.language.values.frozen import FrozenDict, thaw
+from policy_engine.language.values.naming import LATE_FIELDS, NameTemplate
+from policy_engine.language.values.schedule import Schedule
+from policy_engine.language.values.steps import StepSet, step_per_cycle
 
 if TYPE_CHECKING:  # a type only: a plan never builds a spec
     from policy_engine.language.model import RoleSpec
@@ -155,7 +155,7 @@ class Plan:
     def step_per_cycle(self) -> bool:
         """Whether ``<step>`` renders, for each trace of a capture, the outer step its
         schedule cycle started recording in (merged captures with a repeating schedule or
-        endless steps: :func:`~policy_engine.language.steps.step_per_cycle`)."""
+        endless steps: :func:`~policy_engine.language.values.steps.step_per_cycle`)."""
         return step_per_cycle(self.steps, merge_steps=self.merge_steps,
                               schedule=self.schedule, discrete=self.discrete)
 

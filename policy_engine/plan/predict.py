@@ -6,7 +6,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from policy_engine.language.model import Policy
-from policy_engine.language.schedule import Action, Schedule
+from policy_engine.language.values.schedule import Action, Schedule
 from policy_engine.plan.captures import cycle_step, opened, traces
 from policy_engine.plan.compile import compile_plan
 from policy_engine.plan.placement import places

@@ -9,7 +9,7 @@ from typing import Any
 
 import attrs
 
-from policy_engine.language.mesh import coords_from_mesh, format_mesh, mesh_size
+from policy_engine.language.values.mesh import coords_from_mesh, format_mesh, mesh_size
 from policy_engine.plan import discover as _discover
 
 log = logging.getLogger("policy_engine")

@@ -10,11 +10,11 @@ from collections.abc import Mapping
 from typing import Any, Union
 
 from policy_engine.errors import PolicyError, Problem
-from policy_engine.language.checks import COORDINATES_WITHOUT_MESH
 from policy_engine.language.load import ENV_FILE, load_policy
-from policy_engine.language.mesh import DIMS
 from policy_engine.language.model import Policy, build_role
-from policy_engine.language.overrides import ENV_OVERRIDES
+from policy_engine.language.read.overrides import ENV_OVERRIDES
+from policy_engine.language.rules.checks import COORDINATES_WITHOUT_MESH
+from policy_engine.language.values.mesh import DIMS
 from policy_engine.plan.compile import compile_plan
 from policy_engine.plan.plan import Plan
 from policy_engine.plan.topology import Topology

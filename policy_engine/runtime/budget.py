@@ -22,7 +22,7 @@ import os
 import threading
 from collections.abc import Callable
 
-from policy_engine.language.triggers import Limits
+from policy_engine.language.values.triggers import Limits
 from policy_engine.runtime.state import STATE
 
 log = logging.getLogger("policy_engine")

@@ -25,7 +25,7 @@ from collections.abc import Callable
 from typing import Any
 
 from policy_engine.backends.base import Session
-from policy_engine.language.schedule import Action, Schedule
+from policy_engine.language.values.schedule import Action, Schedule
 from policy_engine.runtime import shortfall
 from policy_engine.runtime.budget import Budget
 from policy_engine.runtime.cycle import Cycle, Namer

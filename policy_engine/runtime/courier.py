@@ -29,7 +29,7 @@ from typing import Any
 
 import attrs
 
-from policy_engine.language.triggers import Triggers
+from policy_engine.language.values.triggers import Triggers
 from policy_engine.plan.plan import Plan
 from policy_engine.runtime import channel_folder
 from policy_engine.runtime.channel import JobChannel, agreed_step

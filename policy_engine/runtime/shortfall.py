@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from policy_engine.language.schedule import FIELDS, Schedule
+from policy_engine.language.values.schedule import FIELDS, Schedule
 from policy_engine.runtime.state import warn_once
 
 

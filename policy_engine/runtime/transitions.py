@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import itertools
 
-from policy_engine.language.schedule import Action, Schedule
+from policy_engine.language.values.schedule import Action, Schedule
 from policy_engine.runtime.budget import Budget
 
 NONE, WARMUP, RECORD, SAVE = Action.NONE, Action.WARMUP, Action.RECORD, Action.RECORD_AND_SAVE

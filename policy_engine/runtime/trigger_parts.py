@@ -9,7 +9,7 @@ import statistics
 import time
 from collections import deque
 
-from policy_engine.language.triggers import SlowStep
+from policy_engine.language.values.triggers import SlowStep
 
 __all__ = ["FLOOD_ACCEPTED", "FLOOD_BURST", "FLOOD_SECONDS", "MAX_PENDING", "Flood",
            "SlowSteps", "Want"]

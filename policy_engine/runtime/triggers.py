@@ -33,9 +33,9 @@ from collections.abc import Callable
 from typing import Any
 
 from policy_engine.files.publish import make_folders, open_folder
-from policy_engine.language.ranks import RankSelector
-from policy_engine.language.selector import SelectorError
-from policy_engine.language.triggers import Triggers
+from policy_engine.language.values.ranks import RankSelector
+from policy_engine.language.values.selector import SelectorError
+from policy_engine.language.values.triggers import Triggers
 from policy_engine.plan.plan import Plan
 from policy_engine.runtime import manifest
 from policy_engine.runtime.budget import Budget, spend_of

@@ -1,7 +1,7 @@
 """The backend registry: the one list of profiling tools a policy can name, and where each
 one's settings are declared.
 
-The policy schema is assembled from this registry (:mod:`policy_engine.language.schema`):
+The policy schema is assembled from this registry (:mod:`policy_engine.language.schema.build`):
 its ``backend`` enum is the names and aliases below, and each backend's settings block is
 the one its settings module declares, so the file format and the code cannot drift apart.
 This package sits below the language and imports nothing of the project above it: the

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-from policy_engine.language.sizes import UNITS, byte_unit, human_bytes
+from policy_engine.language.values.sizes import UNITS, byte_unit, human_bytes
 
 # The picture, and the plot area inside it.
 _W, _H = 960, 390

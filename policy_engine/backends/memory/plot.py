@@ -34,7 +34,7 @@ from policy_engine.backends.memory.snapshot import (
     load_snapshot,
 )
 from policy_engine.files.publish import publish
-from policy_engine.language.sizes import human_bytes
+from policy_engine.language.values.sizes import human_bytes
 
 __all__ = ["MAX_SNAPSHOT_BYTES", "SnapshotError", "Summary", "check_snapshot",
            "load_snapshot", "render_html", "summarize", "write_plot"]

@@ -14,7 +14,7 @@ import pickle
 import stat
 from typing import Any, NoReturn
 
-from policy_engine.language.sizes import human_bytes
+from policy_engine.language.values.sizes import human_bytes
 
 #: Larger files are refused rather than read into memory.
 MAX_SNAPSHOT_BYTES = 2 << 30

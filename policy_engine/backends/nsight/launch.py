@@ -17,7 +17,7 @@ from collections.abc import Mapping
 
 import attrs
 
-from policy_engine.language.naming import NameTemplate
+from policy_engine.language.values.naming import NameTemplate
 from policy_engine.settings.nsight import CAPTURE_DOMAIN as CAPTURE_DOMAIN
 from policy_engine.settings.nsight import CAPTURE_RANGE as CAPTURE_RANGE
 from policy_engine.settings.nsight import long_option as _long

@@ -1,6 +1,6 @@
 """What the driver hands SGLang at launch and per capture (the sglang backend's part that
 runs). Its settings live in :mod:`policy_engine.settings.sglang`, the checks of a
-whole role in :mod:`policy_engine.language.engine_roles`."""
+whole role in :mod:`policy_engine.language.rules.engine_roles`."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """What the driver hands vLLM at launch and per capture (the vllm backend's part that
 runs). Its settings live in :mod:`policy_engine.settings.vllm`, the checks of a
-whole role in :mod:`policy_engine.language.engine_roles`."""
+whole role in :mod:`policy_engine.language.rules.engine_roles`."""
 
 from __future__ import annotations
 

@@ -35,8 +35,8 @@ from policy_engine.backends.engine.kind import staging_folder
 from policy_engine.backends.vllm.checks import launch_config
 from policy_engine.integrations.engines import EngineProfiler, OffEngineProfiler, apply_policy
 from policy_engine.integrations.verl import roles as verl_roles
-from policy_engine.language import engine_layout as layout
 from policy_engine.language.model import Policy
+from policy_engine.language.rules import engine_layout as layout
 from policy_engine.plan.compile import compile_plan
 from policy_engine.plan.topology import Topology
 from policy_engine.runtime.apply import resolve_policy

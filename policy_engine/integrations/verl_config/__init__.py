@@ -51,7 +51,7 @@ def convert_file(
 ) -> Conversion:
     """:func:`convert` of a verl config file (YAML or JSON), after ``overrides``. Raises
     PolicyFileError when the file cannot be read, PolicyError when its content is wrong."""
-    from policy_engine.language.read import read_document
+    from policy_engine.language.read.source import read_document
 
     doc = read_document(path)
     data = doc.data

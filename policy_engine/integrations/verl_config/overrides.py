@@ -13,7 +13,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from policy_engine.errors import Location, PolicyError, json_path
-from policy_engine.language import yaml_reader
+from policy_engine.language.read import yaml_reader
 
 _KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_\-@]*(?:\.[A-Za-z_0-9][A-Za-z0-9_\-@]*)*")
 

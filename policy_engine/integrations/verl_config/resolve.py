@@ -14,7 +14,7 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from policy_engine.language import yaml_reader
+from policy_engine.language.read import yaml_reader
 
 Path = tuple[str, ...]
 _MISSING = object()

@@ -4,7 +4,7 @@ PyYAML only *composes* the text into a node graph here; no Python object is ever
 constructed from a tag. This module checks that graph (tags, duplicate keys, key
 types, nesting, alias expansion, integer sizes) and builds dicts, lists and scalars
 itself. The nesting and the number of values are bounded before anything is composed
-(:mod:`policy_engine.language.yaml_shape`).
+(:mod:`policy_engine.language.read.yaml_shape`).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from yaml.constructor import SafeConstructor
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
 from policy_engine.errors import KINDS, Location, PolicyError, Problem, json_path
-from policy_engine.language.document import (
+from policy_engine.language.read.document import (
     INT_LIMIT,
     LONE_SURROGATE,
     MAX_DEPTH,
@@ -34,7 +34,7 @@ from policy_engine.language.document import (
     shorten,
     too_deep,
 )
-from policy_engine.language.yaml_shape import check_shape
+from policy_engine.language.read.yaml_shape import check_shape
 
 _INT_TEXT = 100  # an integer written with more significant digits is refused unread
 

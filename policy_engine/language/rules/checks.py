@@ -2,7 +2,7 @@
 
 Mesh against world size, each enabled role's selectors against the mesh, whether its
 names tell apart every rank and capture, mode conflicts, and colocation
-(:mod:`policy_engine.language.colocation`). They run on the roles
+(:mod:`policy_engine.language.rules.colocation`). They run on the roles
 :func:`policy_engine.language.model.build` could build, so a value the schema or a parse
 refused is reported once, by them. A role with a refused value is still checked on what
 it holds that is sound (its ranks against the world and the mesh, at least): every
@@ -19,14 +19,14 @@ import attrs
 
 from policy_engine import settings as registry
 from policy_engine.errors import Problem, Severity, json_path
-from policy_engine.language import clash, colocation
-from policy_engine.language.document import Document
-from policy_engine.language.engine_roles import check_role
-from policy_engine.language.frozen import FrozenDict
-from policy_engine.language.mesh import DIMS, effective_mesh, format_mesh, mesh_size
 from policy_engine.language.model import Built, RoleSpec
-from policy_engine.language.ranks import RankSelector
-from policy_engine.language.steps import StepSet, step_per_cycle
+from policy_engine.language.read.document import Document
+from policy_engine.language.rules import clash, colocation
+from policy_engine.language.rules.engine_roles import check_role
+from policy_engine.language.values.frozen import FrozenDict
+from policy_engine.language.values.mesh import DIMS, effective_mesh, format_mesh, mesh_size
+from policy_engine.language.values.ranks import RankSelector
+from policy_engine.language.values.steps import StepSet, step_per_cycle
 
 Path = tuple[str | int, ...]
 #: The role name that stands for roles the policy does not name (they get ``defaults``).

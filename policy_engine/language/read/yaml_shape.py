@@ -20,7 +20,7 @@ import yaml
 from yaml.events import CollectionEndEvent, CollectionStartEvent, Event, NodeEvent
 
 from policy_engine.errors import Location, PolicyError, json_path
-from policy_engine.language.document import MAX_DEPTH, MAX_NODES, TOO_MANY, PathKey, too_deep
+from policy_engine.language.read.document import MAX_DEPTH, MAX_NODES, TOO_MANY, PathKey, too_deep
 
 #: The characters that open a collection (see above).
 OPENERS = "[{-?:"

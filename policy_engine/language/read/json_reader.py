@@ -10,8 +10,8 @@ from typing import Any
 import attrs
 
 from policy_engine.errors import Location, PolicyError
-from policy_engine.language import yaml_reader as _yaml
-from policy_engine.language.document import (
+from policy_engine.language.read import yaml_reader as _yaml
+from policy_engine.language.read.document import (
     INT_LIMIT,
     Document,
     check_root,

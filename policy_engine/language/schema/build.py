@@ -1,11 +1,11 @@
 """The JSON Schema: the one source of truth for the policy file's structure and defaults.
 
-The schema is assembled from :mod:`~policy_engine.language.base_schema` (the top-level
+The schema is assembled from :mod:`~policy_engine.language.schema.base` (the top-level
 keys and a role's keys) and the backend registry (each backend's settings block, and the
 ``backend`` enum). ``policy-engine schema`` prints it; ``schemas/`` holds a copy for
 editors, which a test keeps equal. :func:`defaults` reads every default from it.
 
-:func:`validate` checks a document with :mod:`~policy_engine.language.validator` and
+:func:`validate` checks a document with :mod:`~policy_engine.language.schema.validator` and
 turns each error into a :class:`~policy_engine.errors.Problem` that points at the
 offending key or value, with "did you mean" for unknown keys and names. A failed
 ``oneOf``/``anyOf`` speaks through the alternative the value's kind picks.
@@ -22,11 +22,11 @@ import attrs
 
 from policy_engine import settings as registry
 from policy_engine.errors import KINDS, Problem, describe, did_you_mean, json_path
-from policy_engine.language.base_schema import base_schema
-from policy_engine.language.document import Document
-from policy_engine.language.frozen import FrozenDict
-from policy_engine.language.triggers import BYTES_PATTERN
-from policy_engine.language.validator import Error, Path, Validator, equal
+from policy_engine.language.read.document import Document
+from policy_engine.language.schema.base import base_schema
+from policy_engine.language.schema.validator import Error, Path, Validator, equal
+from policy_engine.language.values.frozen import FrozenDict
+from policy_engine.language.values.triggers import BYTES_PATTERN
 
 SCHEMA_NAME = "profile_policy.schema.json"
 

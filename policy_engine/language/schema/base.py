@@ -1,9 +1,9 @@
 """The policy schema's own part: the top-level keys and a role's keys, each with its
-``default`` and description. :mod:`policy_engine.language.schema` adds each backend's
+``default`` and description. :mod:`policy_engine.language.schema.build` adds each backend's
 settings block from the registry (and the ``backend`` enum) to make the full schema.
 
 The dimension names come from the rank selector and the mesh, and the schedule's fields
-from :class:`~policy_engine.language.schedule.Schedule`, so they cannot drift apart.
+from :class:`~policy_engine.language.values.schedule.Schedule`, so they cannot drift apart.
 """
 
 from __future__ import annotations
@@ -12,10 +12,10 @@ from typing import Any
 
 import attrs
 
-from policy_engine.language.mesh import DIMS
-from policy_engine.language.ranks import DIMENSIONS
-from policy_engine.language.schedule import Schedule
-from policy_engine.language.triggers import limits_schema, triggers_schema
+from policy_engine.language.values.mesh import DIMS
+from policy_engine.language.values.ranks import DIMENSIONS
+from policy_engine.language.values.schedule import Schedule
+from policy_engine.language.values.triggers import limits_schema, triggers_schema
 
 ROLE_NAME = "^[A-Za-z][A-Za-z0-9_.+-]*$"
 REGION_NAME = "^[A-Za-z_][A-Za-z0-9_]*$"

@@ -18,7 +18,7 @@ import sys
 from typing import Any
 
 from policy_engine.errors import Location, PolicyError, json_path
-from policy_engine.language.document import (
+from policy_engine.language.read.document import (
     INT_LIMIT,
     MAX_DEPTH,
     MAX_NODES,

@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 import attrs
 
 from policy_engine.errors import describe, did_you_mean
-from policy_engine.language.selector import (
+from policy_engine.language.values.selector import (
     Path,
     SelectorError,
     _bounded_int,

@@ -5,7 +5,7 @@ member is None when it has no ``until``: an open-ended set that nothing here exp
 
 :meth:`StepSet.parse` raises :class:`SelectorError` with a sub-path inside the value;
 callers prepend the value's own JSON path and file position. The arithmetic on the runs
-(:mod:`policy_engine.language.runs`) never expands the set: an answer past a fixed
+(:mod:`policy_engine.language.values.runs`) never expands the set: an answer past a fixed
 allowance of work is None ("unknown"), which callers treat as "many".
 """
 
@@ -18,9 +18,9 @@ from typing import TYPE_CHECKING
 import attrs
 
 from policy_engine.errors import describe, did_you_mean
-from policy_engine.language import runs as arithmetic
-from policy_engine.language.runs import ALL, Run
-from policy_engine.language.selector import (
+from policy_engine.language.values import runs as arithmetic
+from policy_engine.language.values.runs import ALL, Run
+from policy_engine.language.values.selector import (
     Path,
     SelectorError,
     _bounded_int,
@@ -29,7 +29,7 @@ from policy_engine.language.selector import (
 )
 
 if TYPE_CHECKING:
-    from policy_engine.language.schedule import Schedule
+    from policy_engine.language.values.schedule import Schedule
 
 __all__ = ["StepSet", "step_per_cycle"]
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
-from policy_engine.language.mesh import coords_from_mesh, mesh_size
+from policy_engine.language.values.mesh import coords_from_mesh, mesh_size
 
 #: Mesh dimensions an engine's file names carry.
 ENGINE_DIMS = ("dp", "pp", "tp", "ep")

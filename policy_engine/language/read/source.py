@@ -15,7 +15,7 @@ from typing import Any, Literal
 import attrs
 
 from policy_engine.errors import Location, PolicyError
-from policy_engine.language.document import (
+from policy_engine.language.read.document import (
     Document,
     PolicyFileError,
     check_root,
@@ -23,8 +23,8 @@ from policy_engine.language.document import (
     to_plain,
     too_deep,
 )
-from policy_engine.language.json_reader import parse_json
-from policy_engine.language.yaml_reader import parse_yaml
+from policy_engine.language.read.json_reader import parse_json
+from policy_engine.language.read.yaml_reader import parse_yaml
 
 Format = Literal["yaml", "toml", "json"]
 _FORMATS: dict[str, Format] = {".yaml": "yaml", ".yml": "yaml", ".toml": "toml", ".json": "json"}
@@ -135,7 +135,7 @@ def document_from_mapping(data: Mapping[str, Any], origin: str = "<mapping>") ->
 
 
 def _parse_toml(text: str, origin: str) -> Document:
-    from policy_engine.language.toml_reader import parse_toml  # tomllib: TOML policies only
+    from policy_engine.language.read.toml_reader import parse_toml  # tomllib: TOML policies only
 
     data, values, keys = parse_toml(text, origin)
     doc = Document({}, origin, values, keys)

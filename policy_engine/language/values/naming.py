@@ -17,7 +17,7 @@ from policy_engine.errors import did_you_mean
 # Name shortening is the output layout's: one rule for every name the engine makes.
 from policy_engine.files.layout import MAX_COMPONENT_BYTES as MAX_COMPONENT_BYTES
 from policy_engine.files.layout import shorten
-from policy_engine.language.mesh import DIMS
+from policy_engine.language.values.mesh import DIMS
 
 FIELDS: tuple[str, ...] = (
     "prefix", "role", "region", "step", "cycle", "rank", "world", "local_rank", "node",

@@ -15,9 +15,9 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 from policy_engine.errors import did_you_mean
-from policy_engine.language import clash
-from policy_engine.language.mesh import DIMS, format_mesh, mesh_size
 from policy_engine.language.model import Policy, RoleSpec
+from policy_engine.language.rules import clash
+from policy_engine.language.values.mesh import DIMS, format_mesh, mesh_size
 
 Path = tuple[str | int, ...]
 Found = tuple[str, Path, str]  # message, where, severity

@@ -7,8 +7,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from policy_engine.language.engine_layout import ENGINE_DIMS, partial_replicas, world_of
-from policy_engine.language.mesh import coords_from_mesh, format_mesh
+from policy_engine.language.rules.engine_layout import ENGINE_DIMS, partial_replicas, world_of
+from policy_engine.language.values.mesh import coords_from_mesh, format_mesh
 from policy_engine.settings import sglang, vllm
 from policy_engine.settings.engines import version_tuple
 

@@ -16,8 +16,8 @@ from typing import Any
 import attrs
 
 from policy_engine.errors import Location, PolicyError, Problem, describe, json_path
-from policy_engine.language import yaml_reader as _yaml
-from policy_engine.language.document import MAX_DEPTH, Document, PathKey, shorten, too_deep
+from policy_engine.language.read import yaml_reader as _yaml
+from policy_engine.language.read.document import MAX_DEPTH, Document, PathKey, shorten, too_deep
 
 __all__ = ["ENV_OVERRIDES", "Override", "apply_overrides", "overrides_from_env", "parse_override"]
 

@@ -11,7 +11,7 @@ import itertools
 import math
 from collections.abc import Sequence
 
-from policy_engine.language.ranks import Box, intersect
+from policy_engine.language.values.ranks import Box, intersect
 
 #: Boxes of selected ranks compared pair by pair at most (half a million pairs).
 MAX_BOXES = 1000

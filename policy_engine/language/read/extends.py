@@ -10,9 +10,9 @@ from typing import Any
 import attrs
 
 from policy_engine.errors import Location, PolicyError, describe, json_path
-from policy_engine.language.document import Document, PathKey, PolicyFileError
-from policy_engine.language.overrides import Override, _subpaths, apply_overrides
-from policy_engine.language.read import read_document
+from policy_engine.language.read.document import Document, PathKey, PolicyFileError
+from policy_engine.language.read.overrides import Override, _subpaths, apply_overrides
+from policy_engine.language.read.source import read_document
 
 MAX_EXTENDS_DEPTH = 64
 """Longest chain of files a policy may build on (the policy, its base, its base's base...)."""
