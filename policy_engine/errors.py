@@ -32,6 +32,17 @@ class Location:
     origin: str
     line: int | None = None
     column: int | None = None
+    #: For a scalar written on one line whose characters stand one for one in the source
+    #: (no escapes, no folding): how many columns after ``column`` its text begins (1
+    #: past a quote, else 0); None where that is not so or not known.
+    inner: int | None = attrs.field(default=None, eq=False)
+
+    def at_character(self, offset: int | None) -> Location:
+        """The position of the value's character ``offset`` (0-based) where the source
+        shows it one for one, else this position."""
+        if offset is None or self.inner is None or self.column is None:
+            return self
+        return Location(self.origin, self.line, self.column + self.inner + offset)
 
     def render(self) -> str:
         if self.line is None:

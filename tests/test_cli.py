@@ -178,7 +178,7 @@ def test_init_writes_a_starter_that_validates(tmp_path: Path,
     text = path.read_text()
     assert text.startswith("# yaml-language-server: $schema=")
     assert "policy-engine validate profile_policy.yaml" in text
-    assert main(["validate", "--strict", str(path)]) == 0
+    assert main(["validate", "--strict", "--world", "4", str(path)]) == 0
     assert capsys.readouterr().out == f"{path}: valid\n"
     assert main(["explain", str(path), "--role", "actor", "--world", "4"]) == 0
 
@@ -228,7 +228,7 @@ def test_init_writes_yaml_only(name: str, tmp_path: Path,
 def test_check_runtime_passes_where_the_backend_can_run(
         capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(ROOT)
-    assert main(["validate", "--check-runtime", "policies/verl_ppo.yaml"]) == 0
+    assert main(["validate", "--check-runtime", "--world", "8", "policies/verl_ppo.yaml"]) == 0
     assert capsys.readouterr().out == "policies/verl_ppo.yaml: valid\n"
 
 

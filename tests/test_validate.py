@@ -176,13 +176,13 @@ INVALID_CASES: dict[str, tuple[tuple[str, ...], list[str]]] = {
         "steps_stride.yaml:4:12: error: stride must be > 0 in '0-100:0' (at $.roles.actor.steps)",
     ]),
     "steps_periodic.yaml": ((), [
+        "steps_periodic.yaml:4:20: error: every must be >= 1, got 0 (at $.roles.actor.steps.every)",
         "steps_periodic.yaml:4:23: error: unknown key 'form' (did you mean 'from'?) "
         "(at $.roles.actor.steps.form)",
-        "steps_periodic.yaml:8:12: error: missing required key 'every' (periodic steps: "
-        "{every: 100, from: 100}) (at $.roles.critic.steps)",
-        "steps_periodic.yaml:4:20: error: every must be >= 1, got 0 (at $.roles.actor.steps.every)",
         "steps_periodic.yaml:6:47: error: until 100 is before from 200 "
         "(at $.roles.ref.steps[1].until)",
+        "steps_periodic.yaml:8:12: error: missing required key 'every' (periodic steps: "
+        "{every: 100, from: 100}) (at $.roles.critic.steps)",
     ]),
     # ---- mesh vs world
     "mesh_world.yaml": (("--world", "6"), [
@@ -190,23 +190,23 @@ INVALID_CASES: dict[str, tuple[tuple[str, ...], list[str]]] = {
     ]),
     # ---- name templates
     "name_grammar.yaml": ((), [
-        "name_grammar.yaml:3:9: error: bad name template at character 7: unclosed '[' "
+        "name_grammar.yaml:3:16: error: bad name template at character 7: unclosed '[' "
         "(at $.defaults.name)",
     ]),
     "name_unknown_field.yaml": ((), [
-        "name_unknown_field.yaml:3:9: error: bad name template at character 12: unknown field "
+        "name_unknown_field.yaml:3:21: error: bad name template at character 12: unknown field "
         "<setp> (did you mean <step>?) (at $.defaults.name)",
     ]),
     "name_character.yaml": ((), [
-        "name_character.yaml:3:9: error: bad name template at character 7: character ' ' is "
+        "name_character.yaml:3:16: error: bad name template at character 7: character ' ' is "
         "not allowed (use letters, digits, . _ = + - or /) (at $.defaults.name)",
     ]),
     "name_dotdot.yaml": ((), [
-        "name_dotdot.yaml:3:9: error: bad name template at character 1: '..' cannot be a path "
+        "name_dotdot.yaml:3:10: error: bad name template at character 1: '..' cannot be a path "
         "component (names stay under output_dir) (at $.defaults.name)",
     ]),
     "name_absolute.yaml": ((), [
-        "name_absolute.yaml:3:9: error: bad name template at character 1: absolute path: a "
+        "name_absolute.yaml:3:10: error: bad name template at character 1: absolute path: a "
         "name is relative to output_dir (at $.defaults.name)",
     ]),
     "name_ranks.yaml": ((), [
@@ -282,13 +282,13 @@ INVALID_CASES: dict[str, tuple[tuple[str, ...], list[str]]] = {
         "several.yaml:4:1: error: unknown key 'outptu_dir' (did you mean 'output_dir'?) "
         "(at $.outptu_dir)",
         "several.yaml:7:33: error: active must be >= 1, got 0 (at $.defaults.schedule.active)",
-        "several.yaml:15:14: error: enabled must be a boolean, got an integer 1 "
-        "(at $.roles.critic.enabled)",
         "several.yaml:11:12: error: malformed rank range '0-' (expected N, -N or A-B with "
         "A, B >= 0) (at $.roles.actor.ranks)",
         "several.yaml:12:12: error: range 5-3 is reversed (at $.roles.actor.steps)",
-        "several.yaml:13:11: error: bad name template at character 8: unknown field <stpe> "
+        "several.yaml:13:19: error: bad name template at character 8: unknown field <stpe> "
         "(did you mean <step>?) (at $.roles.actor.name)",
+        "several.yaml:15:14: error: enabled must be a boolean, got an integer 1 "
+        "(at $.roles.critic.enabled)",
         "several.yaml:17:25: error: activities is empty: list at least one of cpu, cuda "
         "(an empty list never means all) (at $.roles.critic.torch.activities)",
     ]),
@@ -296,9 +296,9 @@ INVALID_CASES: dict[str, tuple[tuple[str, ...], list[str]]] = {
         "several.toml:6:11: error: backend must be one of torch, mstx, nsight, memory, "
         "vllm, sglang, npu, nsys, torch_memory, got 'torh' (did you mean 'torch'?) "
         "(at $.defaults.backend)",
+        "several.toml:7:12: error: active must be >= 1, got 0 (at $.defaults.schedule.active)",
         "several.toml:11:1: error: unknown key 'rnaks' (did you mean 'ranks'?) "
         "(at $.roles.actor.rnaks)",
-        "several.toml:7:12: error: active must be >= 1, got 0 (at $.defaults.schedule.active)",
         "several.toml:12:9: error: range 5-3 is reversed (at $.roles.actor.steps)",
         "several.toml:13:8: error: bad name template at character 8: '..' cannot be a path "
         "component (names stay under output_dir) (at $.roles.actor.name)",
@@ -307,11 +307,11 @@ INVALID_CASES: dict[str, tuple[tuple[str, ...], list[str]]] = {
         "several.json:3:27: error: backend must be one of torch, mstx, nsight, memory, "
         "vllm, sglang, npu, nsys, torch_memory, got 'torh' (did you mean 'torch'?) "
         "(at $.defaults.backend)",
+        "several.json:3:71: error: active must be >= 1, got 0 (at $.defaults.schedule.active)",
         "several.json:7:7: error: unknown key 'rnaks' (did you mean 'ranks'?) "
         "(at $.roles.actor.rnaks)",
-        "several.json:3:71: error: active must be >= 1, got 0 (at $.defaults.schedule.active)",
         "several.json:8:16: error: range 5-3 is reversed (at $.roles.actor.steps)",
-        "several.json:9:15: error: bad name template at character 8: '..' cannot be a path "
+        "several.json:9:23: error: bad name template at character 8: '..' cannot be a path "
         "component (names stay under output_dir) (at $.roles.actor.name)",
     ]),
     "semantic_several.yaml": (("--world", "4"), [
@@ -330,17 +330,17 @@ INVALID_CASES: dict[str, tuple[tuple[str, ...], list[str]]] = {
     "world_beside_schema.yaml": ((), [
         "world_beside_schema.yaml:4:11: error: unknown key 'activites' (did you mean "
         "'activities'?) (at $.defaults.torch.activites)",
-        "world_beside_schema.yaml:10:5: error: unknown key 'bogus' (at $.roles.actor.bogus)",
-        "world_beside_schema.yaml:14:24: error: active must be >= 1, got 0 "
-        "(at $.roles.critic.schedule.active)",
-        "world_beside_schema.yaml:18:11: error: bad name template at character 8: "
-        "unclosed '<' (at $.roles.ref.name)",
         "world_beside_schema.yaml:8:16: error: rank 9 is out of range for world 8 "
         "(at $.roles.actor.ranks[1])",
+        "world_beside_schema.yaml:10:5: error: unknown key 'bogus' (at $.roles.actor.bogus)",
         "world_beside_schema.yaml:13:17: error: tp 7 is out of range (tp has 4) "
         "(at $.roles.critic.ranks.tp)",
+        "world_beside_schema.yaml:14:24: error: active must be >= 1, got 0 "
+        "(at $.roles.critic.schedule.active)",
         "world_beside_schema.yaml:17:11: error: mesh dp=3 of role 'ref' has 3 ranks but the "
         "world has 8 (the size of the top-level mesh dp=2,tp=4) (at $.roles.ref.mesh)",
+        "world_beside_schema.yaml:18:19: error: bad name template at character 8: "
+        "unclosed '<' (at $.roles.ref.name)",
     ]),
 }
 
@@ -403,7 +403,7 @@ def test_invalid_file(name: str, capsys: pytest.CaptureFixture[str],
 def test_valid_file(name: str, capsys: pytest.CaptureFixture[str],
                     monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(VALID)
-    code, lines, _ = validate(capsys, name)
+    code, lines, _ = validate(capsys, name, "--world", "8")
     expected = VALID_CASES[name]
     summary = f"{name}: valid" + (f" ({len(expected)} warning{'s' * (len(expected) > 1)})"
                                   if expected else "")
@@ -414,7 +414,7 @@ def test_valid_file(name: str, capsys: pytest.CaptureFixture[str],
 def test_strict_turns_warnings_into_errors(name: str, capsys: pytest.CaptureFixture[str],
                                            monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(VALID)
-    code, lines, _ = validate(capsys, name, "--strict")
+    code, lines, _ = validate(capsys, name, "--strict", "--world", "8")
     assert code == 1
     assert lines[:-1] == [line.replace(": warning: ", ": error: ", 1)
                           for line in VALID_CASES[name]]
@@ -458,7 +458,7 @@ def test_json_format_lists_every_problem(capsys: pytest.CaptureFixture[str],
     assert code == 1
     assert report["valid"] is False
     [bad, good] = report["files"]
-    assert good == {"file": "valid/minimal.yaml", "valid": True, "problems": []}
+    assert good == {"file": "valid/minimal.yaml", "valid": True, "problems": [], "notes": []}
     assert bad["file"] == "invalid/semantic_several.yaml"
     assert bad["valid"] is False
     assert bad["problems"][0] == {
@@ -795,3 +795,36 @@ def test_a_refused_ranks_or_mesh_is_not_checked_against_the_world() -> None:
         "ref": {"enabled": True}}}
     result = analyze(document_from_mapping(data), world=4)
     assert all("out of range" not in p.message for p in result.problems), result.problems
+
+
+def test_ranks_no_world_can_check_are_named_in_a_note(
+        capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    path = tmp_path / "p.yaml"
+    path.write_text("version: 1\nroles:\n  actor:\n    enabled: true\n    ranks: [0, 99]\n"
+                    "    steps: [1]\n  critic:\n    enabled: true\n    ranks: all\n"
+                    "    steps: [1]\n")
+    code, lines, _ = validate(capsys, str(path))
+    assert code == 0
+    assert lines == [f"{path}: note: ranks of actor were not checked against a world size "
+                     "(none is known before the job starts): give --world N, or a mesh, to "
+                     "check them", f"{path}: valid"]
+    code, lines, _ = validate(capsys, str(path), "--world", "8")
+    assert code == 1 and lines[0].endswith("rank 99 is out of range for world 8 "
+                                           "(at $.roles.actor.ranks[1])")
+    assert main(["validate", "--format", "json", str(path)]) == 0
+    assert json.loads(capsys.readouterr().out)["files"][0]["notes"][0].startswith(
+        "ranks of actor were not checked")
+
+
+def test_problems_come_in_the_order_of_the_file_and_point_at_the_character(
+        capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    path = tmp_path / "p.yaml"
+    path.write_text("version: 1\nroles:\n  actor:\n    enabled: true\n"
+                    "    name: <role>_<rank>_<bogus>\n"          # line 5: a value's problem
+                    "    torch: {activities: [gpu]}\n"           # line 6: the schema's
+                    "  critic: {enabled: 1}\n")                  # line 7: the schema's
+    code, lines, _ = validate(capsys, str(path))
+    assert code == 1
+    assert [line.split(": error: ")[0] for line in lines[:-1]] == [
+        f"{path}:5:25", f"{path}:6:26", f"{path}:7:21"]
+    assert "unknown field <bogus>" in lines[0]  # column 25: the '<' of <bogus>

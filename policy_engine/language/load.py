@@ -94,12 +94,30 @@ def analyze(doc: Document, *, world: int | None = None,
     ``world`` and ``mesh`` (the CLI's ``--world`` and ``--mesh``) are checked against."""
     checked = schema.validate(doc)
     built = model.build(doc, checked.refused)
-    problems = (*checked.problems, *built.problems,
-                *checks.check(doc, built, world=world, mesh=mesh))
+    problems = reading_order([*checked.problems, *built.problems,
+                              *checks.check(doc, built, world=world, mesh=mesh)])
     if any(p.severity == "error" for p in problems):
         return Analysis(doc, problems)
     warnings = tuple(p for p in problems if p.severity == "warning")
     return Analysis(doc, problems, model.build_policy(doc, built, warnings=warnings))
+
+
+def reading_order(problems: Sequence[Problem]) -> tuple[Problem, ...]:
+    """Problems as a reader meets them: those of the whole policy first, then each file
+    (in the order they first come up) top to bottom, whatever order the checks that
+    found them ran in (the schema, the values, then rules across roles)."""
+    files: dict[str, int] = {}
+    for p in problems:
+        if p.location is not None:
+            files.setdefault(p.location.origin, len(files))
+
+    def key(p: Problem) -> tuple[int, int, int]:
+        loc = p.location
+        if loc is None:
+            return (-1, 0, 0)
+        return (files[loc.origin], loc.line or 0, loc.column or 0)
+
+    return tuple(sorted(problems, key=key))
 
 
 def load_policy(source: PolicySource, *, overrides: Sequence[str | Override] = (),

@@ -231,34 +231,35 @@ def _blocks(data: Mapping[str, Any]) -> Iterator[tuple[Path, Mapping[str, Any]]]
                 yield ("roles", name), body
 
 
-def _value_problems(key: str, value: Any) -> Iterator[tuple[str, Path]]:
+def _value_problems(key: str, value: Any) -> Iterator[tuple[str, Path, int | None]]:
     """What is wrong with one value of a role block that the schema accepted: (message,
     path inside the block)."""
     if key in ("ranks", "steps"):
         try:
             (RankSelector if key == "ranks" else StepSet).parse(value)
         except SelectorError as err:
-            yield err.message, (key, *err.path)
+            yield err.message, (key, *err.path), None
     elif key == "triggers" and isinstance(value, Mapping) and \
             isinstance(value.get("slow_step"), Mapping) and \
             value["slow_step"].get("reference") is not None:
         try:  # slow_step's reference ranks: a rank selector
             RankSelector.parse(value["slow_step"]["reference"])
         except SelectorError as err:
-            yield err.message, (key, "slow_step", "reference", *err.path)
+            yield err.message, (key, "slow_step", "reference", *err.path), None
     elif key == "name":
         try:
             NameTemplate.parse(value)
         except TemplateError as err:
-            yield f"bad name template at character {err.offset + 1}: {err.message}", (key,)
+            yield (f"bad name template at character {err.offset + 1}: {err.message}", (key,),
+                   err.offset)
     elif key == "backend" and isinstance(value, list):
         for message, index in registry.combination(value)[1]:
-            yield message, (key, index)
+            yield message, (key, index), None
     elif key in registry.BACKENDS:
         for message, sub in registry.check_settings(key, deep_merge(
                 schema.defaults("role")[key], value)):
             # Point at the key the user wrote, or at the block when it came from defaults.
-            yield message, (key, *sub) if sub and sub[0] in value else (key,)
+            yield message, ((key, *sub) if sub and sub[0] in value else (key,)), None
 
 
 def build(doc: Document, refused: Refused) -> Built:
@@ -270,10 +271,11 @@ def build(doc: Document, refused: Refused) -> Built:
         for key, value in body.items():
             if not refused.sound((*path, key)):
                 continue  # the schema reported it
-            for message, sub in _value_problems(key, value):
+            for message, sub, char in _value_problems(key, value):
                 where = (*path, *sub)
                 unparsed.add(where)
-                problems.append(Problem(message, json_path(where), doc.locate(where)))
+                problems.append(Problem(message, json_path(where),
+                                        doc.locate(where).at_character(char)))
     sound = refused.adding(unparsed)
     defaults = doc.data.get("defaults") or {}
     named = doc.data.get("roles")

@@ -14,6 +14,7 @@ import re
 from collections.abc import Callable, Iterator
 from typing import Any, NamedTuple
 
+import attrs
 import yaml
 from yaml.constructor import SafeConstructor
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
@@ -169,6 +170,18 @@ def _offset_location(text: str, offset: int, origin: str) -> Location:
 def _at(node: Node, origin: str) -> Location:
     mark = node.start_mark
     return Location(origin, mark.line + 1, mark.column + 1) if mark else Location(origin)
+
+
+def _scalar_at(node: ScalarNode, where: Location) -> Location:
+    """``where``, knowing where the scalar's text begins when the source shows it one
+    character per column (plain, or quoted without escapes, on one line)."""
+    start, end = node.start_mark, node.end_mark
+    if start is None or end is None or start.line != end.line:
+        return where
+    quotes = 2 if node.style in ("'", '"') else 0 if not node.style else -1
+    if quotes < 0 or end.column - start.column != len(node.value) + quotes:
+        return where
+    return attrs.evolve(where, inner=quotes // 2)
 
 
 class _Checker:
@@ -336,6 +349,7 @@ def _build(
 ) -> Any:
     values[path] = _at(node, origin)
     if isinstance(node, ScalarNode):
+        values[path] = _scalar_at(node, values[path])
         make = _CONSTRUCT.get(node.tag)
         return make(node) if make else node.value  # str, and a `<<` standing as a value
     if isinstance(node, MappingNode):
