@@ -221,6 +221,28 @@ def test_text_names_the_straggler(tmp_path: Path) -> None:
     assert "<- straggler" in out and "captured because of the policy's plan" in out
 
 
+def test_text_lists_profiler_steps_without_the_trailing_empty_one(tmp_path: Path) -> None:
+    # ProfilerStep#0-2 are the work; #3 is the 0.1 ms stretch torch opens at the last
+    # step() call, which the step table leaves out (the rank's totals still count it).
+    make_run(str(tmp_path), 2, trailing=True)
+    (w,) = analyze(str(tmp_path))["windows"]
+    assert [row["step"] for row in w["step_times"]] == [0, 1, 2]
+    assert [row["step"] for row in w["ranks"][0]["steps"]] == [0, 1, 2, 3]
+    code, out, _ = cli(str(tmp_path))
+    assert code == 0
+    lines = out.splitlines()
+    at = next(i for i, line in enumerate(lines) if "min / median / max" in line)
+    assert lines[at].split()[:2] == ["profiler", "step"]
+    assert [line.split()[0] for line in lines[at + 1:at + 5]] == ["0", "1", "2", "rank"]
+
+
+def test_a_short_last_step_of_a_short_capture_is_kept(tmp_path: Path) -> None:
+    # With two steps there is no median of the others to call the last one empty by.
+    make_run(str(tmp_path), 2, steps=1, trailing=True)
+    (w,) = analyze(str(tmp_path))["windows"]
+    assert [row["step"] for row in w["step_times"]] == [0, 1]
+
+
 def test_gpu_shaped_traces_agree_with_hta(tmp_path: Path) -> None:
     # Generated kernels, not a GPU run (tests/test_analyze_cuda.py is that): whole
     # microseconds, since HTA rounds each kernel down to one.

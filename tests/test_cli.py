@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import argparse
+import importlib
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -312,14 +315,65 @@ def test_version_prints_the_installed_version(capsys: pytest.CaptureFixture[str]
     assert capsys.readouterr().out == f"policy-engine {expected}\n"
 
 
-def test_every_option_of_every_command_says_what_it_is() -> None:
-    import argparse
-    import importlib
-
+def command_parsers() -> dict[str, argparse.ArgumentParser]:
+    """Each command's own parser, as ``main`` builds it when that command runs."""
+    parsers = {}
     for name, (module, text) in cli_main.COMMANDS.items():
-        parser = argparse.ArgumentParser()
-        sub = parser.add_subparsers()
+        sub = argparse.ArgumentParser().add_subparsers()
         importlib.import_module(f"policy_engine.cli.{module}").add_parser(sub, name, text)
-        silent = [a.option_strings or [a.dest] for a in sub.choices[name]._actions
-                  if not a.help]
+        parsers[name] = sub.choices[name]
+    return parsers
+
+
+def test_every_option_of_every_command_says_what_it_is() -> None:
+    for name, parser in command_parsers().items():
+        silent = [a.option_strings or [a.dest] for a in parser._actions if not a.help]
         assert silent == [], name
+
+
+def synopses(page: Path) -> dict[str, str]:
+    """The commands' synopses in ``page``: in a plain code block, a line
+    ``policy-engine COMMAND ...`` with its indented continuation lines, kept where it shows
+    an option in brackets (or is the whole README list, which names bare ``schema``)."""
+    found: dict[str, str] = {}
+    fence: str | None = None  # the opening fence's language, while inside a block
+    name = None
+    for line in page.read_text().splitlines():
+        if line.startswith("```"):
+            fence = line[3:].strip() if fence is None else None
+            name = None
+            continue
+        head = re.match(r"policy-engine ([a-z-]+)", line)
+        if fence == "" and head:
+            name = head.group(1)
+            found[name] = line
+        elif fence == "" and name is not None and line.startswith(" "):
+            found[name] += " " + line.strip()
+        else:
+            name = None
+    return {name: line for name, line in found.items() if "[" in line or name == "schema"}
+
+
+def test_readme_synopsis_lists_every_command_in_help_order() -> None:
+    assert list(synopses(ROOT / "README.md")) == list(cli_main.COMMANDS)
+
+
+@pytest.mark.parametrize("page", ["README.md", *sorted(
+    str(p.relative_to(ROOT)) for p in (ROOT / "docs").glob("*.md"))])
+def test_every_synopsis_shows_every_option(page: str) -> None:
+    parsers = command_parsers()
+    for name, line in synopses(ROOT / page).items():
+        missing = [a.option_strings for a in parsers[name]._actions
+                   if a.option_strings and "--help" not in a.option_strings
+                   and not any(re.search(rf"(?<![\w-]){re.escape(o)}(?![\w-])", line)
+                               for o in a.option_strings)]
+        assert missing == [], f"{page}: policy-engine {name}"
+
+
+def test_help_lists_the_commands_in_the_order_of_the_work(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--help"]) == 0
+    listed = re.findall(r"^    ([a-z-]+)", capsys.readouterr().out, re.M)
+    assert listed == list(cli_main.COMMANDS)
+    assert listed[:5] == ["init", "from-verl", "schema", "validate", "explain"]
+    assert listed.index("analyze") < listed.index("compare") < listed.index("report")

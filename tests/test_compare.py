@@ -55,6 +55,13 @@ def test_the_rank_sum_test_gives_the_textbook_p_values() -> None:
     few = verdict([10.0] * 6, [20.0] * 6)
     assert few["verdict"] is None and "too few steps" in few["why"]
     assert verdict([10.0] * 7, [20.0] * 7)["verdict"] == "slower"
+    # every step apart, but one run's own windows lie 50% apart: the machine, not a change
+    drifted = verdict([10.0 + i / 10 for i in range(9)], [13.0 + i / 10 for i in range(9)],
+                      drift=0.5)
+    assert drifted["verdict"] == "no change" and drifted["test"]["drift"] == 0.5
+    assert "no larger than the 50% by which one run's own windows differ" in drifted["why"]
+    assert verdict([10.0 + i / 10 for i in range(9)], [13.0 + i / 10 for i in range(9)],
+                   drift=0.1)["verdict"] == "slower"
 
 
 def test_more_compute_is_slower_and_the_change_is_compute(tmp_path: Path) -> None:
@@ -121,6 +128,9 @@ def test_windows_pair_in_order_or_by_the_steps_named(tmp_path: Path) -> None:
     assert [(w["base"]["steps"], w["new"]["steps"]) for w in result["windows"]] \
         == [([1], [1]), ([2], [2])]
     assert result["unmatched"] == {"base": [], "new": ["trainer, step 3, cycle 0"]}
+    # each run's windows are alike: no drift between them, and the change stands
+    assert [(w["test"]["drift"], w["verdict"]) for w in result["windows"]] \
+        == [(0.0, "slower"), (0.0, "slower")]
     (w,) = _compare(base, new, steps=(2, 3))["windows"]
     assert (w["base"]["steps"], w["new"]["steps"]) == ([2], [3])
     with pytest.raises(AnalysisError, match=r"^NEW: no capture window covers step 9"):

@@ -258,15 +258,53 @@ def test_text_output(capsys: pytest.CaptureFixture[str]) -> None:
     assert capsys.readouterr().out.splitlines() == [
         "role actor, world 4, outer steps 0-20",
         "  rank 0: profiled with torch, steps 2,3",
-        "    actions per inner step: RECORD RECORD RECORD",
+        "    actions per inner step: RECORD at every inner step (no schedule: each capture "
+        "is recorded whole)",
         # colocate: one window, one name on every rank, though the rollout takes part on
-        # rank 0 only (the manifest's `roles` says so)
-        "    rank 0 (-): actor+ref+rollout/step2/ppo-qwen7b_rank0-of-4" + PLACEHOLDERS,
+        # rank 0 only (the manifest's `roles` says so); no mesh: no coordinates
+        "    rank 0: actor+ref+rollout/step2/ppo-qwen7b_rank0-of-4" + PLACEHOLDERS,
         "  ranks 1-2: not profiled",
         "  rank 3: profiled with torch, steps 2,3",
-        "    actions per inner step: RECORD RECORD RECORD",
-        "    rank 3 (-): actor+ref+rollout/step2/ppo-qwen7b_rank3-of-4" + PLACEHOLDERS,
+        "    actions per inner step: RECORD at every inner step (no schedule: each capture "
+        "is recorded whole)",
+        "    rank 3: actor+ref+rollout/step2/ppo-qwen7b_rank3-of-4" + PLACEHOLDERS,
     ]
+
+
+def test_text_folds_runs_of_one_action(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["explain", MEGATRON, "--role", "trainer", "--inner-steps", "10"]) == 0
+    out, err = capsys.readouterr()
+    assert out.splitlines()[2] == (
+        "    actions per inner step: NONE WARMUP RECORD RECORD RECORD_AND_SAVE NONE x5")
+    assert err == ""  # ten calls per step run the schedule through
+
+
+@pytest.mark.parametrize(("argv", "said"), [
+    # merged steps 10-12, one call each: inner step 3 records, 4 would have saved
+    ([MEGATRON, "--role", "trainer", "--inner-steps", "1"],
+     "role 'trainer', --inner-steps 1: capture of steps 10-12 ended at inner step 3 (after "
+     "3 prof.step() calls), in cycle 0 of schedule {skip_first: 1, warmup: 1, active: 3, "
+     "repeat: 1}, which records inner steps 2-4: saved partial with 2 of 3 active steps"),
+    # discrete region calls of one mini-batch each: still warming up when they end
+    ([str(POLICIES / "ascend_npu.yaml"), "--role", "actor", "--world", "2", "--steps",
+      "0-30", "--inner-steps", "1"],
+     "role 'actor', --inner-steps 1: capture of step 5 (region update_actor) ended at inner "
+     "step 1 (after 1 prof.step() call); schedule {skip_first: 1, warmup: 1, active: 2, "
+     "repeat: 1} records from inner step 2: nothing recorded"),
+])
+def test_inner_steps_that_cut_a_schedule_short_say_so(
+        argv: list[str], said: str, capsys: pytest.CaptureFixture[str]) -> None:
+    for fmt in ("text", "json"):
+        assert main(["explain", *argv, "--format", fmt]) == 0
+        assert capsys.readouterr().err == f"policy-engine explain: warning: {said}\n"
+
+
+def test_inner_steps_enough_for_the_schedule_say_nothing(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    # three calls: inner step 3 saves the cycle (the stretch after the last call records)
+    assert main(["explain", str(POLICIES / "ascend_npu.yaml"), "--role", "actor",
+                 "--world", "2", "--inner-steps", "3"]) == 0
+    assert capsys.readouterr().err == ""
 
 
 def test_text_output_shows_coordinates(capsys: pytest.CaptureFixture[str]) -> None:
@@ -485,3 +523,16 @@ def test_memory_files_follow_on_oom_and_history() -> None:
     assert whens(on_oom=False) == [None]  # the snapshot only: nothing is dumped on OOM
     assert whens(on_oom=True)[1] is not None and "always" not in str(whens(on_oom=True)[1])
     assert "with history: always" in str(whens(on_oom=True, history="always")[1])
+
+
+def test_text_folds_long_runs_of_steps(tmp_path: Path,
+                                       capsys: pytest.CaptureFixture[str]) -> None:
+    """A long window is one item with its count; short runs stay listed."""
+    path = tmp_path / "p.yaml"
+    path.write_text("version: 1\nroles:\n  trainer:\n    enabled: true\n"
+                    "    steps: [\"2-1001\", 1500, 1502, 1503]\n")
+    assert main(["explain", str(path), "--role", "trainer", "--world", "1",
+                 "--steps", "0-2000"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[1] == "  rank 0: profiled with torch, steps 2-1001 (1000),1500,1502,1503"
+    assert max(map(len, lines)) < 200

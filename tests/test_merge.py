@@ -151,6 +151,18 @@ def test_two_ranks_become_two_labelled_processes_with_aligned_clocks(
     assert list(trace)[:2] == ["displayTimeUnit", "traceEvents"]  # events before other keys
 
 
+def test_one_trace_is_counted_in_the_singular(tmp_path: Path, capsys: Any) -> None:
+    out = tmp_path / "out"
+    name = "t_actor_step2_rank0.pt.trace.json"
+    write_trace(out / name, cpu_events(4242, 1000.0, "op_rank0"))
+    record(out, 0, name)
+    target = tmp_path / "merged.pt.trace.json"
+    assert merge(out, "-o", target) == 0
+    said = capsys.readouterr().out
+    assert "rank 0 (1 trace, " in said and "1 traces" not in said
+    assert said.rstrip().endswith(f"{len(load(target)['traceEvents'])} events)")
+
+
 def test_threads_flows_and_markers_never_cross_ranks(tmp_path: Path) -> None:
     out = tmp_path / "out"
     two_ranks(out, gz=False)
@@ -535,7 +547,7 @@ def test_merge_holds_each_trace_to_its_bounds(tmp_path: Path, capsys: Any) -> No
         "policy-engine merge: error: b.pt.trace.json: it is more than 2 MiB of text (the "
         "most read of one trace)")
     assert merge(out, "-o", tmp_path / "m.json", "--step", "2", "--max-events", "60") == 0
-    assert "(1 traces, " in capsys.readouterr().out
+    assert "rank 0 (1 trace, " in capsys.readouterr().out
     assert sum(1 for e in load(tmp_path / "m.json")["traceEvents"] if e["ph"] == "X") == 20
 
 

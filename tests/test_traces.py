@@ -318,4 +318,28 @@ def test_demo_runs_and_lists_its_traces(tmp_path: Path) -> None:
     assert "actor+ref+rollout/step2/" in done.stdout  # colocate: every role, policy order
     traces = sorted((tmp_path / "demo").rglob("*.pt.trace.json.gz"))
     assert [t.parent.name for t in traces] == ["step2", "step3"]
-    assert "ui.perfetto.dev" in done.stdout
+    assert "ui.perfetto.dev" in done.stdout and "tensorboard" not in done.stdout.lower()
+    assert "not profiled" not in done.stdout  # the example's ranks all fit in one process
+    # The built-in example has no file: the manifests and the report name it instead.
+    lines = [json.loads(line) for m in (tmp_path / "demo" / "manifests").iterdir()
+             for line in m.read_text().splitlines()]
+    assert {r["policy_file"] for r in lines if "policy_file" in r} == {
+        "built-in verl_ppo.yaml"}
+    page = tmp_path / "report.html"
+    assert main(["report", str(tmp_path / "demo"), "-o", str(page)]) == 0
+    text = page.read_text()
+    assert "<code>built-in verl_ppo.yaml" in text and "(a mapping)" not in text
+
+
+def test_demo_says_which_ranks_of_a_policy_its_one_process_leaves_out() -> None:
+    from policy_engine import load_policy
+    from policy_engine.cli.demo import past_the_world
+
+    policy = load_policy({"version": 1, "defaults": {"enabled": True, "steps": [2]},
+                          "roles": {"actor": {"ranks": "0-3"}, "critic": {"ranks": [2, 5]},
+                                    "ref": {"ranks": [0, -1]}, "trainer": {"ranks": 7}}})
+    assert past_the_world(policy, ("rollout", "actor", "ref", "critic")) == [
+        "role actor selects ranks 0-3, but the demo runs one process, rank 0 of 1: ranks "
+        "past 0 are not profiled",
+        "role critic selects ranks [2, 5], but the demo runs one process, rank 0 of 1: "
+        "ranks past 0 are not profiled (role critic profiles nothing here)"]

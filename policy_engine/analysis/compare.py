@@ -21,10 +21,14 @@ each run), or by the steps the caller names. For each pair:
   rank-sum test over the two runs' steps gives p < :data:`ALPHA`; the medians differ by
   at least :data:`MIN_CHANGE` of the base's; and each run's median lies outside the other
   run's middle half of steps (its interquartile range): a shift the steps' own spread
-  covers is not called a change. Otherwise ``no change`` (within noise). A capture's first
+  covers is not called a change; and, where a run holds several windows of the role and
+  region, the change exceeds how far apart that run's own windows lie (:func:`drift`, the
+  larger of the two runs'): the machine drifts between windows as it does between runs.
+  Otherwise ``no change`` (within noise). A capture's first
   step carries the profiler's start and the first run of every code path, and a rank's
-  last step, when it is far shorter than its others (:data:`TRAILING`), is the empty step
-  torch opens at the last ``step()`` call: both are left out of every figure.
+  last step, when it is far shorter than its others
+  (:data:`~policy_engine.analysis.window.TRAILING`), is the empty step torch opens at the
+  last ``step()`` call: both are left out of every figure.
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ from typing import Any
 
 from policy_engine.analysis.errors import AnalysisError
 from policy_engine.analysis.run import analyze
+from policy_engine.analysis.window import without_trailing
 
 VERSION = 1
 #: The rank-sum test's significance level. Two runs of one unchanged 4-rank job on a
@@ -109,12 +114,16 @@ def _apart(base: Sequence[float], new: Sequence[float]) -> bool:
     return (mn > b3 and mb < n1) or (mn < b1 and mb > n3)
 
 
-def verdict(base: Sequence[float], new: Sequence[float]) -> dict[str, Any]:
-    """slower / faster / no change from the step times of each run, with the test."""
+def verdict(base: Sequence[float], new: Sequence[float],
+            drift: float | None = None) -> dict[str, Any]:
+    """slower / faster / no change from the step times of each run, with the test.
+    ``drift``: how far apart the medians of one run's own windows lie (the larger of the
+    two runs'), as a share; a change no larger is within noise."""
     p = rank_sum(base, new)
     test = {"name": "Mann-Whitney U (two-sided) over steps", "p": None if p is None
             else round(p, 6), "alpha": ALPHA, "min_change": MIN_CHANGE,
-            "base_steps": len(base), "new_steps": len(new), "apart": None}
+            "base_steps": len(base), "new_steps": len(new), "apart": None,
+            "drift": None if drift is None else round(drift, 4)}
     # The least p these counts can give: every step of one run above every step of the other.
     best = rank_sum(range(len(base)), range(len(base), len(base) + len(new)))
     if p is None or best is None or best >= ALPHA:
@@ -125,7 +134,8 @@ def verdict(base: Sequence[float], new: Sequence[float]) -> dict[str, Any]:
     share = (n - b) / b if b > 0 else 0.0
     apart = _apart(base, new)
     test["apart"] = apart
-    if p < ALPHA and abs(share) >= MIN_CHANGE and apart:
+    beyond = drift is None or abs(share) > drift
+    if p < ALPHA and abs(share) >= MIN_CHANGE and apart and beyond:
         word = "slower" if share > 0 else "faster"
         return {"verdict": word, "why": f"median step time {share:+.1%} (p = {p:.2g} < "
                 f"{ALPHA})", "test": test}
@@ -133,28 +143,16 @@ def verdict(base: Sequence[float], new: Sequence[float]) -> dict[str, Any]:
         reason = f"p = {p:.2g} >= {ALPHA}"
     elif abs(share) < MIN_CHANGE:
         reason = f"a change of {share:+.1%} is under {MIN_CHANGE:.0%}"
-    else:
+    elif not apart:
         reason = (f"a change of {share:+.1%} lies within the middle half of the steps' own "
                   "spread")
+    else:
+        reason = (f"a change of {share:+.1%} is no larger than the {drift:.0%} by which one "
+                  "run's own windows differ")
     return {"verdict": "no change", "why": f"within noise ({reason})", "test": test}
 
 
 # -- one pair of windows ------------------------------------------------------------------
-
-#: A rank's last step shorter than this share of its median step is the empty one torch
-#: opens at the last ``step()`` call and the capture's end closes at once: no sample.
-TRAILING = 0.1
-
-
-def _steps(rank: dict[str, Any]) -> list[dict[str, Any]]:
-    """A rank's steps less an empty last one."""
-    steps = list(rank.get("steps") or ())
-    if len(steps) >= 3:
-        rest = statistics.median(row["time_us"] for row in steps[:-1])
-        if steps[-1]["time_us"] < TRAILING * rest:
-            steps.pop()
-    return steps
-
 
 def _read(window: dict[str, Any]) -> list[dict[str, Any]]:
     """The ranks with steps to compare, each with the steps it compares by (less the
@@ -163,7 +161,7 @@ def _read(window: dict[str, Any]) -> list[dict[str, Any]]:
     out = []
     for r in window["ranks"]:
         if not r.get("error") and r.get("steps"):
-            steps = _steps(r)
+            steps = without_trailing(r["steps"])
             out.append({**r, "steps": steps[1:] if len(steps) >= 2 else steps,
                         "counted": len(steps)})
     return out
@@ -260,7 +258,17 @@ def _straggler(window: dict[str, Any]) -> int | None:
     return s.get("rank") if isinstance(s, dict) else None
 
 
-def pair(base: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
+def drift(windows: Sequence[dict[str, Any]]) -> float | None:
+    """How far apart the median steps of one run's windows (of one role and region) lie:
+    (largest - smallest) / smallest; None with fewer than two windows to tell."""
+    medians = [statistics.median(s) for w in windows if (s := _samples(_read(w)))]
+    if len(medians) < 2 or min(medians) <= 0:
+        return None
+    return (max(medians) - min(medians)) / min(medians)
+
+
+def pair(base: dict[str, Any], new: dict[str, Any],
+         spread: float | None = None) -> dict[str, Any]:
     """The comparison of one window of the base run with one of the new run (windows as
     :func:`~policy_engine.analysis.run.analyze` returns them, with ``detail``)."""
     rb, rn = _read(base), _read(new)
@@ -300,7 +308,7 @@ def pair(base: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
     out["regions"] = _moved(_per_step(rb, _regions), _per_step(rn, _regions), "regions")
     out["operators"] = _moved(_per_step(rb, _ops), _per_step(rn, _ops), "ops")
     if out["comparable"]:
-        out.update(verdict(sb, sn))
+        out.update(verdict(sb, sn, spread))
     else:
         out.update(verdict=None, test=None, why="not compared: " + "; ".join(
             d["message"] for d in differences if d["blocks"]))
@@ -333,8 +341,9 @@ def compare_runs(base: str, new: str, *, role: str | None = None,
             groups.setdefault((w["role"], w["region"]), [[], []])[index].append(w)
     windows, only_base, only_new = [], [], []
     for (_role, _region), (left, right) in groups.items():
+        known = [d for d in (drift(left), drift(right)) if d is not None]
         for x, y in zip(left, right, strict=False):
-            windows.append(pair(x, y))
+            windows.append(pair(x, y, max(known) if known else None))
         only_base += [w["title"] for w in left[len(right):]]
         only_new += [w["title"] for w in right[len(left):]]
     if not windows:

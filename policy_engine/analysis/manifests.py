@@ -9,6 +9,8 @@ record (the ``event`` key):
 - ``trace``: one per trace file the capture wrote, or failed to write (lines written
   before ``event`` existed have no ``event`` key and are trace lines);
 - ``close``: written when the capture ends, with its status and how many traces it wrote;
+  a capture of more than 64 consecutive steps gives its first and last step and
+  ``step_count`` (:func:`closed_steps` reads both forms);
 - ``note``: something about a role in the process that is no capture (``note`` says
   what: a trigger request accepted or missed, a slow step, a limit reached).
 
@@ -25,7 +27,7 @@ import math
 import os
 import re
 import stat
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from typing import IO, Any
 
 import attrs
@@ -134,6 +136,17 @@ def parse_line(raw: bytes) -> dict[str, Any]:
     except RecursionError:
         raise ValueError("nested too deeply") from None
     return cleaned
+
+
+def closed_steps(record: Mapping[str, Any]) -> Sequence[int]:
+    """The outer steps a ``close`` line says its capture covered: its ``steps``, or with
+    ``step_count`` (a long merged capture) the range from the first to the last, never
+    expanded into a list."""
+    steps = [s for s in record.get("steps") or () if isinstance(s, int)]
+    count = record.get("step_count")
+    if isinstance(count, int) and len(steps) == 2 and steps[1] - steps[0] + 1 == count:
+        return range(steps[0], steps[1] + 1)
+    return steps
 
 
 def _show(value: Any) -> str:

@@ -101,13 +101,14 @@ def window_text(w: dict[str, Any]) -> list[str]:
     elif any(step["collectives"] for step in w["step_times"]):
         lines.append("  no straggler: no rank is consistently the one the others wait for")
     if w["step_times"]:
-        lines.append("  step     time ms min / median / max     comm ms median   straggler")
+        lines.append("  profiler step   time ms min / median / max     comm ms median   "
+                     "straggler")
         for step in w["step_times"]:
-            name = "whole" if step["step"] is None else str(step["step"])
+            name = "whole trace" if step["step"] is None else str(step["step"])
             late = (f"rank {step['straggler']} (+{ms(step['late_us'])} ms)"
                     if step["straggler"] is not None else "-")
             comm = step["comm_us"]["median"] if step["comm_us"] else None
-            lines.append(f"  {name:<8} {_spread(step['time_us']):<31} {ms(comm):<16} {late}")
+            lines.append(f"  {name:<15} {_spread(step['time_us']):<31} {ms(comm):<16} {late}")
     b = w.get("breakdown")
     if b and len(w["ranks"]) > RANK_ROWS:
         for key in ("compute_us", "comm_us", "idle_us"):

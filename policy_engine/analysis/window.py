@@ -27,6 +27,10 @@ LATE_SHARE = 0.1
 LATE_FLOOR_US = 100.0
 #: ...and at least this share of its lateness is compute the median rank does not do.
 EXPLAINED = 0.5
+#: A rank's last step shorter than this share of its median step is the empty one torch
+#: opens at the last ``step()`` call and the capture's end closes at once: not a step of
+#: the work (``compare`` takes no sample from it either).
+TRAILING = 0.1
 PARTS = ("compute_us", "comm_us", "overlap_us", "other_us", "idle_us", "span_us")
 
 
@@ -69,10 +73,21 @@ def _step_straggler(rows: dict[int, dict[str, Any]]) -> dict[str, Any]:
     return {"straggler": rank if named else None, "late_us": late}
 
 
+def without_trailing(steps: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A rank's steps less an empty last one (:data:`TRAILING`); with fewer than three
+    there is no median to tell it by, and all are kept."""
+    steps = list(steps)
+    if len(steps) >= 3:
+        rest = statistics.median(row["time_us"] for row in steps[:-1])
+        if steps[-1]["time_us"] < TRAILING * rest:
+            steps.pop()
+    return steps
+
+
 def _steps(ranks: list[dict[str, Any]]) -> list[dict[str, Any]]:
     by_step: dict[Any, dict[int, dict[str, Any]]] = {}
     for r in ranks:
-        for row in r.get("steps") or []:
+        for row in without_trailing(r.get("steps") or []):
             by_step.setdefault(row["step"], {})[r["rank"]] = row
     out = []
     for step in sorted(by_step, key=lambda s: (s is None, s if s is not None else 0)):

@@ -12,6 +12,7 @@ from typing import Any
 from policy_engine import backends
 from policy_engine.analysis.format import size_cell
 from policy_engine.backends.files import name_files
+from policy_engine.cli import explain_schedule
 from policy_engine.cli._common import (
     add_format_option,
     load_role_layout,
@@ -70,6 +71,10 @@ def run(args: argparse.Namespace) -> int:
         _print_text(args.role, world, lo, hi, ranks)
         if total is not None:
             print(_total_line(total, lo, hi))
+    if args.inner_steps is not None:
+        for line in explain_schedule.warnings(policy, args.role, world, lo, hi,
+                                              args.inner_steps):
+            print(f"policy-engine explain: warning: {line}", file=sys.stderr)
     return 0
 
 
@@ -149,7 +154,40 @@ def _unprofiled(dims: tuple[str, ...]) -> str:
 
 
 def _coords(entry: dict[str, Any]) -> str:
-    return "".join(f"{k}{v}" for k, v in entry["coords"].items()) or "-"
+    """`` (tp0pp1dp0)``, the rank's mesh coordinates; nothing without a mesh."""
+    coords = "".join(f"{k}{v}" for k, v in entry["coords"].items())
+    return f" ({coords})" if coords else ""
+
+
+def _actions(acts: list[str]) -> str:
+    """The schedule's actions, a run of three or more alike folded (``NONE x5``); without
+    a schedule every inner step records, said once."""
+    if acts and all(a == "RECORD" for a in acts):
+        return "RECORD at every inner step (no schedule: each capture is recorded whole)"
+    runs: list[list[Any]] = []
+    for act in acts:
+        if runs and runs[-1][0] == act:
+            runs[-1][1] += 1
+        else:
+            runs.append([act, 1])
+    return " ".join(f"{act} x{n}" if n > 2 else " ".join([act] * n) for act, n in runs)
+
+
+def _steps(steps: list[int]) -> str:
+    """The steps, a run of three or more consecutive ones folded with its count
+    (``2,3,10-1009 (1000)``): a long window is one item, not a thousand."""
+    parts: list[str] = []
+    at = 0
+    while at < len(steps):
+        end = at
+        while end + 1 < len(steps) and steps[end + 1] == steps[end] + 1:
+            end += 1
+        if end - at >= 2:
+            parts.append(f"{steps[at]}-{steps[end]} ({end - at + 1})")
+        else:
+            parts.extend(map(str, steps[at:end + 1]))
+        at = end + 1
+    return ",".join(parts)
 
 
 def _beyond_plan(entry: dict[str, Any]) -> list[str]:
@@ -193,14 +231,14 @@ def _print_text(role: str, world: int, lo: int, hi: int,
         if not first["profiled"]:
             print(f"  {span}: not profiled")
             continue
-        steps = ",".join(map(str, first["steps"])) or "none in range"
+        steps = _steps(first["steps"]) or "none in range"
         print(f"  {span}: profiled with {' + '.join(first['backends'])}, steps {steps}")
         if "regions" in first:  # discrete: each region call is a capture with its schedule
             for region, acts in first["regions"].items():
                 print(f"    {region} (each call a capture), actions per inner step: "
-                      f"{' '.join(acts)}")
+                      f"{_actions(acts)}")
         else:
-            print(f"    actions per inner step: {' '.join(first['actions'])}")
+            print(f"    actions per inner step: {_actions(first['actions'])}")
         if first["inner_steps"] == 1:
             print("    traces assume 1 prof.step() per outer step (--inner-steps N for more)")
         for line in _beyond_plan(first):
@@ -213,6 +251,6 @@ def _print_text(role: str, world: int, lo: int, hi: int,
                 if found["bytes"] is not None else found["why"]))
         shown = group if len(group) <= 4 else [group[0], group[-1]]
         for entry in shown:
-            print(f"    rank {entry['rank']} ({_coords(entry)}): {entry['name']}")
+            print(f"    rank {entry['rank']}{_coords(entry)}: {entry['name']}")
         if len(group) > 4:
             print(f"    ... {len(group) - 2} more ranks")

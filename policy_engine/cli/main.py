@@ -12,23 +12,25 @@ from policy_engine.analysis.errors import AnalysisError
 from policy_engine.cli.usage import UsageError
 from policy_engine.errors import PolicyError
 
-#: subcommand -> (module under policy_engine.cli, one line of help)
+#: subcommand -> (module under policy_engine.cli, one line of help), in the order of a
+#: user's work (``--help`` lists them so): write and check a policy, launch, steer the
+#: running job, then read what it wrote.
 COMMANDS: dict[str, tuple[str, str]] = {
+    "init": ("init", "write a starter policy"),
+    "from-verl": ("from_verl", "write the policy equivalent to a verl config's profiler settings"),
+    "schema": ("schema_cmd", "print the JSON Schema"),
     "validate": ("validate", "check policy files"),
     "explain": ("explain", "show what a role does on every rank"),
-    "schema": ("schema_cmd", "print the JSON Schema"),
-    "init": ("init", "write a starter policy"),
-    "traces": ("traces", "list the traces under a folder"),
-    "report": ("report", "write a static HTML page of a run's captures"),
-    "demo": ("demo", "profile a small CPU training run"),
     "nsys-args": ("nsys_args", "print the nsys profile arguments for a role"),
     "engine-args": ("engine_args", "print a rollout engine's launch profiler settings"),
-    "memory-plot": ("memory_plot", "draw a memory snapshot as a self-contained HTML page"),
-    "merge": ("merge", "join the per-rank traces of one capture window"),
+    "demo": ("demo", "profile a small CPU training run"),
+    "trigger": ("trigger", "ask running processes to capture their next steps"),
+    "traces": ("traces", "list the traces under a folder"),
     "analyze": ("analyze", "per window and rank: step time, compute, communication, straggler"),
     "compare": ("compare", "what a change did between two runs, window by window"),
-    "trigger": ("trigger", "ask running processes to capture their next steps"),
-    "from-verl": ("from_verl", "write the policy equivalent to a verl config's profiler settings"),
+    "report": ("report", "write a static HTML page of a run's captures"),
+    "merge": ("merge", "join the per-rank traces of one capture window"),
+    "memory-plot": ("memory_plot", "draw a memory snapshot as a self-contained HTML page"),
 }
 
 EXIT_OK, EXIT_INVALID, EXIT_USAGE, EXIT_INTERNAL, EXIT_INTERRUPTED = 0, 1, 2, 3, 130

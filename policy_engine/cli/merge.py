@@ -98,6 +98,12 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"{out} exists (--force replaces it)") from None
     except OSError as err:
         raise UsageError(f"{out}: cannot write: {err.strerror or err}") from None
-    print(f"{out}: {what}, ranks {span(r.get('rank') for r in merged)} "
-          f"({len(merged)} traces, {events} events)")
+    ranks = [r.get("rank") for r in merged]
+    print(f"{out}: {what}, {'rank' if len(set(ranks)) == 1 else 'ranks'} {span(ranks)} "
+          f"({_count(len(merged), 'trace')}, {_count(events, 'event')})")
     return 0
+
+
+def _count(n: int, noun: str) -> str:
+    """``1 trace``, ``2 traces``."""
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"

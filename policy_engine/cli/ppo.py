@@ -18,6 +18,8 @@ from policy_engine.runtime.apply import Profiler, apply_policy
 
 HIDDEN = 64
 VOCAB = 128
+#: The roles the demo runs, one worker each.
+ROLES = ("rollout", "actor", "ref", "critic")
 
 
 class _Worker:
