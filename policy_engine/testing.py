@@ -18,12 +18,14 @@ from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager
 from typing import Any, ClassVar
 
-from policy_engine.backends.base import Artifact, CaptureInfo
+from policy_engine.backends.base import Artifact, CaptureInfo, Session
 from policy_engine.files.publish import write_atomic
 from policy_engine.runtime.state import slot
 
 
-class RecordingSession:
+class RecordingSession(Session):
+    """One capture of a RecordingBackend: records each required hook's call."""
+
     def __init__(self, backend: RecordingBackend, info: CaptureInfo) -> None:
         self.backend = backend
         self.info = info
@@ -91,6 +93,7 @@ class RecordingBackend:
 
     name: ClassVar[str] = "recording"
     extension: ClassVar[str] = ".rec"
+    session: ClassVar[type[Session]] = RecordingSession
 
     def __init__(self, *, write_files: bool = True, fail_on: str | None = None,
                  any_thread: bool = False) -> None:

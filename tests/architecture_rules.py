@@ -327,3 +327,36 @@ def private_names_of(tree: ast.AST, package: str) -> list[str]:
                       if _inside(a.name, package)
                       and any(_private(part) for part in a.name.split("."))]
     return _lines(found)
+
+
+#: Every hook of policy_engine.backends.base.Session (spelled here so that the rule does
+#: not import the code it checks; tests/test_backend_contract.py holds the two equal).
+SESSION_HOOKS = frozenset({
+    "prepare", "start", "step", "save", "discard", "range", "close",
+    "any_thread", "saves_later", "set_reporter", "set_stem", "note", "save_later"})
+_PROBES = frozenset({"getattr", "hasattr"})
+
+
+def _names_a_session(node: ast.AST) -> bool:
+    """``session``, ``self.session``, ``part_session``...: an object named a session."""
+    name = node.id if isinstance(node, ast.Name) else \
+        node.attr if isinstance(node, ast.Attribute) else ""
+    return "session" in name.lower()
+
+
+def session_probing(tree: ast.AST) -> list[str]:
+    """A session's hooks looked up instead of called: ``getattr``/``hasattr`` on an object
+    named a session, or asked for a hook of :class:`Session` by name (``getattr(s,
+    "set_stem", None)``). Every session subclasses Session, whose optional hooks do
+    nothing, so the runtime calls them directly."""
+    found: list[tuple[int, str]] = []
+    for node in ast.walk(tree):
+        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+                and node.func.id in _PROBES and len(node.args) >= 2):
+            continue
+        owner, attr = node.args[0], node.args[1]
+        hook = isinstance(attr, ast.Constant) and attr.value in SESSION_HOOKS
+        if hook or _names_a_session(owner):
+            what = repr(attr.value) if isinstance(attr, ast.Constant) else "a name"
+            found.append((node.lineno, f"{node.func.id}(..., {what})"))
+    return _lines(found)

@@ -10,7 +10,9 @@ command line only parses arguments and prints what it computes. No import cycle,
 imports inside functions, under ``if TYPE_CHECKING:`` and modules named to importlib (the
 registry's strings); no module over ~400 lines. Each fact at the edges has one home: one
 module publishes files, one parses ``traceEvents``, one builds manifest lines; no private
-name crosses a package; no class of the runtime carries more than 12 instance attributes.
+name crosses a package; no class of the runtime carries more than 12 instance attributes;
+no module of the runtime or the backends probes a session for a hook (``getattr``): every
+session subclasses ``backends.base.Session``, whose optional hooks do nothing.
 Each rule is shown to catch a planted violation (tests/architecture_rules.py holds them).
 """
 
@@ -127,6 +129,12 @@ def test_no_test_imports_a_private_name_of_the_reading_side() -> None:
 def test_runtime_classes_stay_small() -> None:
     found = {name: rules.crowded_classes(TREES[name]) for name in sorted(MODULES)
              if rules.layer(name) == "runtime"}
+    assert {name: where for name, where in found.items() if where} == {}
+
+
+def test_no_session_hook_is_probed() -> None:
+    found = {name: rules.session_probing(TREES[name]) for name in sorted(MODULES)
+             if rules.layer(name) in ("runtime", "backends")}
     assert {name: where for name, where in found.items() if where} == {}
 
 
@@ -314,6 +322,23 @@ def test_twelve_attributes_are_allowed() -> None:
     assert rules.crowded_classes(ast.parse(_class(12))) == []
     mixin = "class Mixin:\n" + "".join(f"    a{i}: int\n" for i in range(20))
     assert rules.crowded_classes(ast.parse(mixin)) == []
+
+
+@pytest.mark.parametrize("text", [
+    "later = getattr(self.session, 'save_later', None)\n",
+    "if hasattr(session, 'set_stem'):\n    session.set_stem(stem)\n",
+    "threads = all(getattr(s, 'any_thread', False) for _, s in parts)\n",
+    "call = getattr(part_session, method, None)\n",
+])
+def test_a_probed_session_hook_is_caught(text: str) -> None:
+    assert rules.session_probing(ast.parse(text))
+
+
+def test_calling_hooks_and_probing_other_objects_is_no_session_probing() -> None:
+    text = ("session.set_stem(stem)\nif session.saves_later:\n    pass\n"
+            "method = getattr(self.engine, what)\n"
+            "hook = getattr(module, 'session_settings', None)\n")
+    assert rules.session_probing(ast.parse(text)) == []
 
 
 def test_an_oversized_module_is_caught(tmp_path: Path) -> None:

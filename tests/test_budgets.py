@@ -45,6 +45,8 @@ class LateSession(RecordingSession):
     """A recording session whose files are written later, by the export thread, as the
     torch backend's are: ``save_later`` stops, the closure it returns writes."""
 
+    saves_later = True
+
     def save(self, stem: str, cycle: int) -> list[Artifact]:  # export: {mode: sync}
         return self.save_later(stem, cycle)()
 

@@ -363,3 +363,71 @@ def test_counts_come_from_the_keys_that_exist_in_a_few_calls(store: Served) -> N
     assert job.agree(2000, 42) == 42 and job.agree(2000, 43) == 42
     kv.set(f"{PREFIX}step/2001", b"soon")
     assert job.agree(2001, 44) is None
+
+
+@pytest.mark.parametrize("on_demand", [False, True])
+def test_a_signal_to_every_rank_on_the_folder_is_one_request_at_one_step(
+        make_policy: Any, tmp_path: Path, on_demand: bool) -> None:
+    """No store: the ranks post through ``triggers/`` and read what they post there (with
+    or without on_demand), and the first rank's request stands for the others' (one claim
+    per signal, as on the store)."""
+    out = tmp_path / "out"
+    policy = make_policy(steps=[], ranks="all", triggers={
+        "signal": True, "on_demand": on_demand, "poll_seconds": 0.05})
+    previous = signal.getsignal(signal.SIGUSR2)
+    try:
+        with recording_backend("torch"):
+            ranks = Ranks(policy, 3)
+            try:
+                progress = out / "triggers" / "progress"
+                until(lambda: progress.is_dir() and len(
+                    [p for p in os.listdir(progress) if p.startswith("actor.")]) == 3)
+                time.sleep(0.3)
+                os.kill(os.getpid(), signal.SIGUSR2)  # every "rank" sees it
+                answers = until(lambda: len(notes(out, note="trigger")) >= 3 and
+                                notes(out, note="trigger"))
+                time.sleep(1.0)
+            finally:
+                ranks.close()
+    finally:
+        signal.signal(signal.SIGUSR2, previous)
+        STATE.usr2_installed = False
+    answers = notes(out, note="trigger")
+    assert len(answers) == 3, answers  # one request, not three
+    assert {(a["status"], a["trigger"]) for a in answers} == {("accepted", "signal")}
+    assert len({a["request"] for a in answers}) == 1
+    assert len({a["first"] for a in answers}) == 1
+
+
+def test_a_progress_file_is_written_when_its_step_moves_only(
+        make_policy: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """No store: a rank's progress file under triggers/progress/ is rewritten when it has
+    a new step to say, not at every poll (the republish of a process whose step stands
+    still included)."""
+    from policy_engine.runtime import courier
+
+    monkeypatch.setattr(courier, "REPUBLISH", 0.0)  # a report due at every poll
+    out = tmp_path / "out"
+    policy = make_policy(steps=[], ranks="all",
+                         triggers={"on_demand": True, "poll_seconds": 0.02})
+    path = out / "triggers" / "progress" / "actor.0"
+
+    def written() -> tuple[int, int]:
+        found = path.stat()
+        return found.st_ino, found.st_mtime_ns
+
+    with recording_backend("torch"):
+        prof = apply_policy(Worker(), "actor", policy, Topology(rank=0, world=2))
+        try:
+            with prof.training_step(1):
+                pass
+            until(lambda: path.exists() and json.loads(path.read_text())["step"] == 1)
+            first = written()
+            time.sleep(0.5)  # some 25 polls
+            assert written() == first
+            with prof.training_step(2):
+                pass
+            until(lambda: json.loads(path.read_text())["step"] == 2)
+            assert written() != first
+        finally:
+            prof.close()

@@ -95,7 +95,7 @@ def test_init_points_at_a_schema_file_beside_the_policy(
     Draft202012Validator(json.loads(target.read_text(encoding="utf-8"))).validate(
         yaml.safe_load(policy.read_text(encoding="utf-8")))
     capsys.readouterr()
-    assert main(["validate", "--strict", str(policy)]) == 0
+    assert main(["validate", "--strict", "--world", "4", str(policy)]) == 0
     assert capsys.readouterr().out == f"{policy}: valid\n"
 
 

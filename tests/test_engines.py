@@ -412,3 +412,27 @@ def test_a_profiler_folder_linked_out_is_recorded_and_the_loop_goes_on(
     with pytest.raises(ProfilingError, match="profiler folder cannot be used"), \
             strict.training_step(2):
         pass
+
+
+def test_an_engine_launched_with_another_folder_is_said_once_not_waited_for(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """The engines write where they were launched to, not where the policy collects: one
+    warning at the first start naming both folders, and no window waits files_timeout."""
+    policy = _example(tmp_path)
+    config = engine_args(load_policy(policy), "rollout")["profiler_config"]
+    ours, other = config["torch_profiler_dir"], str(tmp_path / "elsewhere")
+    llms = [fake_vllm.LLM(profiler_config={**config, "torch_profiler_dir": other},
+                          tensor_parallel_size=2) for _ in range(4)]
+    prof = apply_policy(llms, role="rollout", policy=policy, files_timeout=30.0)
+    began = time.monotonic()
+    for step in (1, 2, 3):
+        with prof.training_step(step):
+            llms[0].generate(["x"])
+    assert time.monotonic() - began < 10.0  # two windows, neither waited 30 s
+    said = [r.getMessage() for r in caplog.records if "profiler folder" in r.getMessage()]
+    assert len(said) == 1, said
+    assert other in said[0] and ours in said[0]
+    traces = _lines(tmp_path / "out", event="trace")
+    assert traces and {t["status"] for t in traces} == {"failed"}
+    assert all(other in t["error"] and ours in t["error"] for t in traces)
+    assert os.listdir(other)  # the engine's files stay where it wrote them

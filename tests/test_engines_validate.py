@@ -138,6 +138,22 @@ def test_engine_args_sglang(tmp_path: Path, capsys: pytest.CaptureFixture[str]) 
     assert "export SGLANG_PROFILE_WITH_STACK=false" in capsys.readouterr().out
 
 
+def test_engine_args_without_mesh_assumes_one_rank(tmp_path: Path,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    """A role with no mesh and no --world: one engine rank, as validate's warning says."""
+    path = tmp_path / "p.yaml"
+    path.write_text("version: 1\noutput_dir: out\nroles:\n  rollout: {enabled: true, "
+                    "backend: vllm, ranks: [0], steps: [2]}\n")
+    assert main(["validate", str(path)]) == 0
+    assert "expects one vllm rank (tp=1)" in capsys.readouterr().out
+    assert main(["engine-args", str(path), "--format", "json"]) == 0
+    out, err = capsys.readouterr()
+    assert json.loads(out)["mesh"] == {}
+    assert "role 'rollout' has no mesh: one vllm rank (tp=1) is assumed" in err
+    assert main(["engine-args", str(path), "--world", "1"]) == 0
+    assert "is assumed" not in capsys.readouterr().err
+
+
 _VLLM_PREFIX = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 label = st.text(min_size=0, max_size=80)
 

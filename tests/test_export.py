@@ -15,16 +15,17 @@ import pytest
 
 from policy_engine import ProfilingError, Topology, profile_session
 from policy_engine.analysis.manifests import scan_manifests
-from policy_engine.backends.base import Artifact, CaptureInfo
+from policy_engine.backends.base import Artifact, CaptureInfo, Session
 from policy_engine.runtime import export
 from policy_engine.runtime.state import slot
 
 
-class SlowSession:
+class SlowSession(Session):
     """A session whose files are written by the call save_later returns, which waits for
     ``gate`` (so a test decides when the export thread may finish)."""
 
     any_thread = False
+    saves_later = True
 
     def __init__(self, backend: SlowBackend, info: CaptureInfo) -> None:
         self.backend, self.info = backend, info

@@ -8,6 +8,8 @@ from __future__ import annotations
 import json
 import logging
 import os
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -234,6 +236,29 @@ def test_the_command_refuses_absurd_counts_and_steps(
         assert said in capsys.readouterr().err
     assert os.listdir(out / "triggers") == []
     assert main(["trigger", str(out), "--role", "actor", "--count", "10000"]) == 0
+
+
+def test_the_command_over_the_folder_imports_no_torch(out: Path) -> None:
+    """Only the store needs torch: a request written under triggers/ imports none of it."""
+    (out / "triggers").mkdir(parents=True)
+    script = ("import sys\nfrom policy_engine.cli.main import main\n"
+              f"code = main(['trigger', {str(out)!r}, '--role', 'actor', '--steps', '3'])\n"
+              "print(code, sorted(m for m in sys.modules if m.split('.')[0] == 'torch'))")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=120, cwd=Path(__file__).resolve().parents[1])
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[-1] == "0 []", done.stdout
+    assert len(os.listdir(out / "triggers")) == 1
+
+
+def test_wait_counts_the_steps_of_a_long_capture_as_covered() -> None:
+    """A close line of a long merged capture gives a range (``closed_steps``): the steps
+    accepted inside it are covered, without listing the range."""
+    process = trigger_cli._Process({"status": "accepted", "first": 4000, "last": 4002})
+    process.captures["c"] = {"closed": "complete", "covered": range(1, 10**9), "steps": [1]}
+    assert process.done() and process.ours()
+    process.captures["c"]["covered"] = range(1, 4001)
+    assert process.missing() == 2
 
 
 def test_the_command_never_writes_through_a_link(

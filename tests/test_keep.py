@@ -119,7 +119,7 @@ def test_a_bad_value_leaves_the_other_checks_of_its_role(tmp_path: Path) -> None
     with pytest.raises(PolicyError) as caught:
         load_policy(path)
     assert [p.json_path for p in caught.value.problems] == [
-        "$.roles.actor.keep", "$.roles.actor.name"]
+        "$.roles.actor.name", "$.roles.actor.keep"]  # in the order of the file
 
 
 def test_keep_summaries_without_torch_is_a_warning(tmp_path: Path) -> None:

@@ -252,3 +252,32 @@ def test_close_lines_old_and_new_read_back(out: Path) -> None:
     assert scan.problems == ()
     assert [(r.get("deferred"), r.get("thread_waits"), r.get("stopped_by"))
             for r in scan.records] == [(2, None, None), (None, 2, "SIGTERM arrived")]
+
+
+def test_an_endless_merged_capture_closes_with_a_small_line(make_policy: Any,
+                                                            out: Path) -> None:
+    """Merged steps that go on as long as the run: the close line gives the first and last
+    step and how many, not every step; the readers take both forms."""
+    from policy_engine import Topology, apply_policy
+    from policy_engine.analysis.listing import collect
+    from policy_engine.analysis.manifests import closed_steps
+    from policy_engine.testing import recording_backend
+
+    class Worker:
+        pass
+
+    policy = make_policy(steps="all", merge_steps=True)
+    with recording_backend("torch"):
+        prof = apply_policy(Worker(), "actor", policy, Topology(rank=0, world=1))
+        for n in range(1, 5001):
+            with prof.training_step(n):
+                pass
+        prof.close()
+    [close] = [line for line in lines_of(out) if b'"close"' in line]
+    assert len(close) < 400, close
+    [record] = [r for r in scan_manifests(str(out)).records if r["event"] == "close"]
+    assert (record["steps"], record["step_count"]) == ([1, 5000], 5000)
+    assert closed_steps(record) == range(1, 5001)
+    assert closed_steps({"steps": [3, 4]}) == [3, 4]  # a short capture lists its steps
+    listed = collect(str(out))
+    assert listed["interrupted"] == [] and len(listed["traces"]) == 1

@@ -258,3 +258,35 @@ def test_failed_start_closes_what_it_opened(tmp_path: Path, nvtx: FakeNvtx) -> N
         session.start()
     assert nvtx.events == [("start", *CAPTURE), ("end", 1)]
     assert not session.recording
+
+
+def test_a_dropped_provisional_session_capture_leaves_no_range(
+        tmp_path: Path, nvtx: FakeNvtx) -> None:
+    """``with profile_session(...)`` around a loop of training steps: the whole-session
+    capture is dropped at the first ``training_step``, and nsys must not have seen a
+    range for it (it would write a report for it, and number the per-step ones after it)."""
+    with profile_session(policy(tmp_path), "actor", Topology(0, 1)) as prof:
+        for n in range(5):
+            with prof.training_step(n), prof.region("update"):
+                prof.step()
+    starts = [e for e in nvtx.events if e[0] == "start"]
+    assert [e for e in starts if e[1] == CAPTURE[0]] == [("start", *CAPTURE)] * 2
+    ends = [e for e in nvtx.events if e[0] == "end"]
+    assert len(ends) == len(starts)  # every range it opened, closed
+    rows = sorted(read_manifests(str(tmp_path)), key=lambda r: r["start"])
+    assert [(r["steps"], r["extra"]["capture_range"]) for r in rows] == [([1], 0), ([3], 1)]
+
+
+def test_a_kept_session_capture_records_from_the_first_step(
+        tmp_path: Path, nvtx: FakeNvtx) -> None:
+    """A plain loop (``step()`` only): the session capture is kept, and under nsight its
+    one range opens at the first ``step()``."""
+    with profile_session(policy(tmp_path, steps="all"), "actor", Topology(0, 1)) as prof:
+        assert not [e for e in nvtx.events if e[0] == "start"]  # provisional: no range yet
+        for _ in range(3):
+            with prof.region("update"):
+                prof.step()
+    assert [e for e in nvtx.events if e[0] == "start" and e[1] == CAPTURE[0]] == [
+        ("start", *CAPTURE)]
+    [row] = read_manifests(str(tmp_path))
+    assert row["status"] == "complete" and row["extra"]["capture_range"] == 0

@@ -40,7 +40,10 @@ def test_verl_hybrid_places_the_rollout_in_its_own_mesh() -> None:
 
 def test_validates_with_the_cli(policy_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["validate", "--strict", str(policy_path)]) == 0
-    assert capsys.readouterr().out == f"{policy_path}: valid\n"
+    out = capsys.readouterr().out.splitlines()
+    assert out[-1] == f"{policy_path}: valid"
+    # without a world, at most a note that the ranks were not checked against one
+    assert all(": note: ranks of " in line for line in out[:-1])
 
 
 def test_validates_with_a_world(policy_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

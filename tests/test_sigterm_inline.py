@@ -22,7 +22,7 @@ import pytest
 
 from policy_engine import Topology, profile_session
 from policy_engine.analysis.manifests import scan_manifests
-from policy_engine.backends.base import Artifact, CaptureInfo
+from policy_engine.backends.base import Artifact, CaptureInfo, Session
 from policy_engine.files.publish import write_atomic
 from policy_engine.runtime import signals
 from policy_engine.runtime.state import STATE, slot
@@ -30,7 +30,7 @@ from policy_engine.runtime.state import STATE, slot
 pytestmark = pytest.mark.skipif(not hasattr(signal, "raise_signal"), reason="POSIX only")
 
 
-class SignalSession:
+class SignalSession(Session):
     """Raises SIGTERM in the middle of the call named ``at`` (its ``nth`` time)."""
 
     any_thread = False

@@ -291,3 +291,51 @@ def test_trigger_store_gives_up_in_one_clear_line(tmp_path: Path, mode: str) -> 
                             "no answer within 12 s"),
                 "silent": ("no answer within 12 s",)}[mode]
     assert why.startswith(expected), why
+
+
+# -- the command when the job's store goes away under it ---------------------------------
+
+_STORE = """
+import datetime, json, sys, time
+import torch.distributed as dist
+from policy_engine.runtime.channel import JobChannel, StoreKV
+store = dist.TCPStore("127.0.0.1", int(sys.argv[1]), is_master=True, wait_for_workers=False,
+                      timeout=datetime.timedelta(seconds=30))
+job = JobChannel(StoreKV(store), "trainer")  # one listener that never answers
+job.publish(job.register(json.dumps({"pid": 1}).encode()),
+            {"step": 5, "time": time.time(), "rate": 1.0})
+print("ready", flush=True)
+time.sleep(120)
+"""
+
+
+def test_trigger_says_in_one_line_that_the_store_went_away(tmp_path: Path) -> None:
+    """The store dies while ``--wait`` reads answers: one line naming the store and why,
+    and none of torch's C++ log lines or stack frames, even where the shell asks for them
+    (a job's debugging settings)."""
+    port = _port()
+    store = subprocess.Popen([sys.executable, "-c", _STORE, str(port)], env=child_env(),
+                             stdout=subprocess.PIPE, text=True)
+    try:
+        assert store.stdout is not None and store.stdout.readline().strip() == "ready"
+        env = {**child_env(), "TORCH_SHOW_CPP_STACKTRACES": "1", "TORCH_CPP_LOG_LEVEL": "INFO"}
+        trigger = subprocess.Popen(
+            [sys.executable, "-m", "policy_engine", "trigger", str(tmp_path), "--role",
+             "trainer", "--store", f"127.0.0.1:{port}", "--wait", "30"], env=env,
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        assert trigger.stdout is not None
+        first = trigger.stdout.readline()
+        assert first.startswith(f"through the job's store at 127.0.0.1:{port}"), first
+        store.kill()
+        trigger.wait(timeout=TIMEOUT)  # a few lines: no pipe fills meanwhile
+        assert trigger.stderr is not None
+        out, err = trigger.stdout.read(), trigger.stderr.read()
+    finally:
+        store.kill()
+        store.wait()
+    assert trigger.returncode == 1
+    assert out.startswith("request "), (first, out, err)
+    lines = err.splitlines()
+    assert len(lines) == 1, err
+    assert lines[0].startswith(f"policy-engine trigger: error: the job's store at "
+                               f"127.0.0.1:{port} stopped answering after 0 of 1 answer(s): "), err

@@ -27,41 +27,42 @@ from policy_engine.backends.base import Artifact, BackendUnavailable, CaptureInf
 log = logging.getLogger("policy_engine")
 
 
-class CombinedSession:
+class CombinedSession(Session):
     """The sessions of one capture's parts, called in turn."""
+
+    #: every save goes through save_later, which stops each part now (last first) and
+    #: leaves what the parts that save later still have to write
+    saves_later = True
 
     def __init__(self, parts: list[tuple[str, Session]]) -> None:
         self.parts = parts
         self.names = tuple(name for name, _ in parts)
-        self.any_thread = all(getattr(s, "any_thread", False) for _, s in parts)
+        self.any_thread = all(s.any_thread for _, s in parts)
 
-    def _each(self, method: str, *args: Any, reverse: bool = False) -> None:
-        """Call ``method`` on every part that has it; the first error is raised after
-        every part was called (a part left running would hold its tool)."""
+    def _each(self, call: Callable[[Session], object], *, reverse: bool = False) -> None:
+        """``call`` on every part; the first error is raised after every part was called
+        (a part left running would hold its tool)."""
         first: BaseException | None = None
         for _, session in (reversed(self.parts) if reverse else self.parts):
-            call = getattr(session, method, None)
-            if call is None:
-                continue
             try:
-                call(*args)
+                call(session)
             except Exception as err:
                 first = first or err
         if first is not None:
             raise first
 
     def set_stem(self, stem: str) -> None:
-        self._each("set_stem", stem)
+        self._each(lambda s: s.set_stem(stem))
 
     def note(self, facts: dict[str, Any]) -> None:
-        self._each("note", facts)
+        self._each(lambda s: s.note(facts))
 
     def set_reporter(self, report: Callable[[Artifact, str], None],
                      name: Callable[[], str]) -> None:
-        self._each("set_reporter", report, name)
+        self._each(lambda s: s.set_reporter(report, name))
 
     def prepare(self) -> None:
-        self._each("prepare")
+        self._each(lambda s: s.prepare())
 
     def start(self) -> None:
         started: list[Session] = []
@@ -78,7 +79,7 @@ class CombinedSession:
             raise
 
     def step(self, inner_step: int) -> None:
-        self._each("step", inner_step)
+        self._each(lambda s: s.step(inner_step))
 
     def save(self, stem: str, cycle: int) -> list[Artifact]:
         """Every part's files, timeline tool first. A part that fails gives a failed
@@ -91,12 +92,8 @@ class CombinedSession:
         have written already."""
         writes: list[tuple[str, Callable[[], list[Artifact]]]] = []
         for name, session in reversed(self.parts):
-            later = getattr(session, "save_later", None)
-            try:
-                if later is not None:
-                    write = later(stem, cycle)
-                else:
-                    write = functools.partial(list, session.save(stem, cycle))
+            try:  # a part that does not save later has written here (Session.save_later)
+                write = session.save_later(stem, cycle)
             except Exception as err:
                 write = functools.partial(list, [Artifact(
                     "", None, failed=f"{type(err).__name__}: {err}")])
@@ -114,13 +111,13 @@ class CombinedSession:
         return write_all
 
     def discard(self) -> None:
-        self._each("discard", reverse=True)
+        self._each(lambda s: s.discard(), reverse=True)
 
     def range(self, name: str) -> AbstractContextManager[object]:
         return _Ranges([session.range(name) for _, session in self.parts])
 
     def close(self) -> None:
-        self._each("close", reverse=True)
+        self._each(lambda s: s.close(), reverse=True)
 
 
 class _Ranges:
@@ -147,6 +144,7 @@ class Combined:
 
     name = "combined"
     extension = ""
+    session = CombinedSession
 
     def __init__(self, parts: list[tuple[str, Any]], settings: Mapping[str, Mapping[str, Any]],
                  note: Callable[..., None] | None = None) -> None:

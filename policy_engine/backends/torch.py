@@ -24,7 +24,7 @@ from collections.abc import Callable
 from contextlib import AbstractContextManager
 from typing import Any, ClassVar
 
-from policy_engine.backends.base import Artifact, BackendUnavailable, CaptureInfo
+from policy_engine.backends.base import Artifact, BackendUnavailable, CaptureInfo, Session
 from policy_engine.backends.files import torch_extension
 from policy_engine.files.publish import write_atomic
 from policy_engine.settings.torch import ACTIVITIES as _ACTIVITIES
@@ -94,10 +94,11 @@ def _not_empty(path: str) -> None:
         raise EmptyTrace("torch wrote nothing (is matplotlib installed?)")
 
 
-class TorchSession:
+class TorchSession(Session):
     """One capture: a torch.profiler profile driven transition by transition."""
 
     any_thread = False  # kineto: start, stop and export on one thread
+    saves_later = True  # the trace is exported after the profiler stops, on any thread
 
     def __init__(self, backend: TorchBackend, info: CaptureInfo) -> None:
         try:
@@ -239,6 +240,7 @@ class TorchBackend:
 
     name: ClassVar[str] = "torch"
     extension: ClassVar[str] = ".pt.trace.json.gz"
+    session: ClassVar[type[Session]] = TorchSession
 
     def __init__(self) -> None:
         self._dropped: set[str] = set()  # activities already warned about

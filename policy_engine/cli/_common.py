@@ -109,9 +109,12 @@ def print_json(data: Mapping[str, Any] | list[Any]) -> None:
     sys.stdout.write(text + "\n")
 
 
-def load_role_layout(args: argparse.Namespace, command: str) -> tuple[Policy, int]:
+def load_role_layout(args: argparse.Namespace, command: str,
+                     assumed_world: int | None = None) -> tuple[Policy, int]:
     """The checked policy (``--mesh`` replacing every mesh in it) and the world size, for
-    commands that look at one role on every rank (explain, nsys-args)."""
+    commands that look at one role on every rank (explain, nsys-args). Without ``--world``
+    and a mesh, ``assumed_world`` is the world size when given (engine-args: one engine
+    rank, as validate's warning says), else a usage error."""
     policy = load_checked(args.file, args).policy
     assert policy is not None  # load_checked raised on errors
     if args.mesh:
@@ -121,7 +124,7 @@ def load_role_layout(args: argparse.Namespace, command: str) -> tuple[Policy, in
         print(f"policy-engine {command}: warning: role {args.role!r} is not in the "
               f"policy{hint}; it gets the defaults", file=sys.stderr)
     mesh = policy.mesh_for(args.role)
-    world = args.world or (mesh_size(mesh) if mesh else None)
+    world = args.world or (mesh_size(mesh) if mesh else None) or assumed_world
     if world is None:
         raise UsageError("give --world N (or a mesh in the policy): how many ranks the role has")
     return policy, world

@@ -91,8 +91,12 @@ def _python(data: dict[str, Any]) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    policy, _world = load_role_layout(args, "engine-args")
+    policy, _world = load_role_layout(args, "engine-args", assumed_world=1)
     data = build(policy, args.role)
+    if args.world is None and not policy.mesh_for(args.role):
+        print(f"policy-engine engine-args: note: role {args.role!r} has no mesh: one "
+              f"{data['engine']} rank (tp=1) is assumed, as validate says; give the engine's "
+              "parallelism as the role's mesh, e.g. tp: 4", file=sys.stderr)
     if args.format == "json":
         print_json(data)
     elif args.format == "python":

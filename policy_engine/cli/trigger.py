@@ -16,11 +16,12 @@ import argparse
 import os
 import sys
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import yaml
 
-from policy_engine.analysis.manifests import scan_manifests
+from policy_engine.analysis.manifests import closed_steps, scan_manifests
 from policy_engine.cli import trigger_store
 from policy_engine.cli.usage import UsageError
 from policy_engine.files.publish import UnsafePathError, open_folder
@@ -130,15 +131,20 @@ class _Process:
         self.captures: dict[Any, dict[str, Any]] = {}  # capture id -> open line + more
         self.limited = False  # its role's limits stopped new captures
 
+    def _accepted(self, steps: Sequence[Any]) -> list[int]:
+        """The accepted steps among ``steps`` (a list, or the range of a long capture)."""
+        if isinstance(steps, range):
+            return list(range(max(steps.start, self.first), min(steps.stop, self.last + 1)))
+        return [s for s in steps if isinstance(s, int) and self.first <= s <= self.last]
+
     def covered(self) -> set[int]:
         return {s for c in self.captures.values() if "closed" in c
-                for s in c.get("covered") or () if isinstance(s, int)}
+                for s in self._accepted(c.get("covered") or ())}
 
     def ours(self) -> list[dict[str, Any]]:
         """Its captures of the steps it accepted, whatever opened them (the plan too)."""
         return [c for c in self.captures.values()
-                if any(isinstance(s, int) and self.first <= s <= self.last
-                       for s in (c.get("covered") or c.get("steps") or ()))]
+                if self._accepted(c.get("covered") or c.get("steps") or ())]
 
     def missing(self) -> int:
         """Accepted steps no closed capture covers yet."""
@@ -183,7 +189,7 @@ def _answers(output_dir: str, rid: str, role: str) -> dict[Any, _Process]:
             if event == "trace" and record.get("path"):
                 known.setdefault("paths", []).append(record["path"])
             elif event == "close":
-                known.update(closed=record.get("status"), covered=record.get("steps"))
+                known.update(closed=record.get("status"), covered=closed_steps(record))
             continue
         process = found.get((record.get("host"), record.get("pid")))
         if process is None:
@@ -218,6 +224,8 @@ def _wait(output_dir: str, rid: str, role: str, seconds: float,
         for capture in process.ours():
             status = capture.get("closed", "still open")
             steps = capture.get("covered") or capture.get("steps")
+            if isinstance(steps, range):  # a long capture: its first and last steps
+                steps = f"{steps.start}-{steps.stop - 1}"
             for path in capture.get("paths") or ["(no file)"]:
                 print(f"  rank {capture.get('rank')} steps {steps}: {status}: {path}")
     if not found:
@@ -307,7 +315,7 @@ def _over_store(args: argparse.Namespace, found: Any) -> int:
     if not args.wait:
         return 0
     start = time.monotonic()
-    status, shown = trigger_store.answered(found[1], request["id"], listeners, args.wait)
+    status, shown = trigger_store.answered(found, request["id"], listeners, args.wait)
     if not _answers(args.output_dir, request["id"], args.role):
         return status  # the ranks write where this machine does not see
     left = max(args.wait - (time.monotonic() - start), _POLL)

@@ -107,7 +107,8 @@ def _connect(host: str, port: int) -> KeyValue:
     unknown host fails here at once), then torch's, within :data:`CONNECT_SECONDS`. A
     handshake that stalls is tried again on a new connection (a busy store sometimes
     leaves one unanswered) until the time is up."""
-    quiet_torch()
+    # this command's stderr says one line per failure, whatever the shell exports
+    quiet_torch(force=True)
     # imported here, not on the bounded thread: on a busy machine torch's import alone can
     # take longer than a store's answer may
     import torch.distributed  # noqa: F401
@@ -204,19 +205,23 @@ def say(answer: dict[str, Any]) -> str:
     return f"rank {answer.get('rank')} (pid {answer.get('pid')}): {answer.get('status')}: {what}"
 
 
-def answered(job: JobChannel, rid: str, listeners: int, seconds: float) -> tuple[int, set[Any]]:
-    """Print the answers on the channel until every listener has answered or ``seconds``
-    pass; exit status (1: some did not answer) and the ``(host, pid)`` of those shown."""
+def answered(found: tuple[str, JobChannel], rid: str, listeners: int,
+             seconds: float) -> tuple[int, set[Any]]:
+    """Print the answers on the channel ``found`` (``(where, channel)``) until every
+    listener has answered or ``seconds`` pass; exit status (1: some did not answer, or the
+    store went away: one line says where and why) and the ``(host, pid)`` of those shown."""
+    where, job = found
     deadline = time.monotonic() + seconds
     got: dict[int, dict[str, Any]] = {}
     while True:
         try:
-            found = job.answers(rid, listeners)
+            answers = job.answers(rid, listeners)
         except Exception as err:
-            print(f"policy-engine trigger: the job's store stopped answering: "
+            print(f"policy-engine trigger: error: the job's store at {where} stopped "
+                  f"answering after {len(got)} of {listeners} answer(s): "
                   f"{_first_line(err)}", file=sys.stderr)
-            break
-        for slot, answer in sorted(found.items()):
+            return 1, {(a.get("host"), a.get("pid")) for a in got.values()}
+        for slot, answer in sorted(answers.items()):
             if slot in got:
                 continue
             got[slot] = answer

@@ -29,6 +29,10 @@ CLOSE_STATUSES = ("complete", "partial", "failed", "interrupted")
 SUMMARY_STATUSES = ("complete", "failed", "cut")
 
 Record = dict[str, Any]
+#: Steps a close line lists, at most. A capture that covered more (merged steps, which
+#: follow each other, go on as long as the run when the steps do) gives its first and
+#: last step in ``steps`` and how many it covered in ``step_count``.
+LISTED_STEPS = 64
 
 
 def _is_int(v: Any) -> bool:
@@ -69,6 +73,7 @@ FIELDS: dict[str, tuple[Callable[[Any], bool], str]] = {
     "bytes": (_opt(lambda v: _is_int(v) and 0 <= v < 1 << 63), "a byte count or null"),
     "steps": (_list_of(_is_label), "a list of integers or strings"),
     "inner_steps": (_list_of(_is_label), "a list of integers or strings"),
+    "step_count": (lambda v: _is_int(v) and v >= 0, "a count"),
     "joined": (_list_of(_is_label), "a list of integers or strings"),
     "start": (_is_number, "a number"),
     "end": (_is_number, "a number"),
@@ -116,6 +121,15 @@ def close_line(*, capture: str, status: str, **fields: Any) -> Record:
     """The ``close`` line of capture ``capture``: how it ended, and how many ``traces`` it
     wrote (the open line said who it was)."""
     return _line("close", {}, {"capture": capture, "status": status, **fields})
+
+
+def covered_steps(steps: list[int]) -> Record:
+    """The close line's ``steps`` for a capture that covered ``steps``: the list, or past
+    :data:`LISTED_STEPS` consecutive steps their first and last with ``step_count``, so
+    that the line of an endless merged capture stays small."""
+    if len(steps) <= LISTED_STEPS or steps[-1] - steps[0] + 1 != len(steps):
+        return {"steps": list(steps)}
+    return {"steps": [steps[0], steps[-1]], "step_count": len(steps)}
 
 
 def note_line(base: Mapping[str, Any], *, note: str, **fields: Any) -> Record:

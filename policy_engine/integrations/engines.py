@@ -34,10 +34,10 @@ from policy_engine import backends
 from policy_engine import settings as registry
 from policy_engine.backends.engine import files
 from policy_engine.backends.engine.control import EngineCallError, EngineTimeout, Target
-from policy_engine.backends.engine.kind import EngineKind, staging_folder
-from policy_engine.backends.vllm.checks import launch_config
+from policy_engine.backends.engine.kind import EngineKind
 from policy_engine.errors import ProfilingError
 from policy_engine.files.publish import make_tool_folder
+from policy_engine.integrations._engine_launch import check_launch
 from policy_engine.integrations._engine_window import Window, identity
 from policy_engine.language.rules import engine_layout as layout
 from policy_engine.plan.compile import compile_plan
@@ -62,8 +62,11 @@ class EngineProfiler:
 
     def __init__(self, kind: EngineKind, plans: Sequence[Plan], targets: Mapping[int, Target],
                  spanning: bool, mesh: Mapping[str, int] | None, *, timeout: float,
-                 files_timeout: float, policy_sources: tuple[str, ...] = ()) -> None:
+                 files_timeout: float, policy_sources: tuple[str, ...] = (),
+                 elsewhere: Mapping[int, str] | None = None) -> None:
         self.kind = kind
+        # replica -> the profiler folder its engine was launched with, not the policy's
+        self.elsewhere = dict(elsewhere or {})
         self.plans = {p.rank: p for p in plans}
         self.plan = next((p for p in plans if p.enabled), plans[0])
         self.targets = dict(targets)
@@ -188,6 +191,20 @@ class EngineProfiler:
             window.fail(message)
         self._failed(message)
 
+    def _say_elsewhere(self, pairs: Sequence[tuple[Target, Window]]) -> None:
+        """At the first start of an engine launched with another profiler folder: one
+        warning naming both folders (its windows then fail at once, see :meth:`_stopped`)."""
+        for target, window in pairs:
+            other = self.elsewhere.get(window.replica)
+            if other is not None:
+                warn_once(("engine-folder", self.plan.role, other),
+                          "policy-engine: role %r: the %s engine %s was launched with the "
+                          "profiler folder %s, not the policy's %s: its traces stay there, "
+                          "uncollected, and each window of it is recorded failed; restart "
+                          "it with what `policy-engine engine-args` prints",
+                          self.plan.role, self.kind.name, target.describe(), other,
+                          self.folder)
+
     def _run_all(self, what: str, pairs: Sequence[tuple[Target, Window]]) -> None:
         for window in (w for _, w in pairs):
             window.open_lines()
@@ -196,6 +213,7 @@ class EngineProfiler:
         except OSError as err:
             self._folder_refused(pairs, err)
             return
+        self._say_elsewhere(pairs)
 
         here = {id(t): t.refused_here(what) for t, _ in pairs}  # this thread, not the pool's
 
@@ -221,6 +239,7 @@ class EngineProfiler:
         except OSError as err:
             self._folder_refused(pairs, err)
             return
+        self._say_elsewhere(pairs)
 
         async def one(pair: tuple[Target, Window]) -> str | None:
             try:
@@ -244,13 +263,19 @@ class EngineProfiler:
         kind = self.kind
         stages = len(self.stages) if self.stages != [None] else 0
         wanted = kind.expected(self.settings, len(window.parts) // len(self.stages), stages)
+        other = self.elsewhere.get(window.replica)
+        # an engine that writes elsewhere: what is here is all there will be, no waiting
         found = files.wait_for(self.folder, kind.parser(window.prefix, window.token),
-                               wanted if error is None else 0, self.files_timeout)
-        missing = None if error is None else f"stop_profile: {error}"
+                               wanted if error is None else 0,
+                               0.0 if other is not None else self.files_timeout)
+        missing = f"stop_profile: {error}" if error is not None else (
+            None if other is None else f"the engine was launched with the profiler folder "
+                                       f"{other}, not the policy's {self.folder}")
         for problem in window.collect(found, self.mesh, self.spanning, self.env, status,
                                       missing):
             warn_once(("engine-file", problem), "policy-engine: %s", problem)
-        if window.failed_parts:
+        # an engine writing elsewhere was said at its first start (raised here under raise)
+        if window.failed_parts and (other is None or self.plan.on_error == "raise"):
             self._failed(missing or f"{window.failed_parts} of {len(window.parts)} traces "
                                     f"were not found in {self.folder} within "
                                     f"{self.files_timeout:g} s of the stop")
@@ -334,26 +359,6 @@ def _targets(engine: Any, replica: int | None, loop: Any, count: int) -> tuple[d
     return {0: Target(engine, loop=loop)}, count > 1
 
 
-def _check_launch(engine: Any, spec: Any, output_dir: str, role: str) -> None:
-    """Warn when a vLLM engine object was launched with profiler settings other than the
-    policy's: they are fixed at launch (``AsyncLLM.vllm_config``,
-    ``LLM.llm_engine.vllm_config``); a server's cannot be read from here."""
-    holder = getattr(engine, "vllm_config", None) or getattr(
-        getattr(engine, "llm_engine", None), "vllm_config", None)
-    config = getattr(holder, "profiler_config", None)
-    if config is None:
-        return
-    folder = staging_folder(output_dir, role, spec.settings["torch_profiler_dir"])
-    wanted = launch_config(spec.settings, spec.schedule, folder)
-    differ = [f"{key}={getattr(config, key, None)!r} (the policy: {value!r})"
-              for key, value in wanted.items() if getattr(config, key, value) != value]
-    if differ:
-        warn_once(("vllm-launch", role, tuple(differ)),
-                  "policy-engine: role %r: the vLLM engine was launched with %s; these are "
-                  "fixed at launch: restart it with what `policy-engine engine-args` prints",
-                  role, "; ".join(differ))
-
-
 def apply_policy(engine: Any, role: str = "rollout", policy: PolicyArg = None, *,
                  replica: int | None = None, loop: asyncio.AbstractEventLoop | None = None,
                  timeout: float = DEFAULT_TIMEOUT,
@@ -383,8 +388,12 @@ def apply_policy(engine: Any, role: str = "rollout", policy: PolicyArg = None, *
     kind: EngineKind = importlib.import_module(backends.SESSIONS[spec.backend]).KIND
     if not any(p.enabled for p in plans):
         return OffEngineProfiler()
+    elsewhere: dict[int, str] = {}
     if spec.backend == "vllm":
-        for target in targets.values():
-            _check_launch(target.engine, spec, loaded.output_dir, role)
+        for replica, target in targets.items():
+            other = check_launch(target.engine, spec, loaded.output_dir, role)
+            if other is not None:
+                elsewhere[replica] = other
     return EngineProfiler(kind, plans, targets, spanning, mesh, timeout=timeout,
-                          files_timeout=files_timeout, policy_sources=loaded.sources)
+                          files_timeout=files_timeout, policy_sources=loaded.sources,
+                          elsewhere=elsewhere)

@@ -75,7 +75,7 @@ class Capture:
         self.span = Span(owner, list(record["steps"]), last_step)
         self.cursor = Cursor(schedule, budget)
         self.cycle = Cycle(step_per_cycle)
-        self.home = Home(bool(getattr(session, "any_thread", False)))
+        self.home = Home(session.any_thread)
         self.regions = Regions(slot.name, slot.lock, session, self.home, self.cycle,
                                self.catch_up)
         self.outcome = Outcome()
@@ -84,9 +84,8 @@ class Capture:
                            budget, exporter,
                            on_export_failure or (lambda err: on_failure(err, "export")),
                            keep)
-        reporter = getattr(session, "set_reporter", None)
-        if reporter is not None:  # backends that write outside transitions (OOM dumps)
-            reporter(self.lines.report, self._current_name)
+        # for backends that write outside transitions (OOM dumps)
+        session.set_reporter(self.lines.report, self._current_name)
 
     # -- what the owner's failure handling reads ---------------------------------------
     @property
@@ -193,17 +192,14 @@ class Capture:
         """A cycle starts (warm-up or recording): fix its schedule cycle, time and name."""
         stem = self.cycle.begin(self.cursor.cycle_of(self.cursor.inner), self.name,
                                 self.span.steps)
-        set_stem = getattr(self.session, "set_stem", None)
-        if set_stem is not None and stem is not None:  # backends naming outputs at start
-            set_stem(stem)
+        if stem is not None:  # for backends naming outputs at start
+            self.session.set_stem(stem)
 
     def _name_cycle(self) -> None:
         """The cycle's first recorded inner step ended (a step() or the end of the capture)
         in the current outer step: that step is the cycle's ``<step>``."""
         stem = self.cycle.name_at(self.name, self.span.steps)
-        set_stem = getattr(self.session, "set_stem", None)
-        if set_stem is not None:  # torch_npu renames its folder at save when it differs
-            set_stem(stem)
+        self.session.set_stem(stem)  # torch_npu renames its folder at save when it differs
 
     def _current_name(self) -> str:
         """The name of the cycle under way, or of the one the capture is at."""
@@ -217,13 +213,13 @@ class Capture:
         self.outcome.phase = "save"
         self.regions.close_all()
         number = self.cycle.saving()
-        note = getattr(self.session, "note", None)
-        if note is not None:  # backends that label their own traces (torch metadata)
-            note({"roles": list(self.lines.record.get("roles") or ()), "capture": self.lines.id,
-                  "joined": list(self.span.joined), "inner_steps": list(self.cycle.inner_steps)})
-        later = getattr(self.session, "save_later", None) if self.lines.exporter else None
-        if later is not None:  # the backend stops here, on this thread; the rest waits
-            self.lines.export(later(self.cycle.stem, number), status)
+        # for backends that label their own traces (torch metadata)
+        self.session.note({"roles": list(self.lines.record.get("roles") or ()),
+                           "capture": self.lines.id, "joined": list(self.span.joined),
+                           "inner_steps": list(self.cycle.inner_steps)})
+        if self.lines.exporter and self.session.saves_later:
+            # the backend stops here, on this thread; the rest waits
+            self.lines.export(self.session.save_later(self.cycle.stem, number), status)
             return
         failed = self.lines.record_artifacts(self.session.save(self.cycle.stem, number),
                                              status)

@@ -149,13 +149,19 @@ class StoreKV:
         return bytes(self.store.compare_set(key, expected, new))
 
 
-def quiet_torch() -> None:
+def quiet_torch(force: bool = False) -> None:
     """Keep torch's C++ side from printing stack frames and log lines (a store that does
     not answer raises with dozens of them): effective when set before torch is
-    imported; a process that imported it already keeps its own settings."""
+    imported; a process that imported it already keeps its own settings. ``force``
+    overrides what the environment says (a command's own process, which may inherit a
+    job's debugging settings); without it a job's settings stand."""
     if "torch" not in sys.modules:
-        os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "FATAL")
-        os.environ.setdefault("TORCH_SHOW_CPP_STACKTRACES", "0")
+        for name, value in (("TORCH_CPP_LOG_LEVEL", "FATAL"),
+                            ("TORCH_SHOW_CPP_STACKTRACES", "0")):
+            if force:
+                os.environ[name] = value
+            else:
+                os.environ.setdefault(name, value)
 
 
 def connect_store(host: str, port: int, timeout: float = 10.0) -> StoreKV:

@@ -120,6 +120,7 @@ class Courier:
         # ("answer", rid, dict) | ("post", dict)
         self.outbox: deque[Any] = deque(maxlen=MAX_OUTBOX)
         self.live = False  # the job's channel carries the requests (no folder polls)
+        self.written = -1  # the step the progress file under triggers/ says
         self.hurry = False  # requests are left in the store: poll again soon
         self.plan = plan
         self.triggers = triggers
@@ -251,9 +252,12 @@ class Courier:
 
     def _folder_tick(self, report: dict[str, Any] | None) -> None:
         plan = self.plan
-        if report is not None:
+        # written when the step moved: the file already says the step, its time and rate
+        # (a republish of the same step would only rewrite it, on every rank)
+        if report is not None and report["step"] != self.written:
             channel_folder.publish_progress(plan.output_dir, plan.role, plan.rank,
                                             self._report(report))
+            self.written = report["step"]
         self._drain(None)
 
     def _report(self, report: dict[str, Any]) -> dict[str, Any]:
@@ -277,9 +281,11 @@ class Courier:
             channel_folder.read_progress(plan.output_dir, plan.role)
         target = self._target(reports)
         at = max(self.step, 0)
-        if ask.get("why") == "signal" and channel is not None and \
-                not channel.claim_signal(target, at):
-            return  # another rank's signal already asked for a step still ahead
+        if ask.get("why") == "signal":
+            claimed = channel.claim_signal(target, at) if channel is not None else \
+                channel_folder.claim_signal(plan.output_dir, plan.role, target, at)
+            if not claimed:
+                return  # another rank's signal already asked for a step still ahead
         request, body = request_body(role=plan.role, step=target, count=1, **ask)
         if channel is not None:
             channel.post(body)

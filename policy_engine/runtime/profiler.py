@@ -65,6 +65,12 @@ def _process_backend(name: str) -> Any:
     return found.backend
 
 
+#: Backends whose capture ranges outlive a discard: nsys writes a report for every range
+#: it saw, so a provisional whole-session capture dropped later would leave one behind
+#: (and shift the numbers of the reports after it).
+LASTING_RANGES = frozenset({"nsight"})
+
+
 class RoleProfiler(RoleFailures):
     """Carries out one role's plan in this process. Safe from any thread (docs/runtime.md)."""
 
@@ -93,9 +99,10 @@ class RoleProfiler(RoleFailures):
 
     # -- opening and closing captures ----------------------------------------------
     def _open(self, first: int | None, region: str | None,
-              why: Why | None = None) -> Capture | None:
+              why: Why | None = None, begin: bool = True) -> Capture | None:
         """Open a capture, or join the one running on this backend (None when joined or
-        when the role's limits are spent). ``why``: what triggered it beyond the plan."""
+        when the role's limits are spent). ``why``: what triggered it beyond the plan;
+        ``begin`` False leaves inner step 0's action to the caller (``Capture.begin``)."""
         plan = self.plan
         with self.slot.lock:
             running = self.slot.capture
@@ -145,7 +152,7 @@ class RoleProfiler(RoleFailures):
                               on_export_failure=self._fixed.late.append,
                               keep=plan.spec.keep)
             self.slot.hold(capture)
-            if capture.begin():
+            if begin and capture.begin():
                 self._raise_failure(capture)
                 return None
             return capture
@@ -332,10 +339,13 @@ class RoleProfiler(RoleFailures):
         Until the block's first ``step()`` it is provisional: a ``training_step(n)`` before
         any ``step()`` drops it (no trace; its close line says why), so a loop of training
         steps inside the block writes its per-step captures only, as ``explain`` lists.
+        On a backend whose ranges outlive a discard (:data:`LASTING_RANGES`) it begins
+        recording at that first ``step()``, once it is kept.
         """
         if self._loop.mode is NEW and not self._loop.off and not self.plan.discrete:
             self._loop.mode = SESSION
-            self._loop.own = self._open(None, None)
+            lasting = not LASTING_RANGES.isdisjoint(self.plan.backends)
+            self._loop.own = self._open(None, None, begin=not lasting)
             if self._loop.own is not None:
                 self._loop.provisional = self._loop.own
                 self.step = self._first_step  # type: ignore[method-assign]
@@ -343,8 +353,14 @@ class RoleProfiler(RoleFailures):
 
     def _first_step(self) -> None:
         """``step()`` while the session capture is provisional: the block is a plain loop,
-        so the capture is kept; later calls go straight to :meth:`step`."""
+        so the capture is kept (and begins, where its begin waited for this); later calls
+        go straight to :meth:`step`."""
+        kept = self._loop.provisional
         self._keep_session()
+        waited = kept is not None and kept.cursor.action is None and kept is self._loop.own
+        if waited and kept is not None and kept.begin():
+            self._raise_failure(kept)
+            return
         self.step()
 
     def _keep_session(self) -> None:

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 from policy_engine.backends.base import Artifact
-from policy_engine.files.records import close_line, trace_line
+from policy_engine.files.records import close_line, covered_steps, trace_line
 from policy_engine.runtime import manifest, summaries
 from policy_engine.runtime.budget import Budget
 from policy_engine.runtime.export import Exporter
@@ -128,7 +128,7 @@ class Lines:
               limited: bool = False, reason: str | None = None) -> None:
         """The capture's ``close`` line (after its queued exports' lines). ``limited``:
         the budget ended its schedule; ``reason``: why it recorded less than planned."""
-        record: dict[str, Any] = {"end": time.time(), "steps": list(steps),
+        record: dict[str, Any] = {"end": time.time(), **covered_steps(steps),
                                   "joined": list(joined)}
         if waits:
             record["thread_waits"] = waits

@@ -173,7 +173,6 @@ class Listener:
         self.wanted: list[Want] = []
         self.soonest = 0  # no wanted window starts before this step
         self.flood = Flood()
-        self.on_demand = triggers.on_demand
         self.signal = triggers.signal
         self.signals = STATE.usr2_count
         self.folder = _Folder(plan, triggers.poll_seconds)
@@ -182,7 +181,11 @@ class Listener:
         self.job_slow = slow is not None and slow.scope == "job"
         # the listener thread, in a job of several ranks (None: this process alone)
         self.courier: Courier | None = courier_for(plan, triggers)
-        if self.on_demand:
+        # triggers/ carries the command's requests (on_demand) and, in a job without a
+        # store, those its ranks post there (a signal, a slow step of the job)
+        self.reads_folder = triggers.on_demand or (
+            self.courier is not None and (self.signal or self.job_slow))
+        if self.reads_folder:
             self.folder.start(plan.role)
 
     def close(self) -> None:
@@ -212,7 +215,7 @@ class Listener:
                     self._want(Want(n, n, SIGNAL, None, False))
                 else:  # the job's signal: every rank of the role, one agreed step
                     courier.outbox.append(("post", {"ranks": None, "why": SIGNAL}))
-            if self.on_demand and (courier is None or not courier.live):
+            if self.reads_folder and (courier is None or not courier.live):
                 for item in self.folder.look(now):
                     self._handle(item, n)
             if not self.wanted or n < self.soonest:

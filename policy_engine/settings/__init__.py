@@ -13,7 +13,8 @@ holds ``SETTINGS``, the role's block for the backend as a JSON Schema fragment, 
 list[(message, sub-path)]``, what the schema cannot express about a block merged over
 those defaults; ``check_runtime(settings) -> list[str]``, what stops the backend from
 running here (package missing, no device), for ``validate --check-runtime``. The sessions
-that record live in :mod:`policy_engine.backends` (its ``SESSIONS`` table).
+that record, and the endings of their files, live in :mod:`policy_engine.backends` (its
+``REGISTRY``, one entry per name here).
 """
 
 from __future__ import annotations

@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from policy_engine import Topology, profile_session
-from policy_engine.backends.base import Artifact, CaptureInfo
+from policy_engine.backends.base import Artifact, CaptureInfo, Session
 from policy_engine.files.publish import write_atomic
 from policy_engine.runtime.state import slot
 
@@ -36,8 +36,9 @@ TRAILER = b"END\n"
 CHUNK = b"x" * 4095 + b"\n"
 
 
-class PaceSession:
+class PaceSession(Session):
     any_thread = False
+    saves_later = True
 
     def __init__(self, backend: PaceBackend, info: CaptureInfo) -> None:
         self.backend, self.info = backend, info

@@ -13,7 +13,7 @@ from typing import Any, ClassVar
 
 import attrs
 
-from policy_engine.backends.base import BackendUnavailable, CaptureInfo
+from policy_engine.backends.base import BackendUnavailable, CaptureInfo, Session
 from policy_engine.backends.engine.files import EngineFile
 
 #: Where an engine writes when the policy names no folder: under the role's own folder,
@@ -51,6 +51,8 @@ class EngineBackend:
 
     name: ClassVar[str] = "engine"
     extension: ClassVar[str] = ".pt.trace.json.gz"
+    #: no Session: the engine's own processes record, driven by the engine driver
+    session: ClassVar[type[Session] | None] = None
 
     def open(self, info: CaptureInfo) -> Any:
         raise BackendUnavailable(

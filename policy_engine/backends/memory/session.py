@@ -22,7 +22,7 @@ from collections.abc import Callable
 from contextlib import AbstractContextManager
 from typing import Any, ClassVar, Protocol
 
-from policy_engine.backends.base import Artifact, BackendUnavailable, CaptureInfo
+from policy_engine.backends.base import Artifact, BackendUnavailable, CaptureInfo, Session
 from policy_engine.backends.files import OOM, SNAPSHOT
 from policy_engine.backends.memory.device import MemoryApi, detect
 from policy_engine.files.publish import write_atomic
@@ -48,7 +48,7 @@ class Keeper(Protocol):
         """Record a file written outside any capture in the manifest."""
 
 
-class MemorySession:
+class MemorySession(Session):
     """Allocator history for one capture."""
 
     any_thread = True  # the history is process-wide: any thread may turn it on and off
@@ -173,6 +173,7 @@ class MemoryBackend:
 
     name: ClassVar[str] = "memory"
     extension: ClassVar[str] = ".pickle"
+    session: ClassVar[type[Session]] = MemorySession
 
     def __init__(self, api: MemoryApi | None = None) -> None:
         self._api = api  # tests pass a stand-in; by default the device's, when first used

@@ -26,7 +26,7 @@ from contextlib import AbstractContextManager, contextmanager, nullcontext
 from pathlib import Path
 from typing import Any, ClassVar
 
-from policy_engine.backends.base import Artifact, BackendUnavailable, CaptureInfo
+from policy_engine.backends.base import Artifact, BackendUnavailable, CaptureInfo, Session
 from policy_engine.files.publish import make_folders, rename_folder
 from policy_engine.settings.mstx import (
     ACTIVITIES,
@@ -108,6 +108,7 @@ class MstxBackend:
 
     name: ClassVar[str] = "mstx"
     extension: ClassVar[str] = ""  # torch_npu names its own "_ascend_pt" folder
+    session: ClassVar[type[Session]]  # MstxSession, set below it
 
     def __init__(self) -> None:
         self.owner: MstxSession | None = None  # torch_npu has one profiler per process
@@ -137,7 +138,7 @@ class MstxBackend:
         return MstxSession(self, info, prof, mstx, params, version)
 
 
-class MstxSession:
+class MstxSession(Session):
     """One capture; each recorded cycle gets a fresh torch_npu profiler and handler."""
 
     def __init__(self, backend: MstxBackend, info: CaptureInfo, prof: Any, mstx: Any,
@@ -349,4 +350,5 @@ class MstxSession:
         return Artifact(path=folder, bytes=size, extra=extra)
 
 
+MstxBackend.session = MstxSession
 BACKEND = MstxBackend

@@ -25,7 +25,7 @@ from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import Any, ClassVar
 
-from policy_engine.backends.base import Artifact, BackendUnavailable, CaptureInfo
+from policy_engine.backends.base import Artifact, BackendUnavailable, CaptureInfo, Session
 from policy_engine.backends.files import numbered_reports
 from policy_engine.backends.nsight.launch import (
     CAPTURE_DOMAIN,
@@ -82,7 +82,7 @@ def _cuda_profiler(required: bool) -> Any:
     return None
 
 
-class NsightSession:
+class NsightSession(Session):
     """One capture: a capture range per recorded cycle."""
 
     #: NVTX start/end ranges and cudaProfilerStart/Stop are process-wide: any thread may
@@ -196,6 +196,7 @@ class NsightBackend:
 
     name: ClassVar[str] = "nsight"
     extension: ClassVar[str] = ".nsys-rep"
+    session: ClassVar[type[Session]] = NsightSession
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
