@@ -38,7 +38,7 @@ echo "floors: $floors"
 "$venv/bin/python" -m pip install -q --disable-pip-version-check $floors pytest hypothesis
 
 # test_check_runtime_passes_where_the_backend_can_run wants torch importable: not here.
-PYTHONPATH="$PWD" "$venv/bin/python" -m pytest -q -p no:cacheprovider \
+PYTHONPATH="$PWD" "$venv/bin/python" -m pytest -q -m "" -p no:cacheprovider \
   tests/test_yaml.py tests/test_loader.py tests/test_hostile.py tests/test_schema.py \
   tests/test_validator.py tests/test_validate.py tests/test_cli.py \
   tests/test_reader_fast.py tests/test_hostile_readers.py tests/test_manifest.py \
