@@ -1,7 +1,7 @@
 """`policy-engine compare` on real 4-rank torchrun jobs (gloo, CPU), as in
 tests/test_compare_e2e.py, many times over:
 
-    python benchmarks/bench_compare.py [--pairs 20] [--quick]
+    python benchmarks/bench_compare.py [--pairs 20] [--quick] [--keep DIR]
 
 - a change: the job against the same job with extra matrix multiplications in its
   update_actor region on every rank (``--extra-mm`` of them per step): how many of
@@ -79,10 +79,12 @@ def main() -> None:
     parser.add_argument("--pairs", type=int, default=20)
     parser.add_argument("--extra-mm", type=int, default=300)
     parser.add_argument("--quick", action="store_true", help="3 pairs of each")
+    parser.add_argument("--keep", metavar="DIR",
+                        help="run the jobs in DIR and keep them (default: a scratch folder)")
     args = parser.parse_args()
     pairs = 3 if args.quick else args.pairs
     with tempfile.TemporaryDirectory(prefix="bench-compare-") as scratch:
-        root = Path(scratch)
+        root = Path(args.keep or scratch)
         began = time.perf_counter()
         plain = [run_job(root / f"plain{i}") for i in range(pairs + 1)]
         changed = [run_job(root / f"mm{i}", extra_mm=args.extra_mm) for i in range(pairs)]

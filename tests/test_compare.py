@@ -15,7 +15,7 @@ from analysis_traces import make_run, make_summarised_run
 from job_env import run_cli
 
 from policy_engine.analysis import AnalysisError
-from policy_engine.analysis.compare import compare_runs, rank_sum, verdict
+from policy_engine.analysis.compare import agree, compare_runs, rank_sum, verdict
 
 REPO = Path(__file__).resolve().parents[1]
 SCHEMA = json.loads((REPO / "schemas" / "compare.schema.json").read_text())
@@ -137,6 +137,36 @@ def test_windows_pair_in_order_or_by_the_steps_named(tmp_path: Path) -> None:
         compare_runs(base, new, steps=(1, 9))
     done = run_cli("compare", base, new, "--step", "1:x", cwd=tmp_path, timeout=120)
     assert done.returncode == 2 and "expected N or A:B" in done.stderr
+
+
+def _said(word: str | None, why: str = "median step time +40.0% (p = 0.0006 < 0.005)",
+          region: str | None = None) -> dict[str, Any]:
+    return {"role": "actor", "region": region, "verdict": word, "why": why,
+            "test": {"agree": None}}
+
+
+def test_a_change_in_one_window_alone_is_the_machines() -> None:
+    """A machine busy for a few seconds slows the window it overlaps; a code change shows
+    in every window that runs the code."""
+    lone = [_said("slower"), _said("no change", "within noise (p = 0.4 >= 0.005)")]
+    agree(lone)
+    assert [w["verdict"] for w in lone] == ["no change", "no change"]
+    assert [w["test"]["agree"] for w in lone] == [False, False]
+    assert lone[0]["why"] == (
+        "within noise (this window alone is median step time +40.0% (p = 0.0006 < 0.005); "
+        "other windows of actor say no change: a change in some windows only is the "
+        "machine's)")
+    both = [_said("slower"), _said("slower"), _said(None, "too few steps")]
+    agree(both)
+    assert [w["verdict"] for w in both] == ["slower", "slower", None]
+    assert [w["test"]["agree"] for w in both] == [True, True, None]
+    torn = [_said("slower", region="gen"), _said("faster", region="gen")]
+    agree(torn)
+    assert [w["verdict"] for w in torn] == ["no change", "no change"]
+    assert "other windows of actor/gen say faster" in torn[0]["why"]
+    one = [_said("faster")]
+    agree(one)
+    assert (one[0]["verdict"], one[0]["test"]["agree"]) == ("faster", True)
 
 
 def test_runs_kept_as_summaries_only_are_compared(tmp_path: Path) -> None:

@@ -23,7 +23,10 @@ each run), or by the steps the caller names. For each pair:
   run's middle half of steps (its interquartile range): a shift the steps' own spread
   covers is not called a change; and, where a run holds several windows of the role and
   region, the change exceeds how far apart that run's own windows lie (:func:`drift`, the
-  larger of the two runs'): the machine drifts between windows as it does between runs.
+  larger of the two runs'): the machine drifts between windows as it does between runs;
+  and every other window of the role and region that the test can judge moved the same
+  way (:func:`agree`): a code change shows in every window that runs the code, while a
+  machine busy for a while slows the windows it overlaps and not the others.
   Otherwise ``no change`` (within noise). A capture's first
   step carries the profiler's start and the first run of every code path, and a rank's
   last step, when it is far shorter than its others
@@ -123,7 +126,7 @@ def verdict(base: Sequence[float], new: Sequence[float],
     test = {"name": "Mann-Whitney U (two-sided) over steps", "p": None if p is None
             else round(p, 6), "alpha": ALPHA, "min_change": MIN_CHANGE,
             "base_steps": len(base), "new_steps": len(new), "apart": None,
-            "drift": None if drift is None else round(drift, 4)}
+            "drift": None if drift is None else round(drift, 4), "agree": None}
     # The least p these counts can give: every step of one run above every step of the other.
     best = rank_sum(range(len(base)), range(len(base), len(base) + len(new)))
     if p is None or best is None or best >= ALPHA:
@@ -267,6 +270,22 @@ def drift(windows: Sequence[dict[str, Any]]) -> float | None:
     return (max(medians) - min(medians)) / min(medians)
 
 
+def agree(pairs: Sequence[dict[str, Any]]) -> None:
+    """Hold the verdicts of one role and region's windows to each other: a window called
+    ``slower`` or ``faster`` keeps its word only where every other window with a verdict
+    says the same word; otherwise it is within noise. Sets ``test.agree`` on each."""
+    said = [p for p in pairs if p.get("verdict") is not None and p.get("test")]
+    words = {p["verdict"] for p in said}
+    for p in said:
+        p["test"]["agree"] = len(said) < 2 or len(words) == 1
+        if p["verdict"] in ("slower", "faster") and len(words) > 1:
+            others = ", ".join(sorted(w for w in words if w != p["verdict"]))
+            p["verdict"] = "no change"
+            p["why"] = (f"within noise (this window alone is {p['why']}; other windows of "
+                        f"{p['role']}{'' if p['region'] is None else '/' + p['region']} say "
+                        f"{others}: a change in some windows only is the machine's)")
+
+
 def pair(base: dict[str, Any], new: dict[str, Any],
          spread: float | None = None) -> dict[str, Any]:
     """The comparison of one window of the base run with one of the new run (windows as
@@ -346,6 +365,7 @@ def compare_runs(base: str, new: str, *, role: str | None = None,
             windows.append(pair(x, y, max(known) if known else None))
         only_base += [w["title"] for w in left[len(right):]]
         only_new += [w["title"] for w in right[len(left):]]
+        agree(windows[len(windows) - min(len(left), len(right)):])
     if not windows:
         raise AnalysisError(f"no window of BASE matches one of NEW by role and region: "
                             f"BASE holds {', '.join(sorted({w['title'] for w in a}))}; NEW "
