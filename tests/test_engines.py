@@ -4,13 +4,13 @@ replicas and ranks, both engines, async engines and their loops, a stop that han
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import copy
 import gzip
 import json
 import os
 import re
 import threading
-import time
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +21,7 @@ from fake_engines import vllm as fake_vllm
 
 from policy_engine import apply_policy as apply_worker_policy
 from policy_engine.analysis.manifests import scan_manifests
+from policy_engine.backends.engine import files as engine_files
 from policy_engine.backends.vllm import checks as vllm_checks
 from policy_engine.cli.engine_args import build as engine_args
 from policy_engine.cli.main import main
@@ -160,20 +161,24 @@ def test_a_stop_that_hangs_is_bounded_and_recorded_failed(tmp_path: Path,
                                                          caplog: pytest.LogCaptureFixture
                                                          ) -> None:
     policy = _example(tmp_path)
-    llms = _llms(policy, 4, tensor_parallel_size=2, stop_seconds=10.0)
+    llms = _llms(policy, 4, tensor_parallel_size=2, stop_seconds=600.0)
     prof = apply_policy(llms, policy=policy, timeout=2.0)
-    began = time.monotonic()
-    with prof.training_step(2):
-        pass
-    assert time.monotonic() - began < 8  # the stop's 10 s are not waited for
-    traces = _lines(tmp_path / "out", event="trace", role="rollout")
-    assert {t["status"] for t in traces} == {"failed"}
-    assert all("did not return within 2 s" in t["error"] for t in traces)
-    assert "did not return" in caplog.text
-    with prof.training_step(3):  # the engine is still busy: refused, not queued
-        pass
-    later = [t for t in _lines(tmp_path / "out", event="trace") if t["steps"] == [3]]
-    assert later and all("has not returned" in t["error"] for t in later)
+    try:
+        with prof.training_step(2):
+            pass
+        # the step ended with every stop still under way: the 600 s were not waited for
+        assert [llm.workers.stops_returned for llm in llms] == [0, 0, 0, 0]
+        traces = _lines(tmp_path / "out", event="trace", role="rollout")
+        assert {t["status"] for t in traces} == {"failed"}
+        assert all("did not return within 2 s" in t["error"] for t in traces)
+        assert "did not return" in caplog.text
+        with prof.training_step(3):  # the engine is still busy: refused, not queued
+            pass
+        later = [t for t in _lines(tmp_path / "out", event="trace") if t["steps"] == [3]]
+        assert later and all("has not returned" in t["error"] for t in later)
+    finally:  # only now do the hung stops return (before, step 3 could find them done)
+        for llm in llms:
+            llm.workers.released.set()
 
 
 def test_on_error_raise(tmp_path: Path) -> None:
@@ -369,15 +374,17 @@ def test_an_awaited_stop_that_hangs_is_bounded(tmp_path: Path) -> None:
     policy = _example(tmp_path)
     config = engine_args(load_policy(policy), "rollout")["profiler_config"]
     engine = fake_vllm.AsyncLLM(profiler_config=config, tensor_parallel_size=2,
-                                stop_seconds=5.0)
+                                stop_seconds=600.0)
     prof = apply_policy(engine, policy=policy, replica=0, timeout=1.0)
 
-    async def loop() -> float:
-        began = time.monotonic()
-        async with prof.atraining_step(2):
-            pass
-        return time.monotonic() - began
-    assert asyncio.run(loop()) < 4
+    async def loop() -> int:
+        try:
+            async with prof.atraining_step(2):
+                pass
+            return engine.workers.stops_returned  # 0: the stop was not waited for
+        finally:
+            engine.workers.released.set()  # asyncio.run waits for the stop's thread
+    assert asyncio.run(loop()) == 0
     traces = _lines(tmp_path / "out", event="trace", role="rollout")
     assert {t["status"] for t in traces} == {"failed"}
     assert "did not return within 1 s" in traces[0]["error"]
@@ -415,7 +422,8 @@ def test_a_profiler_folder_linked_out_is_recorded_and_the_loop_goes_on(
 
 
 def test_an_engine_launched_with_another_folder_is_said_once_not_waited_for(
-        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+        tmp_path: Path, caplog: pytest.LogCaptureFixture,
+        monkeypatch: pytest.MonkeyPatch) -> None:
     """The engines write where they were launched to, not where the policy collects: one
     warning at the first start naming both folders, and no window waits files_timeout."""
     policy = _example(tmp_path)
@@ -424,11 +432,18 @@ def test_an_engine_launched_with_another_folder_is_said_once_not_waited_for(
     llms = [fake_vllm.LLM(profiler_config={**config, "torch_profiler_dir": other},
                           tensor_parallel_size=2) for _ in range(4)]
     prof = apply_policy(llms, role="rollout", policy=policy, files_timeout=30.0)
-    began = time.monotonic()
+    waits: list[float] = []
+    wait_for = engine_files.wait_for
+
+    def spy(*args: Any, **kwargs: Any) -> Any:  # (folder, parser, wanted, timeout)
+        waits.append(args[3] if len(args) > 3 else kwargs["timeout"])
+        return wait_for(*args, **kwargs)
+
+    monkeypatch.setattr(engine_files, "wait_for", spy)
     for step in (1, 2, 3):
         with prof.training_step(step):
             llms[0].generate(["x"])
-    assert time.monotonic() - began < 10.0  # two windows, neither waited 30 s
+    assert waits and set(waits) == {0.0}  # no window waited files_timeout for its files
     said = [r.getMessage() for r in caplog.records if "profiler folder" in r.getMessage()]
     assert len(said) == 1, said
     assert other in said[0] and ours in said[0]
@@ -436,3 +451,41 @@ def test_an_engine_launched_with_another_folder_is_said_once_not_waited_for(
     assert traces and {t["status"] for t in traces} == {"failed"}
     assert all(other in t["error"] and ours in t["error"] for t in traces)
     assert os.listdir(other)  # the engine's files stay where it wrote them
+
+
+def _steps_both_ways(tmp_path: Path, mode: str) -> tuple[list[str], list[tuple[Any, ...]]]:
+    """Steps 1-4 of the example, step 3 failing, then close: blocking or awaited."""
+    policy = _example(tmp_path / mode)
+    llms = _llms(policy, 4, tensor_parallel_size=2)
+    prof = apply_policy(llms, role="rollout", policy=policy)
+    if mode == "sync":
+        for step in (1, 2, 3, 4):
+            with contextlib.suppress(KeyError), prof.training_step(step):
+                if step == 3:
+                    raise KeyError(step)
+        prof.close()
+    else:
+        async def loop() -> None:
+            for step in (1, 2, 3, 4):
+                with contextlib.suppress(KeyError):
+                    async with prof.atraining_step(step):
+                        if step == 3:
+                            raise KeyError(step)
+            await prof.aclose()
+        asyncio.run(loop())
+    calls = [what for what, _ in llms[0].workers.calls]
+    lines = _lines(tmp_path / mode / "out", role="rollout")
+    return calls, sorted((r["event"], r["rank"], r.get("steps"), r.get("status"))
+                         for r in lines if r["event"] in ("open", "trace"))
+
+
+def test_blocking_and_awaited_steps_are_one_driver(tmp_path: Path) -> None:
+    """training_step and atraining_step carry out the same decisions: the same calls at
+    the same steps, the same manifest, a failed step's window partial."""
+    sync = _steps_both_ways(tmp_path, "sync")
+    assert sync == _steps_both_ways(tmp_path, "async")
+    calls, lines = sync
+    assert calls == ["start", "stop", "start", "stop"]
+    assert [line for line in lines if line[0] == "trace"] == [
+        ("trace", 0, [2], "complete"), ("trace", 0, [3], "partial"),
+        ("trace", 1, [2], "complete"), ("trace", 1, [3], "partial")]

@@ -536,3 +536,96 @@ def test_text_folds_long_runs_of_steps(tmp_path: Path,
     lines = capsys.readouterr().out.splitlines()
     assert lines[1] == "  rank 0: profiled with torch, steps 2-1001 (1000),1500,1502,1503"
     assert max(map(len, lines)) < 200
+
+
+
+def test_text_folds_long_runs_of_periodic_steps(tmp_path: Path,
+                                                capsys: pytest.CaptureFixture[str]) -> None:
+    """Periodic steps over a long window are one item too; a short run stays listed."""
+    path = tmp_path / "p.yaml"
+    path.write_text("version: 1\nroles:\n  trainer:\n    enabled: true\n"
+                    "    steps: [{every: 100, from: 100}, 7, 9, 11]\n")
+    assert main(["explain", str(path), "--role", "trainer", "--world", "1",
+                 "--steps", "0-100000"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[1] == "  rank 0: profiled with torch, steps 7,9,11,100-100000 every 100 (1000)"
+
+
+# ---------------------------------------------------------------- groups of ranks
+
+LONG = "x" * 245  # a name component of 255 bytes at most, but not with a marker in it
+GROUPED = {
+    "plain": ("version: 1\nmesh: {pp: 2, dp: 4, tp: 2}\nroles:\n"
+              "  r: {enabled: true, ranks: all, steps: [1, 2], schedule: {warmup: 1, active: 1,"
+              " repeat: 2}, name: '<role>/<step>/c<cycle>_r<rank>_<tp><pp><dp>_n<node>"
+              "_l<local_rank>_<env:JOB>_<host>'}\n", 4),
+    "discrete": ("version: 1\nmesh: {dp: 8, tp: 2}\nroles:\n"
+                 "  r: {enabled: true, backend: [torch, memory], ranks: {tp: 0}, steps: [2],"
+                 " discrete: true, regions: [a, b]}\n", None),
+    "nsight": ("version: 1\noutput_dir: out\nmesh: {dp: 16}\nroles:\n"
+               "  r: {enabled: true, backend: nsight, ranks: all, steps: [2, 3, 7]}\n", 4),
+    "mstx": ("version: 1\nmesh: {dp: 16}\nroles:\n"
+             "  r: {enabled: true, backend: mstx, ranks: '3-9', steps: [2],"
+             " schedule: {warmup: 1, active: 1, repeat: 2}}\n", None),
+    "titan": ("version: 1\nmesh: {dp: 8, tp: 2}\nroles:\n"
+              "  r: {enabled: true, ranks: {tp: -1}, steps: {every: 3, from: 1},"
+              " merge_steps: true, schedule: {wait: 1, warmup: 1, active: 2, repeat: 2},"
+              " limits: {captures: 3}, triggers: {slow_step: {factor: 2.0}}}\n", 2),
+    "colocated": ("version: 1\nmesh: {dp: 8, tp: 2}\ncolocate: [[r, ref, gen]]\nroles:\n"
+                  "  r: {enabled: true, ranks: all, steps: [1, 2]}\n"
+                  "  ref: {enabled: true, ranks: {tp: 0}, steps: [2, 3]}\n"
+                  "  gen: {enabled: true, ranks: [0, 5], steps: [1]}\n", 4),
+    # a name cut for its length: each rank is compiled on its own
+    "cut": (f"version: 1\nmesh: {{dp: 16}}\nroles:\n"
+            f"  r: {{enabled: true, ranks: all, steps: [1], name: '{LONG}_<rank>'}}\n", None),
+    "mstx_cut": (f"version: 1\nmesh: {{dp: 16}}\nroles:\n"
+                 f"  r: {{enabled: true, backend: mstx, ranks: all, steps: [1],"
+                 f" name: '{LONG[:210]}_<rank>'}}\n", None),
+}
+
+
+@pytest.mark.parametrize("case", sorted(GROUPED))
+def test_each_rank_of_a_group_is_its_own_compiled_plan(case: str, tmp_path: Path) -> None:
+    """What explain prints for a rank, from its group, is what compiling that rank gives,
+    files and names included."""
+    from policy_engine.cli.explain import plan_files
+    from policy_engine.plan.predict import entries, rank_entry
+
+    text, local_world = GROUPED[case]
+    policy = load_policy(write(tmp_path, text))
+    world = 16
+    mesh = dict(policy.mesh_for("r")) or None
+    found = list(entries(policy, "r", world=world, lo=0, hi=12, inner=None,
+                         local_world=local_world, files=plan_files))
+    assert [e.place.rank for e in found] == list(range(world))
+    groups = {id(e.group) for e in found if e.group is not None}
+    assert len(groups) == (4 if case == "colocated" else 1)  # by the roles selecting it
+    for entry in found:
+        if entry.group is None:
+            continue
+        plan = compile_plan(policy, "r", Topology.for_rank(entry.place.rank, world, mesh,
+                                                           local_world))
+        assert entry.group.json(entry.place) == json.dumps(
+            rank_entry(plan, 0, 12, None, 1, plan_files))
+        assert entry.group.name(entry.place) == rank_entry(plan, 0, 12)["name"]
+        assert entry.data() == rank_entry(plan, 0, 12, None, 1, plan_files)
+    # names cut for their length are compiled rank by rank; the others are filled in
+    assert all(e.group.filled is not case.endswith("cut") for e in found if e.group is not None)
+
+
+def test_a_group_is_compiled_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    from policy_engine.plan import predict
+
+    calls: list[int] = []
+
+    def counted(policy: Any, role: str, topology: Any = None) -> Any:
+        calls.append(topology.rank)
+        return compile_plan(policy, role, topology)
+    monkeypatch.setattr(predict, "compile_plan", counted)
+    policy = load_policy({"version": 1, "mesh": {"dp": 64, "tp": 64},
+                          "roles": {"r": {"enabled": True, "ranks": {"tp": [0, -1]},
+                                          "steps": [1, 2]}}})
+    data = explain(policy, "r", world=4096, lo=0, hi=5)
+    assert calls == [0]
+    assert [e["rank"] for e in data["ranks"] if e["profiled"]][-2:] == [4032, 4095]
+    assert data["ranks"][4095]["name"].startswith("r/step1/trace_rank4095-of-4096")

@@ -22,7 +22,7 @@ from policy_engine.cli._common import (
 from policy_engine.cli.forecast import Sizes, add_sizes_option, forecast, read_sizes
 from policy_engine.cli.usage import UsageError
 from policy_engine.plan.plan import Plan
-from policy_engine.plan.predict import iter_ranks
+from policy_engine.plan.predict import Entry, RankGroup, entries
 
 
 def add_parser(sub: Any, name: str, help: str) -> None:
@@ -57,20 +57,18 @@ def _window(text: str) -> tuple[int, int]:
 def run(args: argparse.Namespace) -> int:
     policy, world = load_role_layout(args, "explain")
     lo, hi = _window(args.steps)
-    ranks = iter_ranks(policy, args.role, world=world, lo=lo, hi=hi, inner=args.inner_steps,
-                       local_world=args.local_world, region_calls=args.region_calls,
-                       files=plan_files if args.format == "json" else None)
-    total: dict[str, Any] | None = None
+    ranks = entries(policy, args.role, world=world, lo=lo, hi=hi, inner=args.inner_steps,
+                    local_world=args.local_world, region_calls=args.region_calls,
+                    files=plan_files if args.format == "json" else None)
+    forecasts: Forecasts | None = None
     if args.sizes_from:
-        sizes = read_sizes(args.sizes_from)
-        total = {"bytes": 0, "traces": 0, "processes": 0, "unknown": 0}
-        ranks = _with_forecast(ranks, sizes, args.role, total)
+        forecasts = Forecasts(read_sizes(args.sizes_from), args.role)
     if args.format == "json":
-        _print_json(args.role, world, ranks, total)
+        _print_json(args.role, world, ranks, forecasts)
     else:
-        _print_text(args.role, world, lo, hi, ranks)
-        if total is not None:
-            print(_total_line(total, lo, hi))
+        _print_text(args.role, world, lo, hi, ranks, forecasts)
+        if forecasts is not None:
+            print(_total_line(forecasts.total, lo, hi))
     if args.inner_steps is not None:
         for line in explain_schedule.warnings(policy, args.role, world, lo, hi,
                                               args.inner_steps):
@@ -92,19 +90,30 @@ def plan_files(plan: Plan) -> Callable[[str, int], list[dict[str, Any]]]:
     return files
 
 
-def _with_forecast(ranks: Iterable[dict[str, Any]], sizes: Sizes, role: str,
-                   total: dict[str, Any]) -> Iterator[dict[str, Any]]:
-    for entry in ranks:
-        found = forecast(entry, sizes, role)
+class Forecasts:
+    """The size forecast of each profiled rank (:func:`forecast`, the same for every rank
+    of a :class:`RankGroup`), and ``total``: the sum over the ranks asked about."""
+
+    def __init__(self, sizes: Sizes, role: str) -> None:
+        self.sizes, self.role = sizes, role
+        self.total: dict[str, Any] = {"bytes": 0, "traces": 0, "processes": 0, "unknown": 0}
+        self._found: dict[int, dict[str, Any] | None] = {}  # id(group) -> its forecast
+
+    def of(self, group: RankGroup) -> dict[str, Any] | None:
+        """The forecast of one rank of ``group``, counted in ``total``."""
+        key = id(group)
+        if key not in self._found:
+            self._found[key] = forecast(group.entry, self.sizes, self.role)
+        found = self._found[key]
         if found is not None:
-            entry["forecast"] = found
+            total = self.total
             total["processes"] += 1
             if found["bytes"] is None:
                 total["unknown"] += 1
             else:
                 total["bytes"] += found["bytes"]
                 total["traces"] += found["traces"]
-        yield entry
+        return found
 
 
 def _total_line(total: dict[str, Any], lo: int, hi: int) -> str:
@@ -115,9 +124,10 @@ def _total_line(total: dict[str, Any], lo: int, hi: int) -> str:
     return line
 
 
-def _print_json(role: str, world: int, ranks: Iterable[dict[str, Any]],
-                total: dict[str, Any] | None = None) -> None:
-    """One rank per line: readable, and fast for 65536 ranks (the C encoder does it)."""
+def _print_json(role: str, world: int, ranks: Iterable[Entry],
+                forecasts: Forecasts | None = None) -> None:
+    """One rank per line: readable, and fast for 65536 ranks (each is its group's JSON
+    with its place filled in, or a format of its place where it does not profile)."""
     out = sys.stdout
     out.write(f'{{"role": {json.dumps(role)}, "world": {world}, "ranks": [\n  ')
     encode = json.JSONEncoder().encode
@@ -125,23 +135,27 @@ def _print_json(role: str, world: int, ranks: Iterable[dict[str, Any]],
     sep = ""
     shapes: dict[tuple[str, ...], str] = {}  # the coordinates' names -> a rank's text
     for entry in ranks:
-        if entry["profiled"]:
-            batch.append(encode(entry))
-            continue
-        coords = entry["coords"]
-        names = tuple(coords)
-        shape = shapes.get(names)
-        if shape is None:
-            shape = shapes[names] = _unprofiled(names)
-        batch.append(shape % (entry["rank"], *coords.values(), entry["local_rank"],
-                              entry["node"]))
+        place, group = entry
+        if group is not None:
+            text = group.json(place)
+            found = None if forecasts is None else forecasts.of(group)
+            batch.append(text if found is None
+                         else f'{text[:-1]}, "forecast": {encode(found)}}}')
+        else:
+            names = tuple(place.coords)
+            shape = shapes.get(names)
+            if shape is None:
+                shape = shapes[names] = _unprofiled(names)
+            batch.append(shape % (place.rank, *place.coords.values(), place.local_rank,
+                                  place.node))
         if len(batch) == 4096:  # few large writes instead of one per rank
             out.write(sep + ",\n  ".join(batch))
             batch.clear()
             sep = ",\n  "
     if batch:
         out.write(sep + ",\n  ".join(batch))
-    out.write("\n]" + ("" if total is None else f', "forecast": {json.dumps(total)}') + "}\n")
+    total = "" if forecasts is None else f', "forecast": {json.dumps(forecasts.total)}'
+    out.write("\n]" + total + "}\n")
 
 
 def _unprofiled(dims: tuple[str, ...]) -> str:
@@ -153,10 +167,10 @@ def _unprofiled(dims: tuple[str, ...]) -> str:
             '"local_rank": %d, "node": %d}')
 
 
-def _coords(entry: dict[str, Any]) -> str:
+def _coords(coords: dict[str, int]) -> str:
     """`` (tp0pp1dp0)``, the rank's mesh coordinates; nothing without a mesh."""
-    coords = "".join(f"{k}{v}" for k, v in entry["coords"].items())
-    return f" ({coords})" if coords else ""
+    text = "".join(f"{k}{v}" for k, v in coords.items())
+    return f" ({text})" if text else ""
 
 
 def _actions(acts: list[str]) -> str:
@@ -174,19 +188,27 @@ def _actions(acts: list[str]) -> str:
 
 
 def _steps(steps: list[int]) -> str:
-    """The steps, a run of three or more consecutive ones folded with its count
-    (``2,3,10-1009 (1000)``): a long window is one item, not a thousand."""
+    """The steps, each run of three or more at one stride folded with its count: a run of
+    consecutive steps always (``2,3,10-1009 (1000)``), one of periodic steps where that
+    is shorter (``100-100000 every 100 (1000)``): a long window is one item, not a
+    thousand."""
     parts: list[str] = []
     at = 0
     while at < len(steps):
         end = at
-        while end + 1 < len(steps) and steps[end + 1] == steps[end] + 1:
+        stride = steps[at + 1] - steps[at] if at + 1 < len(steps) else 0
+        while end + 1 < len(steps) and steps[end + 1] - steps[end] == stride:
             end += 1
-        if end - at >= 2:
-            parts.append(f"{steps[at]}-{steps[end]} ({end - at + 1})")
-        else:
-            parts.extend(map(str, steps[at:end + 1]))
-        at = end + 1
+        count = end - at + 1
+        folded = f"{steps[at]}-{steps[end]}" + (f" every {stride}" if stride > 1 else "") + \
+            f" ({count})"
+        listed = ",".join(map(str, steps[at:end + 1]))
+        if count >= 3 and (stride == 1 or len(folded) < len(listed)):
+            parts.append(folded)
+            at = end + 1
+        else:  # the next step may begin a run of its own
+            parts.append(str(steps[at]))
+            at += 1
     return ",".join(parts)
 
 
@@ -211,46 +233,65 @@ def _beyond_plan(entry: dict[str, Any]) -> list[str]:
     return out
 
 
-def _print_text(role: str, world: int, lo: int, hi: int,
-                ranks: Iterable[dict[str, Any]]) -> None:
-    print(f"role {role}, world {world}, outer steps {lo}-{hi}")
-    groups: list[list[dict[str, Any]]] = []
+def _runs(ranks: Iterable[Entry]) -> Iterator[list[Entry]]:
+    """Runs of consecutive ranks that behave alike: none profiles, or each profiles the
+    same steps with the same actions."""
+    run: list[Entry] = []
     for entry in ranks:
-        last = groups[-1][-1] if groups else None
-        same = last is not None and last["profiled"] == entry["profiled"] and (
-            not entry["profiled"] or (last["steps"] == entry["steps"]
-                                      and last["actions"] == entry["actions"]))
-        if same:
-            groups[-1].append(entry)
-        else:
-            groups.append([entry])
-    for group in groups:
-        first, last = group[0], group[-1]
-        span = (f"rank {first['rank']}" if len(group) == 1
-                else f"ranks {first['rank']}-{last['rank']}")
-        if not first["profiled"]:
+        if run:
+            last = run[-1].group
+            group = entry.group
+            same = last is group or (
+                last is not None and group is not None
+                and last.entry["steps"] == group.entry["steps"]
+                and last.entry["actions"] == group.entry["actions"])
+            if not same:
+                yield run
+                run = []
+        run.append(entry)
+    if run:
+        yield run
+
+
+def _print_text(role: str, world: int, lo: int, hi: int, ranks: Iterable[Entry],
+                forecasts: Forecasts | None = None) -> None:
+    print(f"role {role}, world {world}, outer steps {lo}-{hi}")
+    for run in _runs(ranks):
+        first, last = run[0].place, run[-1].place
+        span = (f"rank {first.rank}" if len(run) == 1
+                else f"ranks {first.rank}-{last.rank}")
+        group = run[0].group
+        if group is None:
             print(f"  {span}: not profiled")
             continue
-        steps = _steps(first["steps"]) or "none in range"
-        print(f"  {span}: profiled with {' + '.join(first['backends'])}, steps {steps}")
-        if "regions" in first:  # discrete: each region call is a capture with its schedule
-            for region, acts in first["regions"].items():
+        entry = group.entry
+        found = None
+        if forecasts is not None:  # each rank counts in the total; the first is shown
+            found = forecasts.of(group)
+            for other in run[1:]:
+                assert other.group is not None
+                forecasts.of(other.group)
+        steps = _steps(entry["steps"]) or "none in range"
+        print(f"  {span}: profiled with {' + '.join(entry['backends'])}, steps {steps}")
+        if "regions" in entry:  # discrete: each region call is a capture with its schedule
+            for region, acts in entry["regions"].items():
                 print(f"    {region} (each call a capture), actions per inner step: "
                       f"{_actions(acts)}")
         else:
-            print(f"    actions per inner step: {_actions(first['actions'])}")
-        if first["inner_steps"] == 1:
+            print(f"    actions per inner step: {_actions(entry['actions'])}")
+        if entry["inner_steps"] == 1:
             print("    traces assume 1 prof.step() per outer step (--inner-steps N for more)")
-        for line in _beyond_plan(first):
+        for line in _beyond_plan(entry):
             print(f"    {line}")
-        found = first.get("forecast")
         if found is not None:
             print("    forecast: " + (
                 f"{found['traces']} traces x {size_cell(found['bytes_per_trace'])} = "
                 f"{size_cell(found['bytes'])} per process ({found['why']})"
                 if found["bytes"] is not None else found["why"]))
-        shown = group if len(group) <= 4 else [group[0], group[-1]]
-        for entry in shown:
-            print(f"    rank {entry['rank']}{_coords(entry)}: {entry['name']}")
-        if len(group) > 4:
-            print(f"    ... {len(group) - 2} more ranks")
+        shown = run if len(run) <= 4 else [run[0], run[-1]]
+        for one in shown:
+            assert one.group is not None
+            print(f"    rank {one.place.rank}{_coords(one.place.coords)}: "
+                  f"{one.group.name(one.place)}")
+        if len(run) > 4:
+            print(f"    ... {len(run) - 2} more ranks")

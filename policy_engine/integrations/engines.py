@@ -23,11 +23,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import importlib
 import logging
 import os
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from policy_engine import backends
@@ -37,15 +37,16 @@ from policy_engine.backends.engine.control import EngineCallError, EngineTimeout
 from policy_engine.backends.engine.kind import EngineKind
 from policy_engine.errors import ProfilingError
 from policy_engine.files.publish import make_tool_folder
+from policy_engine.integrations._engine_calls import Calls, Offload, Work, adrive, drive
 from policy_engine.integrations._engine_launch import check_launch
-from policy_engine.integrations._engine_window import Window, identity
+from policy_engine.integrations._engine_window import Window
 from policy_engine.language.rules import engine_layout as layout
 from policy_engine.plan.compile import compile_plan
 from policy_engine.plan.plan import Plan
 from policy_engine.plan.topology import Topology
-from policy_engine.runtime import manifest
 from policy_engine.runtime.apply import PolicyArg, resolve_policy
-from policy_engine.runtime.state import warn_once
+from policy_engine.runtime.process import manifest
+from policy_engine.runtime.process.state import warn_once
 
 log = logging.getLogger("policy_engine")
 
@@ -79,10 +80,9 @@ class EngineProfiler:
         self.folder = kind.folder(self.plan.output_dir, spec.name, self.settings)
         self.stages: list[str | None] = [r.name for r in spec.regions if r.enabled] \
             if spec.discrete else [None]
-        self.env = {f: os.environ.get(f[4:], "") for f in self.plan.template.fields()
-                    if f.startswith("env:")}
+        self.env = self.plan.env_fields()
         file_hash = manifest.file_hash(policy_sources)
-        self._ident = {r: identity(p, file_hash) for r, p in self.plans.items()}
+        self._ident = {r: p.identity(file_hash) for r, p in self.plans.items()}
         self._open: list[Window] = []
         self._pairs: list[tuple[Target, Window]] = []
         self._last: int | None = None
@@ -109,7 +109,7 @@ class EngineProfiler:
         return self.kind.start_kwargs(self.settings, self.plan.schedule, self.folder,
                                       window.prefix, window.token)
 
-    # -- the steps ----------------------------------------------------------------------
+    # -- whether a step opens or ends a window ---------------------------------------------
     def _begins(self, n: int) -> tuple[bool, bool]:
         """At step ``n``: whether the open window ends first (a merged window the loop
         left), and whether ``n`` opens a window (not when a merged one goes on)."""
@@ -124,54 +124,58 @@ class EngineProfiler:
     def _ends(self, n: int) -> bool:
         return bool(self._open) and (self._last is None or n >= self._last)
 
-    @contextlib.contextmanager
-    def training_step(self, n: int) -> Iterator[None]:
-        """Around rollout step ``n``: the engine records the step when the policy says so."""
+    # -- the steps: decided once (as Work), carried out blocking or awaited -----------
+    def _enter(self, n: int) -> Work:
+        """Before step ``n``: end the open window if the loop left it, open one if ``n``
+        opens one."""
         end, begin = self._begins(n)
         if end:
-            self._stop_all("complete")
+            yield from self._stop_all("complete")
         if begin:
             self._pairs = self._windows(n)
             self._last = self.plan.capture_last(n)
-            self._run_all("start_profile", self._pairs)
+            yield from self._start_all(self._pairs)
+
+    def _leave(self, n: int) -> Work:
+        """After step ``n``: end the window when ``n`` is its last step."""
+        if self._ends(n):
+            yield from self._stop_all("complete")
+
+    def _abandon(self) -> Work:
+        """A step failed, or the loop is over: the window still open ends ``partial``."""
+        if self._open:
+            yield from self._stop_all("partial")
+
+    @contextlib.contextmanager
+    def training_step(self, n: int) -> Iterator[None]:
+        """Around rollout step ``n``: the engine records the step when the policy says so."""
+        drive(self._enter(n))
         try:
             yield
         except BaseException:
-            if self._open:
-                self._stop_all("partial")
+            drive(self._abandon())
             raise
-        if self._ends(n):
-            self._stop_all("complete")
+        drive(self._leave(n))
 
     @contextlib.asynccontextmanager
     async def atraining_step(self, n: int) -> AsyncIterator[None]:
         """:meth:`training_step` for async code: the engine's calls are awaited on this loop
         (an ``AsyncLLM`` needs its own loop), the file work runs on a thread."""
-        end, begin = self._begins(n)
-        if end:
-            await self._astop_all("complete")
-        if begin:
-            self._pairs = self._windows(n)
-            self._last = self.plan.capture_last(n)
-            await self._arun_all("start_profile", self._pairs)
+        await adrive(self._enter(n))
         try:
             yield
         except BaseException:
-            if self._open:
-                await self._astop_all("partial")
+            await adrive(self._abandon())
             raise
-        if self._ends(n):
-            await self._astop_all("complete")
+        await adrive(self._leave(n))
 
     def close(self) -> None:
         """Stop a window still open (a loop that ended inside a merged capture)."""
-        if self._open:
-            self._stop_all("partial")
+        drive(self._abandon())
 
     async def aclose(self) -> None:
         """:meth:`close` for async code."""
-        if self._open:
-            await self._astop_all("partial")
+        await adrive(self._abandon())
 
     # -- start and stop on every replica --------------------------------------------------
     def _start_one(self, target: Target, window: Window, error: str | None) -> None:
@@ -205,51 +209,22 @@ class EngineProfiler:
                           self.plan.role, self.kind.name, target.describe(), other,
                           self.folder)
 
-    def _run_all(self, what: str, pairs: Sequence[tuple[Target, Window]]) -> None:
+    def _start_all(self, pairs: Sequence[tuple[Target, Window]]) -> Work:
+        """Open the windows' manifest lines, make the engine's profiler folder, and start
+        every replica's profiler at once; a window whose start failed fails."""
         for window in (w for _, w in pairs):
             window.open_lines()
         try:
-            make_tool_folder(self.plan.output_dir, self.folder)
+            yield Offload(functools.partial(make_tool_folder, self.plan.output_dir,
+                                            self.folder))
         except OSError as err:
             self._folder_refused(pairs, err)
             return
         self._say_elsewhere(pairs)
-
-        here = {id(t): t.refused_here(what) for t, _ in pairs}  # this thread, not the pool's
-
-        def one(pair: tuple[Target, Window]) -> str | None:
-            refused = here[id(pair[0])]
-            if refused is not None:
-                return refused
-            try:
-                pair[0].call(what, self._kwargs(pair[1]), self.timeout)
-            except EngineCallError as err:
-                return str(err)
-            return None
-        with ThreadPoolExecutor(max(1, len(pairs))) as pool:
-            errors = list(pool.map(one, pairs))
+        errors = yield Calls("start_profile", [(t, self._kwargs(w)) for t, w in pairs],
+                             self.timeout)
         for (target, window), error in zip(pairs, errors, strict=True):
-            self._start_one(target, window, error)
-
-    async def _arun_all(self, what: str, pairs: Sequence[tuple[Target, Window]]) -> None:
-        for window in (w for _, w in pairs):
-            window.open_lines()
-        try:
-            await asyncio.to_thread(make_tool_folder, self.plan.output_dir, self.folder)
-        except OSError as err:
-            self._folder_refused(pairs, err)
-            return
-        self._say_elsewhere(pairs)
-
-        async def one(pair: tuple[Target, Window]) -> str | None:
-            try:
-                await pair[0].acall(what, self._kwargs(pair[1]), self.timeout)
-            except EngineCallError as err:
-                return str(err)
-            return None
-        errors = await asyncio.gather(*(one(p) for p in pairs))
-        for (target, window), error in zip(pairs, errors, strict=True):
-            self._start_one(target, window, error)
+            self._start_one(target, window, None if error is None else str(error))
 
     def _stopped(self, window: Window, error: EngineCallError | None, status: str) -> None:
         """After a stop: collect the window's files. A stop that timed out fails the window
@@ -280,38 +255,15 @@ class EngineProfiler:
                                     f"were not found in {self.folder} within "
                                     f"{self.files_timeout:g} s of the stop")
 
-    def _stop_all(self, status: str) -> None:
+    def _stop_all(self, status: str) -> Work:
+        """Stop every replica with an open window at once, each window's files collected
+        as soon as its own stop returns."""
         windows, self._open = self._open, []
         pairs = [(t, w) for t, w in self._pairs if w in windows]
 
-        here = {id(t): t.refused_here("stop_profile") for t, _ in pairs}
-
-        def one(pair: tuple[Target, Window]) -> None:
-            try:
-                refused = here[id(pair[0])]
-                if refused is not None:
-                    raise EngineCallError(refused)
-                pair[0].call("stop_profile", None, self.timeout)
-            except EngineCallError as err:
-                self._stopped(pair[1], err, status)
-                return
-            self._stopped(pair[1], None, status)
-        with ThreadPoolExecutor(max(1, len(pairs))) as pool:
-            for done in [pool.submit(one, pair) for pair in pairs]:
-                done.result()  # on_error: raise reaches the caller
-
-    async def _astop_all(self, status: str) -> None:
-        windows, self._open = self._open, []
-        pairs = [(t, w) for t, w in self._pairs if w in windows]
-
-        async def one(pair: tuple[Target, Window]) -> None:
-            error = None
-            try:
-                await pair[0].acall("stop_profile", None, self.timeout)
-            except EngineCallError as err:
-                error = err
-            await asyncio.to_thread(self._stopped, pair[1], error, status)
-        await asyncio.gather(*(one(p) for p in pairs))
+        def then(i: int, error: EngineCallError | None) -> None:
+            self._stopped(pairs[i][1], error, status)
+        yield Calls("stop_profile", [(t, None) for t, _ in pairs], self.timeout, then)
 
     def _failed(self, message: str) -> None:
         text = f"policy-engine: role {self.plan.role!r} ({self.kind.name}): {message}"

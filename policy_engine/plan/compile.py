@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import socket
+from collections.abc import Callable
 
 import attrs
 
@@ -83,6 +84,23 @@ def compile_plan(policy: Policy, role: str, topology: Topology | None = None) ->
         policy_hash=policy.policy_hash,
         colocated=colocated,
     )
+
+
+def place_key(policy: Policy, role: str) -> Callable[[Topology], tuple[object, ...]]:
+    """What, besides its place, sets apart the plan :func:`compile_plan` makes for the
+    enabled ``role`` on a simulated process (one the role selects), as a function of the
+    process's topology: the declared colocated roles that select it too.
+
+    Two such processes of one world with equal keys get plans that differ only in
+    ``rank``, ``local_rank``, ``node``, ``coords`` and the name fields bound from them
+    (``<host>`` is bound on live processes only). explain compiles one plan per key.
+    """
+    if not policy.group(role):
+        return lambda topology: ()
+
+    def key(topology: Topology) -> tuple[object, ...]:
+        return _colocated(policy, role, topology, resolve_topology(policy, topology, role))
+    return key
 
 
 def region_plans(spec: RoleSpec) -> tuple[RegionPlan, ...]:
