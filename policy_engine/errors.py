@@ -13,12 +13,18 @@ import attrs
 Severity = Literal["error", "warning"]
 
 
-def printable(text: str) -> str:
+def printable(text: str, limit: int | None = None) -> str:
     """``text`` with every character that cannot be printed as it is (line breaks, control
-    characters, lone surrogates) written as its escape, so that a message stays one line."""
-    if text.isprintable():
-        return text
-    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode() for c in text)
+    characters such as a terminal's escape sequences, lone surrogates) written as its
+    escape (``\\n``, ``\\x1b``, ``\\ud800``), so that untrusted text shows as one line and
+    moves no cursor. With ``limit``, what is longer is cut to ``limit`` characters, the
+    last three ``...``. The one such helper: every message, listing and page uses it."""
+    if not text.isprintable():
+        text = "".join(c if c.isprintable() else c.encode("unicode_escape").decode()
+                       for c in text)
+    if limit is not None and len(text) > limit:
+        return text[: limit - 3] + "..."
+    return text
 
 
 @attrs.frozen

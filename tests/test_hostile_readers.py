@@ -1,8 +1,9 @@
 """The trace tools read untrusted files in bounded memory and time, and never outside DIR.
 
 Each hostile file is made here, small on disk (a few MB at most), and each command runs in
-a fresh process whose wall time and peak resident memory are measured. The target is 5 s
-and 300 MB; the time bound asserted is generous, as the test machine may be loaded.
+a fresh process whose CPU time and peak resident memory are measured. The target is 5 s
+and 300 MB; the bound asserted is on CPU time, which other work on the machine does not
+stretch as it does wall time, and is generous (a bound on work, not a speed test).
 """
 
 from __future__ import annotations
@@ -25,25 +26,26 @@ from policy_engine.analysis import chrome_trace
 from policy_engine.analysis.manifests import MAX_MANIFEST_LINES
 from policy_engine.backends.memory import snapshot
 from policy_engine.cli.main import main
-from policy_engine.files.layout import find_leftovers
+from policy_engine.files.layout import MANIFEST_DIR, find_leftovers
 from policy_engine.files.publish import publish
 from policy_engine.language.values.sizes import human_bytes
-from policy_engine.runtime.manifest import MANIFEST_DIR, encode
+from policy_engine.runtime.process.manifest import encode
 
 MiB = 1 << 20
 PEAK_LIMIT = 300 * MiB
-TIME_LIMIT = 60.0  # the target is 5 s; a loaded machine is given room
+CPU_LIMIT = 60.0  # CPU seconds of the command and its children; the target is 5 s
 MANIFEST = "host_pid1_20260101000000.manifest.jsonl"
 
 # VmHWM, not ru_maxrss: Linux carries ru_maxrss over exec from the (large) test process.
 _PEAK = """
-import sys
+import os, sys
 from policy_engine.cli.main import main
 code = main(sys.argv[1:])
 sys.stdout.flush()
 with open("/proc/self/status") as f:
     peak = next(line.split()[1] for line in f if line.startswith("VmHWM:"))
-print("peak", peak, file=sys.stderr)
+cpu = sum(os.times()[:4])  # user and system, its own and its children's
+print("peak", peak, cpu, file=sys.stderr)
 sys.exit(code)
 """
 
@@ -52,13 +54,15 @@ class Ran:
     def __init__(self, done: subprocess.CompletedProcess[str], seconds: float) -> None:
         self.code = done.returncode
         self.out = done.stdout
-        self.err, _, peak = done.stderr.rpartition("peak ")
+        self.err, _, tail = done.stderr.rpartition("peak ")
+        peak, cpu = tail.split()
         self.peak = int(peak) * 1024  # in KiB
+        self.cpu = float(cpu)
         self.seconds = seconds
 
     def bounded(self) -> None:
         assert "Traceback" not in self.err, self.err
-        assert self.seconds < TIME_LIMIT, f"{self.seconds:.1f} s"
+        assert self.cpu < CPU_LIMIT, f"{self.cpu:.1f} s of CPU"
         assert self.peak < PEAK_LIMIT, f"{self.peak / MiB:.0f} MiB"
 
 
@@ -68,7 +72,8 @@ def cli(*argv: Any) -> Ran:
     done = subprocess.run([sys.executable, "-c", _PEAK, *map(str, argv)],
                           capture_output=True, text=True, timeout=600, check=False)
     ran = Ran(done, time.monotonic() - start)
-    print(f"{argv[0]}: exit {ran.code}, {ran.seconds:.1f} s, {ran.peak / MiB:.0f} MiB")
+    print(f"{argv[0]}: exit {ran.code}, {ran.seconds:.1f} s ({ran.cpu:.1f} s of CPU), "
+          f"{ran.peak / MiB:.0f} MiB")
     return ran
 
 

@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 
 from policy_engine.analysis import manifests
-from policy_engine.analysis.manifests import Problem, read_manifests, scan_manifests
-from policy_engine.runtime import manifest
-from policy_engine.runtime.manifest import append
+from policy_engine.analysis.manifests import ManifestProblem, read_manifests, scan_manifests
+from policy_engine.runtime.process import manifest
+from policy_engine.runtime.process.manifest import append
 
 OPEN = {"event": "open", "capture": "1", "role": "actor", "rank": 0, "steps": [3],
         "start": 10.0}
@@ -187,9 +187,9 @@ def test_half_a_line_at_the_end_is_reported(out: Path) -> None:
     path = write_manifest(out, good, b'{"role": "actor", "rank": 0, "pa')
     scan = scan_manifests(str(out))
     assert len(scan.records) == 1
-    assert scan.problems == (Problem(str(path), 2, "half a line at the end of the file (no "
-                                     "newline): not JSON: Unterminated string starting at: "
-                                     "line 1 column 30 (char 29)"),)
+    assert scan.problems == (ManifestProblem(str(path), 2, "half a line at the end of the file "
+                                             "(no newline): not JSON: Unterminated string "
+                                             "starting at: line 1 column 30 (char 29)"),)
 
 
 def test_a_whole_last_line_without_its_newline_is_read(out: Path) -> None:
@@ -204,8 +204,8 @@ def test_a_line_too_long_is_skipped_not_loaded(out: Path, monkeypatch: Any) -> N
     path = write_manifest(out, good, b"x" * 250 + b"\n", good, b"y" * 150)
     scan = scan_manifests(str(out))
     assert [r["_line"] for r in scan.records] == [1, 3]
-    assert scan.problems == (Problem(str(path), 2, "longer than 100 bytes"),
-                             Problem(str(path), 4, "longer than 100 bytes"))
+    assert scan.problems == (ManifestProblem(str(path), 2, "longer than 100 bytes"),
+                             ManifestProblem(str(path), 4, "longer than 100 bytes"))
 
 
 def test_blank_lines_are_ignored(out: Path) -> None:

@@ -19,7 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from policy_engine.cli.main import main
-from policy_engine.runtime.manifest import host_name
+from policy_engine.files.layout import host_name
 
 STAMP = time.strftime("%Y%m%d%H%M%S")
 #: A manifest name whose process is not on this host: its open captures are interrupted.

@@ -32,7 +32,7 @@ import attrs
 
 from policy_engine.analysis.compare import compare_runs
 from policy_engine.analysis.errors import AnalysisError
-from policy_engine.analysis.manifests import Problem, scan_manifests
+from policy_engine.analysis.manifests import ManifestProblem, scan_manifests
 from policy_engine.analysis.run import analyze as _analyze
 from policy_engine.analysis.summary import summarize
 from policy_engine.analysis.windows import describe, from_manifests
@@ -187,7 +187,7 @@ class RunScan:
 
     windows: tuple[WindowScan, ...]
     records: tuple[Mapping[str, Any], ...]
-    problems: tuple[Problem, ...]
+    problems: tuple[ManifestProblem, ...]
 
 
 def _ranks(found: Any) -> tuple[int | None, ...]:

@@ -11,8 +11,9 @@ import time
 from typing import Any
 
 from policy_engine.analysis.format import size_cell
-from policy_engine.analysis.manifests import COMPANIONS, Scan, file_of, scan_manifests
+from policy_engine.analysis.manifests import Scan, file_of, scan_manifests
 from policy_engine.analysis.window_roles import label
+from policy_engine.errors import printable
 from policy_engine.files.layout import (
     MANIFEST_DIR,
     MANIFEST_SUFFIX,
@@ -22,6 +23,7 @@ from policy_engine.files.layout import (
     is_temp_name,
     temp_pid,
 )
+from policy_engine.files.records import COMPANIONS
 
 # Folders written whole by a tool (torch_npu) are one trace, not many files.
 _TRACE_DIR_SUFFIXES = ("_ascend_pt",)
@@ -217,10 +219,7 @@ def steps_cell(record: dict[str, Any]) -> str:
 
 def cell(value: Any) -> str:
     """A value as one line of printable text (no control characters reach the terminal)."""
-    text = str(value)
-    if text.isprintable():
-        return text
-    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+    return printable(str(value))
 
 
 def row_cells(r: dict[str, Any]) -> tuple[str, ...]:

@@ -1,8 +1,10 @@
-"""Reading the per-process manifests (``runtime.manifest`` writes them): one JSON line per
+"""Reading the per-process manifests (``runtime.process.manifest`` writes them): one JSON line per
 event of a capture.
 
-Each process appends to its own file under ``<output_dir>/manifests/``. Four kinds of
-record (the ``event`` key):
+Each process appends to its own file under ``<output_dir>/manifests/``. Each line is a
+record of one kind (the ``event`` key), declared with its fields in
+:mod:`policy_engine.files.records` and checked here through those classes
+(:func:`parse_line`):
 
 - ``open``: written when a capture opens, before the backend is touched, so a capture
   that never closes (SIGKILL, a crash) is still known;
@@ -12,7 +14,8 @@ record (the ``event`` key):
   a capture of more than 64 consecutive steps gives its first and last step and
   ``step_count`` (:func:`closed_steps` reads both forms);
 - ``note``: something about a role in the process that is no capture (``note`` says
-  what: a trigger request accepted or missed, a slow step, a limit reached).
+  what: a trigger request accepted or missed, a slow step, a limit reached);
+- ``summary``: a torch trace's figures, computed by its rank after the capture.
 
 A line is written whole or not at all: one ``write`` on an ``O_APPEND`` descriptor, and a
 short write is cut back off. Reading never raises on what it reads: each damaged line is
@@ -23,7 +26,6 @@ from __future__ import annotations
 
 import functools
 import json
-import math
 import os
 import re
 import stat
@@ -33,10 +35,7 @@ from typing import IO, Any
 import attrs
 
 from policy_engine.files.layout import MANIFEST_SUFFIX
-from policy_engine.files.records import CLOSE_STATUSES as CLOSE_STATUSES
-from policy_engine.files.records import COMPANIONS as COMPANIONS
-from policy_engine.files.records import EVENTS, FIELDS, REQUIRED, STATUSES
-from policy_engine.files.records import TRACE_STATUSES as TRACE_STATUSES
+from policy_engine.files.records import clean_value, from_json, quoted
 
 #: The longest line read; a longer one is reported, not loaded.
 MAX_LINE_BYTES = 1 << 20
@@ -50,7 +49,7 @@ MAX_SCAN_BYTES = 256 << 20
 # -- reading ---------------------------------------------------------------------------
 
 @attrs.frozen
-class Problem:
+class ManifestProblem:
     """Something in a manifest that could not be read: ``line`` is None for a whole file
     (or folder) that could not be read."""
 
@@ -68,71 +67,40 @@ class Scan:
     """
 
     records: tuple[dict[str, Any], ...]
-    problems: tuple[Problem, ...]
+    problems: tuple[ManifestProblem, ...]
 
 
 def _reject_constant(name: str) -> Any:
     raise ValueError(f"{name} is not a JSON value")
 
 
-_SURROGATE = re.compile("[\ud800-\udfff]")
-#: What in a line's text can make a value :func:`_clean` must change: a surrogate escape,
-#: or a number that may not fit a float (an exponent, or hundreds of digits). A line
-#: without any is taken as parsed (the common case: a scan of 10,000 summaries).
+#: What in a line's text can make a value :func:`clean_value` must change: a surrogate
+#: escape, or a number that may not fit a float (an exponent, or hundreds of digits). A
+#: line without any is taken as parsed (the common case: a scan of 10,000 summaries).
 _UNCLEAN = re.compile(r"\\u[dD][89a-fA-F]|[0-9.][eE][+-]?[0-9]|[0-9.]{300}")
 
 
-def _clean(value: Any) -> Any:
-    """Lone surrogates (from ``\\ud800`` escapes) replaced, so the value prints and encodes;
-    numbers too large for a float dropped."""
-    if isinstance(value, str):
-        try:
-            value.encode("utf-8")
-        except UnicodeEncodeError:
-            return _SURROGATE.sub("\ufffd", value)
-        return value
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if isinstance(value, dict):
-        return {_clean(k): _clean(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_clean(v) for v in value]
-    return value
-
-
 def parse_line(raw: bytes) -> dict[str, Any]:
-    """One manifest line as a record (``event`` filled in); ValueError says what is wrong."""
+    """One manifest line as a record (``event`` filled in), read through its kind's class
+    (:func:`policy_engine.files.records.from_json`); ValueError says what is wrong."""
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as err:
         raise ValueError(
             f"not UTF-8 (byte {raw[err.start]:#04x} at column {err.start + 1})") from None
     try:
-        record = json.loads(text, parse_constant=_reject_constant)
+        parsed = json.loads(text, parse_constant=_reject_constant)
     except RecursionError:
         raise ValueError("not JSON: nested too deeply") from None
     except ValueError as err:
         raise ValueError(f"not JSON: {err}") from None
-    if not isinstance(record, dict):
-        raise ValueError(f"not a JSON object (a {type(record).__name__})")
-    event = record.setdefault("event", "trace")
-    if event not in EVENTS:
-        raise ValueError(f"event: unknown kind {_clean(event)!r} (expected one of "
-                         f"{', '.join(EVENTS)})")
-    for key in REQUIRED[event]:
-        if key not in record:
-            raise ValueError(f"{key}: missing (every {event} record has one)")
-    for key, (check, what) in FIELDS.items():
-        if key in record and not check(record[key]):
-            raise ValueError(f"{key}: expected {what}, got {_show(record[key])}")
-    statuses = STATUSES[event]
-    if statuses is not None and record["status"] not in statuses:
-        raise ValueError(f"status: expected one of {', '.join(statuses)}, got "
-                         f"{_show(record['status'])}")
+    if not isinstance(parsed, dict):
+        raise ValueError(f"not a JSON object (a {type(parsed).__name__})")
+    record = from_json(parsed).to_json()
     if _UNCLEAN.search(text) is None:
         return record
     try:
-        cleaned: dict[str, Any] = _clean(record)
+        cleaned: dict[str, Any] = clean_value(record)
     except RecursionError:
         raise ValueError("nested too deeply") from None
     return cleaned
@@ -147,14 +115,6 @@ def closed_steps(record: Mapping[str, Any]) -> Sequence[int]:
     if isinstance(count, int) and len(steps) == 2 and steps[1] - steps[0] + 1 == count:
         return range(steps[0], steps[1] + 1)
     return steps
-
-
-def _show(value: Any) -> str:
-    try:
-        text = json.dumps(_clean(value), ensure_ascii=True)
-    except (ValueError, RecursionError):
-        text = type(value).__name__
-    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def _lines(f: IO[bytes]) -> Iterator[tuple[bytes | None, bool]]:
@@ -172,7 +132,7 @@ def _lines(f: IO[bytes]) -> Iterator[tuple[bytes | None, bool]]:
         yield (raw[:-1] if ended else raw), ended
 
 
-def _read_file(path: str, records: list[dict[str, Any]], problems: list[Problem],
+def _read_file(path: str, records: list[dict[str, Any]], problems: list[ManifestProblem],
                room: int, left: int) -> int:
     """The records of one manifest into ``records``, at most ``room`` of them and
     ``left`` bytes; the bytes read."""
@@ -180,20 +140,20 @@ def _read_file(path: str, records: list[dict[str, Any]], problems: list[Problem]
         # Not through a link, and never blocking on a FIFO planted under the name.
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError as err:
-        problems.append(Problem(path, None, f"cannot read it: {err.strerror or err}"))
+        problems.append(ManifestProblem(path, None, f"cannot read it: {err.strerror or err}"))
         return 0
     with os.fdopen(fd, "rb") as f:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
-            problems.append(Problem(path, None, "not a regular file"))
+            problems.append(ManifestProblem(path, None, "not a regular file"))
             return 0
         try:
             for number, (raw, ended) in enumerate(_lines(f), 1):
                 stop = _stop(number, f.tell(), room, left)
                 if stop:
-                    problems.append(Problem(path, number, stop))
+                    problems.append(ManifestProblem(path, number, stop))
                     break
                 if raw is None:
-                    problems.append(Problem(path, number,
+                    problems.append(ManifestProblem(path, number,
                                             f"longer than {MAX_LINE_BYTES} bytes"))
                     continue
                 if not raw.strip():
@@ -204,14 +164,14 @@ def _read_file(path: str, records: list[dict[str, Any]], problems: list[Problem]
                     why = str(err)
                     if not ended:
                         why = f"half a line at the end of the file (no newline): {why}"
-                    problems.append(Problem(path, number, why))
+                    problems.append(ManifestProblem(path, number, why))
                     continue
                 record["_manifest"] = path
                 record["_line"] = number
                 records.append(record)
                 room -= 1
         except OSError as err:
-            problems.append(Problem(path, None, f"read failed: {err.strerror or err}"))
+            problems.append(ManifestProblem(path, None, f"read failed: {err.strerror or err}"))
         return f.tell()
 
 
@@ -219,11 +179,11 @@ def scan_manifests(output_dir: str) -> Scan:
     """Every record of every manifest under ``output_dir`` (recursively), and every
     problem: never raises on what it finds."""
     records: list[dict[str, Any]] = []
-    problems: list[Problem] = []
+    problems: list[ManifestProblem] = []
     _real.cache_clear()  # folders resolved by file_of: as they are now
 
     def unreadable(err: OSError) -> None:
-        problems.append(Problem(str(err.filename or output_dir), None,
+        problems.append(ManifestProblem(str(err.filename or output_dir), None,
                                 f"cannot list this folder: {err.strerror or err}"))
 
     used = 0
@@ -260,8 +220,8 @@ def file_of(record: Mapping[str, Any], rel: Any) -> str:
     that folder, or reaches outside it through a link: a reader never follows it."""
     base = os.path.dirname(os.path.dirname(str(record["_manifest"])))
     if not isinstance(rel, str) or not rel or "\0" in rel:
-        raise ValueError(f"{_show(rel)} is not a file name")
-    shown = json.dumps(_clean(rel) if len(rel) <= 200 else _clean(rel[:197]) + "...")
+        raise ValueError(f"{quoted(rel)} is not a file name")
+    shown = json.dumps(clean_value(rel) if len(rel) <= 200 else clean_value(rel[:197]) + "...")
     if os.path.isabs(rel):
         raise ValueError(f"path {shown} is absolute: a manifest names files inside "
                          "its output folder; not followed")

@@ -9,7 +9,7 @@ from typing import Any
 
 from policy_engine.analysis.chrome_trace import TraceError, TraceReader, TraceTooLarge
 from policy_engine.analysis.format import size_cell
-from policy_engine.analysis.report_page import Capture, Ops
+from policy_engine.analysis.report_page import Ops, PageEntry
 from policy_engine.analysis.window_roles import TORCH_SUFFIXES
 
 #: Trace events whose self time the page lists (others still nest: a user_annotation
@@ -131,11 +131,11 @@ def read_ops(path: str, *, top: int, limit: int, budget: int | None = None,
             used.append(reader.bytes_read)
 
 
-def _is_trace(c: Capture) -> bool:
+def _is_trace(c: PageEntry) -> bool:
     return bool(c.path and c.exists and c.path.endswith(TORCH_SUFFIXES))
 
 
-def read_all_ops(entries: list[Capture], root: str, *, count: int, top: int,
+def read_all_ops(entries: list[PageEntry], root: str, *, count: int, top: int,
                  limit: int, total: int) -> tuple[dict[int, Ops], list[str]]:
     """Operators of up to ``count`` torch traces, those needing attention first, reading
     at most ``limit`` bytes of text of each and ``total`` of all; and notes for the

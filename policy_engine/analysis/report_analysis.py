@@ -19,6 +19,7 @@ from policy_engine.analysis.format import rank_spans
 from policy_engine.analysis.manifests import Scan
 from policy_engine.analysis.run import analyze
 from policy_engine.analysis.text import ms, notes, why
+from policy_engine.errors import printable
 
 #: (key, label, colour) of a bar's parts, left to right.
 PARTS = (("compute", "compute", "#4e79a7"), ("comm", "communication", "#f28e2b"),
@@ -32,10 +33,7 @@ _LABEL_W, _BAR_W, _ROW_H = 170, 440, 18
 
 def _esc(value: Any) -> str:
     """Printable (control characters escaped: manifests are untrusted) and HTML-escaped."""
-    text = str(value)
-    if not text.isprintable():
-        text = "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
-    return html.escape(text, quote=True)
+    return html.escape(printable(str(value)), quote=True)
 
 
 def _parts(total: dict[str, float]) -> dict[str, float]:

@@ -43,8 +43,9 @@ class Ops:
 
 
 @attrs.frozen
-class Capture:
-    """One cell entry: a trace line, or a capture that never closed."""
+class PageEntry:
+    """One entry of the page (a grid cell holds one or more): a trace line, or a capture
+    that never closed."""
 
     role: str
     rank: int | None
@@ -87,7 +88,7 @@ def _column(record: dict[str, Any]) -> tuple[Any, ...]:
     return (key, str(region or "")), label
 
 
-def captures(data: dict[str, Any], root: str, page_dir: str) -> list[Capture]:
+def captures(data: dict[str, Any], root: str, page_dir: str) -> list[PageEntry]:
     """Every trace line and every capture that never closed, as page entries."""
     out = []
     # Paths are relative to root and stay inside it: one relpath serves every link.
@@ -105,7 +106,7 @@ def captures(data: dict[str, Any], root: str, page_dir: str) -> list[Capture]:
         message = r.get("reason") if r.get("event") == "capture" else r.get("error")
         if r.get("kept") is False and not r.get("exists"):  # keep: summaries removed it
             path, href, message = None, None, "summary only: the trace was not kept"
-        out.append(Capture(
+        out.append(PageEntry(
             role=family[_roles(r)], rank=rank if isinstance(rank, int) else None,
             column=_column(r), status=str(r.get("status")), record=r,
             path=path, href=href, exists=bool(r.get("exists", path is None)),
@@ -113,23 +114,23 @@ def captures(data: dict[str, Any], root: str, page_dir: str) -> list[Capture]:
     return out
 
 
-def _weight(c: Capture) -> int:
+def _weight(c: PageEntry) -> int:
     """How bad an entry is: a lost file counts as a partial capture at least."""
     return min(c.severity, SEVERITY.index("partial")) if c.lost else c.severity
 
 
-def _cell_status(entries: Sequence[Capture]) -> str:
+def _cell_status(entries: Sequence[PageEntry]) -> str:
     return min(entries, key=lambda c: c.severity).status
 
 
-def _signature(cells: dict[Any, list[Capture]], columns: list[Any]) -> tuple[Any, ...]:
+def _signature(cells: dict[Any, list[PageEntry]], columns: list[Any]) -> tuple[Any, ...]:
     return tuple(tuple(sorted((c.status, c.exists) for c in cells.get(col, ())))
                  for col in columns)
 
 
-def _grid(role: str, entries: list[Capture]) -> str:
+def _grid(role: str, entries: list[PageEntry]) -> str:
     columns = sorted({c.column for c in entries})
-    per_rank: dict[int | None, dict[Any, list[Capture]]] = {}
+    per_rank: dict[int | None, dict[Any, list[PageEntry]]] = {}
     for c in entries:
         per_rank.setdefault(c.rank, {}).setdefault(c.column, []).append(c)
     groups: dict[tuple[Any, ...], list[int | None]] = {}
@@ -189,7 +190,7 @@ def _ops(ops: Ops | None) -> str:
             f"{body}</table></details>")
 
 
-def _listing(entries: list[Capture], ops: dict[int, Ops]) -> str:
+def _listing(entries: list[PageEntry], ops: dict[int, Ops]) -> str:
     rows = []
     for c in sorted(entries, key=lambda c: (c.rank if c.rank is not None else -1,
                                             c.column, _number(c.record.get("start")))):
@@ -230,9 +231,9 @@ def _counted(values: Iterable[Any], limit: int = 8) -> str:
     return text + (f", and {len(shown) - limit} more" if len(shown) > limit else "")
 
 
-def _attention(entries: list[Capture]) -> str:
+def _attention(entries: list[PageEntry]) -> str:
     """Troubled captures grouped by role, outcome, message and step, ranks as ranges."""
-    groups: dict[tuple[Any, ...], list[Capture]] = {}
+    groups: dict[tuple[Any, ...], list[PageEntry]] = {}
     for c in entries:
         if c.troubled:
             status = c.status if c.exists else f"{c.status}, file missing"
@@ -290,11 +291,11 @@ table.ops td{border:0;padding:0 6px} summary{cursor:pointer}
     "tr.s-complete{background:none} tr.lost{background:#fde0e0}\n"
 
 
-def render(data: dict[str, Any], entries: list[Capture], ops: dict[int, Ops], *,
+def render(data: dict[str, Any], entries: list[PageEntry], ops: dict[int, Ops], *,
            title: str, notes: Sequence[str], extra: Sequence[str] = ()) -> str:
     """The whole page. ``extra``: more sections of HTML (escaped by whoever made them),
     placed after the roles' sections."""
-    roles: dict[str, list[Capture]] = {}
+    roles: dict[str, list[PageEntry]] = {}
     for c in entries:
         roles.setdefault(c.role, []).append(c)
     sections = []

@@ -3,7 +3,7 @@ one torch trace (:func:`~policy_engine.analysis.summary.summarize`) as one JSON 
 stdout.
 
 The runtime runs it in a process of its own after each torch capture
-(``runtime.summaries``), so that the pure-Python work of reading a trace never holds the
+(``runtime.process.summaries``), so that the pure-Python work of reading a trace never holds the
 training process's GIL. It imports no torch. It exits 0 whenever it prints a line, for a
 trace it cannot read too (the line is ``{"error": ...}``, saying why); 2 for a usage
 error. ``--parent PID``: stop when process PID is no longer this one's parent (it was

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from policy_engine.errors import printable
+
 RANK_ROWS = 16
 SLOWEST = 5
 
@@ -149,12 +151,5 @@ def render(result: dict[str, Any]) -> str:
         lines.append(f"warning: {p}")
     named = sum(1 for w in result["windows"] if w.get("straggler"))
     lines.append(f"{len(result['windows'])} window(s) analysed; {named} name a straggler")
-    return "\n".join(map(_printable, lines))
-
-
-def _printable(line: str) -> str:
-    """A line with no control characters (manifest text is untrusted: no escape sequence
-    reaches the terminal)."""
-    if line.isprintable():
-        return line
-    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in line)
+    # Each line printable: manifest text is untrusted, no escape sequence reaches the terminal.
+    return "\n".join(map(printable, lines))

@@ -4,8 +4,8 @@
 
     <output_dir>/
       <trace names>...          the policy's name templates (language.naming)
-      manifests/<host>_pid<pid>_<start><MANIFEST_SUFFIX>   one per process (runtime.manifest)
-      triggers/                 requests to capture (runtime.requests, cli.trigger)
+      manifests/<host>_pid<pid>_<start><MANIFEST_SUFFIX>  one per process (runtime.process)
+      triggers/                 requests to capture (runtime.triggers.requests, cli.trigger)
       .policy-engine-<pid>-<random>.tmp<ext>   a file being written (files.publish)
 
 A path component is at most :data:`MAX_COMPONENT_BYTES` bytes; a longer one is cut by

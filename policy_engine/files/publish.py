@@ -1,6 +1,6 @@
 """The one file publisher: files written whole or not at all, never over another file,
 never outside their folder (the per-process manifests, appended to a line at a time, are
-the one kind of file written elsewhere: policy_engine.runtime.manifest).
+the one kind of file written elsewhere: policy_engine.runtime.process.manifest).
 
 ``output_dir`` is shared: several ranks, jobs or users may write into it, and any of them
 can plant a symbolic link where the engine is about to write. So everything below

@@ -15,7 +15,7 @@ from typing import Any
 
 import attrs
 
-from policy_engine.errors import Location, PolicyError, Problem, describe, json_path
+from policy_engine.errors import Location, PolicyError, Problem, describe, json_path, printable
 from policy_engine.language.read import yaml_reader as _yaml
 from policy_engine.language.read.document import MAX_DEPTH, Document, PathKey, shorten, too_deep
 
@@ -79,8 +79,7 @@ def _label(origin: str) -> str:
     """``origin`` fit to start an error line: cut when long, and with what cannot be
     printed as it is (control characters, lone surrogates from undecodable bytes of
     argv or the environment) written as escapes."""
-    shown = "".join(c if c.isprintable() else c.encode("unicode_escape").decode() for c in origin)
-    return shorten(shown, 200)
+    return printable(origin, limit=200)
 
 
 def _height(value: Any) -> int:
