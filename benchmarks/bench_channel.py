@@ -4,8 +4,9 @@
 
 A TCPStore runs in a process of its own (as torchrun's agent runs it). ``--clients``
 listeners, threads spread over a few processes, each with its own client connection,
-do what a rank's listener thread does (:mod:`policy_engine.runtime.courier`), with the
-same keys (:class:`~policy_engine.runtime.channel.JobChannel`): every ``--poll``
+do what a rank's listener thread does
+(:mod:`policy_engine.runtime.triggers.listener_thread`), with the same keys
+(:class:`~policy_engine.runtime.triggers.channel.JobChannel`): every ``--poll``
 seconds publish their progress (a simulated step counter at 10 steps/s, each started at a
 random phase) and read the request list. A requester posts ``--requests`` requests,
 each resolved to one step from every client's progress (:func:`agreed_step`), as
@@ -32,8 +33,8 @@ import threading
 import time
 from typing import Any
 
-from policy_engine.runtime.channel import JobChannel, agreed_step, connect_store
-from policy_engine.runtime.requests import request_body
+from policy_engine.runtime.triggers.channel import JobChannel, agreed_step, connect_store
+from policy_engine.runtime.triggers.requests import request_body
 
 RATE = 10.0  # simulated steps per second of every client
 

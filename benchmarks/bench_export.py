@@ -24,7 +24,7 @@ import time
 from typing import Any
 
 from policy_engine import Topology, profile_session
-from policy_engine.runtime import export
+from policy_engine.runtime.process import export
 
 
 def policy(out: str, mode: str, device: str, shapes: bool) -> dict[str, Any]:

@@ -4,7 +4,7 @@
 
 The run is made without torch: one manifest per process under ``<dir>/manifests/``, in
 the very line format the runtime writes (open, trace and close lines, encoded by
-``policy_engine.runtime.manifest.encode``), with a tiny Chrome trace per capture. A few
+``policy_engine.runtime.process.manifest.encode``), with a tiny Chrome trace per capture. A few
 ranks fail, are cut short, run out of memory or are killed, as on a real job. Each
 command runs in a child process (as a user runs it); the seconds and the child's peak
 RSS are printed. Target: each command <= 10 s and <= 500 MB at 4,096 ranks.
@@ -26,7 +26,8 @@ import tempfile
 import time
 from typing import Any
 
-from policy_engine.runtime.manifest import MANIFEST_DIR, MANIFEST_SUFFIX, encode, host_name
+from policy_engine.files.layout import MANIFEST_DIR, MANIFEST_SUFFIX, host_name
+from policy_engine.runtime.process.manifest import encode
 
 STAMP = "20261130010705"
 BEGAN = 1796000000.0

@@ -8,7 +8,7 @@ steps of about 30 ms). Its mean step time is measured, in one run:
 (a) with nothing else running;
 (b) while a GPU-shaped trace of ``--mb`` MB (uncompressed JSON, gzipped on disk, from
     ``tests/analysis_traces.py``) is summarised the way the runtime does it after a
-    capture: ``runtime.summaries`` hands it to a worker process at the lowest priority,
+    capture: ``runtime.process.summaries`` hands it to a worker process at the lowest priority,
     and one of its threads waits for the worker without holding the GIL;
 (c) for contrast, while the same ``summarize()`` runs on a thread of this process, where
     it holds the GIL against the loop.
@@ -41,7 +41,7 @@ from analysis_traces import write_trace  # noqa: E402
 
 from policy_engine.analysis import summarize  # noqa: E402
 from policy_engine.files.records import trace_line  # noqa: E402
-from policy_engine.runtime import summaries  # noqa: E402
+from policy_engine.runtime.process import summaries  # noqa: E402
 
 TARGET = 1.05
 #: Operators per MB of the generated trace's JSON (each with its allocation, kernel

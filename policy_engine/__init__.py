@@ -21,15 +21,15 @@ if TYPE_CHECKING:
     from policy_engine.plan.plan import Plan
     from policy_engine.plan.topology import Topology
     from policy_engine.runtime.apply import apply_policy, profile_session
-    from policy_engine.runtime.off import OffProfiler
-    from policy_engine.runtime.profiler import RoleProfiler
+    from policy_engine.runtime.role.off import OffProfiler
+    from policy_engine.runtime.role.profiler import RoleProfiler
 
 _WHERE = {
     "apply_policy": "runtime.apply", "profile_session": "runtime.apply",
     "compile_plan": "plan.compile", "Location": "errors", "PolicyError": "errors",
     "Problem": "errors", "ProfilingError": "errors", "Policy": "language.model",
     "Plan": "plan.plan", "load_policy": "language.load",
-    "OffProfiler": "runtime.off", "RoleProfiler": "runtime.profiler",
+    "OffProfiler": "runtime.role.off", "RoleProfiler": "runtime.role.profiler",
     "Topology": "plan.topology",
 }
 __all__ = [

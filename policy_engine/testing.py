@@ -20,7 +20,7 @@ from typing import Any, ClassVar
 
 from policy_engine.backends.base import Artifact, CaptureInfo, Session
 from policy_engine.files.publish import write_atomic
-from policy_engine.runtime.state import slot
+from policy_engine.runtime.process.state import slot
 
 
 class RecordingSession(Session):

@@ -7,7 +7,7 @@ Every rule reads the code with ``ast``, never by importing it.
 from __future__ import annotations
 
 import ast
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 #: The kinds of manifest line (policy_engine.files.records.EVENTS, spelled here so that
@@ -15,14 +15,10 @@ from pathlib import Path
 MANIFEST_EVENTS = frozenset({"open", "trace", "close", "note"})
 #: Calls that publish a file by name: only the one publisher may make them.
 PUBLISHING_CALLS = frozenset({"link", "rename", "replace", "renames", "move"})
-#: The most instance attributes a class of runtime/ may carry.
-MAX_ATTRIBUTES = 12
-#: Class decorators whose annotated class-body names are instance attributes.
-_FIELD_DECORATORS = frozenset({"define", "frozen", "mutable", "s", "attrs", "dataclass"})
 
 
 def module_name(path: Path, root: Path) -> str:
-    """``policy_engine.runtime.capture`` for ``root/policy_engine/runtime/capture.py``."""
+    """``policy_engine.runtime.role.off`` for ``root/policy_engine/runtime/role/off.py``."""
     parts = path.relative_to(root).with_suffix("").parts
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
@@ -234,54 +230,53 @@ def private_imports(tree: ast.AST, name: str, path: Path,
     return _lines(found)
 
 
-def _self_targets(node: ast.AST) -> Iterator[str]:
-    if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) \
-            and node.value.id == "self":
-        yield node.attr
-    elif isinstance(node, (ast.Tuple, ast.List)):
-        for element in node.elts:
-            yield from _self_targets(element)
-    elif isinstance(node, ast.Starred):
-        yield from _self_targets(node.value)
+def _stub(node: ast.stmt) -> bool:
+    """A method whose body is ``...`` (after any docstring) and that nothing marks as a
+    declaration (``abstractmethod``, ``overload``)."""
+    if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        return False
+    marks = {ast.unparse(d).rpartition(".")[2] for d in node.decorator_list}
+    if marks & {"abstractmethod", "overload"}:
+        return False
+    body = node.body[1:] if node.body and isinstance(node.body[0], ast.Expr) \
+        and isinstance(node.body[0].value, ast.Constant) \
+        and isinstance(node.body[0].value.value, str) else node.body
+    return len(body) == 1 and isinstance(body[0], ast.Expr) \
+        and isinstance(body[0].value, ast.Constant) and body[0].value.value is Ellipsis
 
 
-def _decorator_name(node: ast.expr) -> str:
-    target = node.func if isinstance(node, ast.Call) else node
-    if isinstance(target, ast.Attribute):
-        return target.attr
-    return target.id if isinstance(target, ast.Name) else ""
-
-
-def instance_attributes(tree: ast.AST) -> dict[str, set[str]]:
-    """Each class's instance attributes: every ``self.x`` its methods assign (``=``,
-    ``+=``, annotated, in tuples), the names in ``__slots__``, and the fields of an attrs
-    or dataclass class (its annotated class-body names)."""
-    out: dict[str, set[str]] = {}
+def mixins(tree: ast.AST) -> list[str]:
+    """Classes that are parts of another class's state: a class (not a Protocol) that
+    declares a method as a stub (``def f(self): ...``), to be filled in by the class that
+    mixes it in."""
+    found = []
     for cls in (n for n in ast.walk(tree) if isinstance(n, ast.ClassDef)):
-        names: set[str] = set()
-        fields = any(_decorator_name(d) in _FIELD_DECORATORS for d in cls.decorator_list)
-        for item in cls.body:
-            if isinstance(item, ast.AnnAssign) and isinstance(item.target, ast.Name) \
-                    and fields and "ClassVar" not in ast.unparse(item.annotation):
-                names.add(item.target.id)
-            elif isinstance(item, ast.Assign) and any(
-                    isinstance(t, ast.Name) and t.id == "__slots__" for t in item.targets):
-                names.update(e.value for e in ast.walk(item.value)
-                             if isinstance(e, ast.Constant) and isinstance(e.value, str))
-            elif isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                for node in ast.walk(item):
-                    if isinstance(node, ast.Assign):
-                        for target in node.targets:
-                            names.update(_self_targets(target))
-                    elif isinstance(node, (ast.AugAssign, ast.AnnAssign)):
-                        names.update(_self_targets(node.target))
-        out[cls.name] = names
-    return out
+        if any(ast.unparse(b).rpartition(".")[2] == "Protocol" for b in cls.bases):
+            continue
+        found += [(item.lineno, f"{cls.name}.{item.name} is a stub: {cls.name} is a mixin")
+                  for item in cls.body if _stub(item)]
+    return _lines(found)
 
 
-def crowded_classes(tree: ast.AST, limit: int = MAX_ATTRIBUTES) -> list[str]:
-    return [f"{name}: {len(attrs)} instance attributes ({', '.join(sorted(attrs))})"
-            for name, attrs in sorted(instance_attributes(tree).items()) if len(attrs) > limit]
+def reexports(tree: ast.AST) -> list[str]:
+    """Names a module hands on from elsewhere: ``import x as x`` / ``from m import x as
+    x`` (the explicit re-export idiom) and ``__all__`` entries it imports rather than
+    defines."""
+    imported: dict[str, int] = {}
+    found: list[tuple[int, str]] = []
+    for node in getattr(tree, "body", []):
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            for alias in node.names:
+                bound = alias.asname or alias.name.partition(".")[0]
+                imported[bound] = node.lineno
+                if alias.asname is not None and alias.asname == alias.name.rpartition(".")[2]:
+                    found.append((node.lineno, f"{alias.name} as {alias.asname}"))
+        elif isinstance(node, ast.Assign) and any(
+                isinstance(t, ast.Name) and t.id == "__all__" for t in node.targets):
+            found += [(node.lineno, f"__all__ hands on {e.value}, imported at line "
+                       f"{imported[e.value]}") for e in ast.walk(node.value)
+                      if isinstance(e, ast.Constant) and e.value in imported]
+    return _lines(found)
 
 
 #: What only the reading side may use: the trace reader itself and the modules that

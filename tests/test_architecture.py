@@ -8,10 +8,12 @@ A package imports only from those to its left: the language asks the registry in
 (``analysis``) sits below the runtime, which summarises its own captures with it, and the
 command line only parses arguments and prints what it computes. No import cycle, counting
 imports inside functions, under ``if TYPE_CHECKING:`` and modules named to importlib (the
-registry's strings); no module over ~400 lines. Each fact at the edges has one home: one
+registry's strings). The language and the runtime keep their own sub-package orders.
+No module over 650 lines, bar the named waivers. Each fact at the edges has one home: one
 module publishes files, one parses ``traceEvents``, one builds manifest lines; no private
-name crosses a package; no class of the runtime carries more than 12 instance attributes;
-no module of the runtime or the backends probes a session for a hook (``getattr``): every
+name crosses a package; no module of the language or the runtime is a mixin (a class of
+stub methods another class fills in) or hands on names it imports (a re-export); no
+module of the runtime or the backends probes a session for a hook (``getattr``): every
 session subclasses ``backends.base.Session``, whose optional hooks do nothing.
 Each rule is shown to catch a planted violation (tests/architecture_rules.py holds them).
 """
@@ -26,11 +28,17 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "policy_engine"
-MAX_LINES = 400
+#: A module a reader can hold in mind at once. Longer ones are waived by name, with why.
+MAX_LINES = 650
+WAIVERS: dict[str, str] = {
+    # None today. Add "policy_engine/x/y.py": "why splitting it would cut a concept in two".
+}
 LAYERS = ["errors", "_resources", "settings", "files", "language", "plan", "backends",
           "analysis", "runtime", "testing", "integrations", "cli"]
 #: The language's own order: each part imports only those before it.
 LANGUAGE = ["values", "read", "schema", "model", "rules", "load"]
+# runtime/ by concept: capture and triggers do not import each other
+RUNTIME = ["process", "capture", "triggers", "role", "apply"]
 TOP_LEVEL = {"__init__.py", "__main__.py", "errors.py", "testing.py", "_resources.py"}
 PACKAGES = {"settings", "files", "language", "plan", "backends", "analysis", "runtime",
             "integrations", "cli"}
@@ -64,7 +72,14 @@ def test_imports_point_down_the_layers(name: str) -> None:
 @pytest.mark.parametrize("path", sorted(PACKAGE.rglob("*.py")), ids=lambda p: p.name)
 def test_modules_fit_in_one_sitting(path: Path) -> None:
     lines = len(path.read_text().splitlines())
-    assert lines <= MAX_LINES, f"{path.name}: {lines} lines"
+    waived = path.relative_to(path.parents[len(path.parents) - 1]).as_posix()
+    assert lines <= MAX_LINES or any(waived.endswith(w) for w in WAIVERS), \
+        f"{path.name}: {lines} lines"
+
+
+def test_every_waiver_names_a_module_and_says_why() -> None:
+    for path, why in WAIVERS.items():
+        assert (ROOT / path).is_file() and why.strip(), path
 
 
 def test_the_top_level_holds_the_entry_points_only() -> None:
@@ -81,6 +96,18 @@ def test_the_language_parts_import_down_their_order() -> None:
               for name, deps in GRAPH.items() if rules.layer(name) == "language"}
     assert {rules.layer(name, 2) for name in inside} == set(LANGUAGE) | {"__init__"}
     assert rules.upward(inside, LANGUAGE, depth=2) == []
+
+
+def test_the_runtime_parts_import_down_their_order() -> None:
+    inside = {name: {dep for dep in deps if rules.layer(dep) == "runtime"}
+              for name, deps in GRAPH.items() if rules.layer(name) == "runtime"}
+    assert {rules.layer(name, 2) for name in inside} == set(RUNTIME) | {"__init__"}
+    assert rules.upward(inside, RUNTIME, depth=2) == []
+    capture = {n for n in inside if rules.layer(n, 2) == "capture"}
+    triggers = {n for n in inside if rules.layer(n, 2) == "triggers"}
+    assert {(n, d) for n in capture | triggers for d in inside[n]
+            if rules.layer(d, 2) in ("capture", "triggers")
+            and rules.layer(d, 2) != rules.layer(n, 2)} == set()
 
 
 def test_settings_import_nothing_above_them() -> None:
@@ -126,9 +153,10 @@ def test_no_test_imports_a_private_name_of_the_reading_side() -> None:
     assert {name: where for name, where in found.items() if where} == {}
 
 
-def test_runtime_classes_stay_small() -> None:
-    found = {name: rules.crowded_classes(TREES[name]) for name in sorted(MODULES)
-             if rules.layer(name) == "runtime"}
+@pytest.mark.parametrize("rule", [rules.mixins, rules.reexports], ids=lambda r: r.__name__)
+def test_no_language_or_runtime_module_is_a_mixin_or_a_reexport(rule: object) -> None:
+    found = {name: rule(TREES[name]) for name in sorted(MODULES)  # type: ignore[operator]
+             if rules.layer(name) in ("language", "runtime")}
     assert {name: where for name, where in found.items() if where} == {}
 
 
@@ -198,6 +226,16 @@ def test_a_language_value_importing_the_model_is_caught(tmp_path: Path) -> None:
         ("pkg.language.values.steps", "pkg.language.model")]
 
 
+def test_process_state_importing_a_role_is_caught(tmp_path: Path) -> None:
+    edges = _package(tmp_path, {
+        "__init__.py": "", "runtime/__init__.py": "", "runtime/process/__init__.py": "",
+        "runtime/role/__init__.py": "", "runtime/role/profiler.py": "",
+        "runtime/process/state.py": "from pkg.runtime.role.profiler import RoleProfiler\n",
+    })
+    assert rules.upward(edges, RUNTIME, depth=2) == [
+        ("pkg.runtime.process.state", "pkg.runtime.role.profiler")]
+
+
 @pytest.mark.parametrize("text", [
     "import os\nos.replace(a, b)\n",
     "import os\nos.link(a, b, src_dir_fd=d)\n",
@@ -253,13 +291,13 @@ def test_reading_manifest_lines_is_no_building() -> None:
 
 def test_a_private_name_from_another_package_is_caught() -> None:
     here = PACKAGE / "cli" / "report.py"
-    text = ("from policy_engine.runtime.capture import _Cell\n"
+    text = ("from policy_engine.runtime.capture.driver import _Cell\n"
             "from policy_engine.cli._common import prog\n"
             "from policy_engine.analysis.window import _steps\n"
             "from policy_engine.runtime import _parts\n")
     assert rules.private_imports(ast.parse(text), "policy_engine.cli.report", here,
                                  MODULES) == [
-        "line 1: _Cell from policy_engine.runtime.capture",
+        "line 1: _Cell from policy_engine.runtime.capture.driver",
         "line 3: _steps from policy_engine.analysis.window",
         "line 4: _parts from policy_engine.runtime",
     ]
@@ -280,7 +318,7 @@ def test_a_test_importing_a_private_name_of_the_reading_side_is_caught() -> None
     text = ("from policy_engine.analysis.listing import _cell, collect\n"
             "from policy_engine.analysis import _internal\n"
             "import policy_engine.analysis._hidden\n"
-            "from policy_engine.runtime.capture import _Cell\n")
+            "from policy_engine.runtime.capture.driver import _Cell\n")
     assert rules.private_names_of(ast.parse(text), "policy_engine.analysis") == [
         "line 1: _cell from policy_engine.analysis.listing",
         "line 2: _internal from policy_engine.analysis",
@@ -288,40 +326,49 @@ def test_a_test_importing_a_private_name_of_the_reading_side_is_caught() -> None
 
 
 def test_private_names_stay_free_inside_a_package() -> None:
-    here = PACKAGE / "runtime" / "profiler.py"
-    text = ("from policy_engine.runtime.capture import _Cell\n"
-            "from policy_engine.runtime import _parts\n"
+    here = PACKAGE / "runtime" / "role" / "profiler.py"
+    text = ("from policy_engine.runtime.role.wrapping import _Cell\n"
+            "from policy_engine.runtime.role import _parts\n"
             "from . import _local\n"
             "from policy_engine.runtime import manifest as _write\n"
             "from policy_engine._resources import read_resource\n")
-    assert rules.private_imports(ast.parse(text), "policy_engine.runtime.profiler", here,
+    assert rules.private_imports(ast.parse(text), "policy_engine.runtime.role.profiler", here,
                                  MODULES) == []
 
 
-def _class(count: int, *, slots: bool = False) -> str:
-    if slots:
-        names = ", ".join(repr(f"a{i}") for i in range(count))
-        return f"class Big:\n    __slots__ = ({names},)\n"
-    body = "".join(f"        self.a{i} = {i}\n" for i in range(count - 2))
-    return ("class Big:\n    def __init__(self):\n" + body +
-            "    def later(self):\n        self.x, (self.y, *_) = 1, (2, 3)\n"
-            "        self.a0 += 1\n")
+def test_a_mixin_is_caught() -> None:
+    text = ("class Failures:\n    plan: object\n"
+            "    def _turn_off(self, why: str) -> None: ...\n"
+            "    def _close(self) -> None:\n        \"\"\"Filled in.\"\"\"\n        ...\n"
+            "    def real(self) -> int:\n        return 1\n")
+    assert rules.mixins(ast.parse(text)) == [
+        "line 3: Failures._turn_off is a stub: Failures is a mixin",
+        "line 4: Failures._close is a stub: Failures is a mixin"]
 
 
-def test_a_class_with_too_many_attributes_is_caught() -> None:
-    assert rules.crowded_classes(ast.parse(_class(13)))
-    assert rules.crowded_classes(ast.parse(_class(13, slots=True)))
-    fields = "import attrs\n@attrs.define\nclass Big:\n" + "".join(
-        f"    a{i}: int = 0\n" for i in range(13))
-    assert rules.crowded_classes(ast.parse(fields))
+def test_protocols_and_abstract_hooks_are_no_mixins() -> None:
+    text = ("from typing import Protocol\nimport abc\n"
+            "class Running(Protocol):\n    def end(self) -> None: ...\n"
+            "class Session(abc.ABC):\n    @abc.abstractmethod\n"
+            "    def start(self) -> None: ...\n    def note(self) -> None:\n        pass\n")
+    assert rules.mixins(ast.parse(text)) == []
 
 
-def test_twelve_attributes_are_allowed() -> None:
-    assert rules.instance_attributes(ast.parse(_class(12)))["Big"] == {
-        *(f"a{i}" for i in range(10)), "x", "y"}
-    assert rules.crowded_classes(ast.parse(_class(12))) == []
-    mixin = "class Mixin:\n" + "".join(f"    a{i}: int\n" for i in range(20))
-    assert rules.crowded_classes(ast.parse(mixin)) == []
+def test_a_reexport_is_caught() -> None:
+    text = ("from policy_engine.files.layout import MANIFEST_DIR as MANIFEST_DIR\n"
+            "from policy_engine.runtime.process.budget import Budget\n"
+            "import os as os\n"
+            "def write_request() -> None: ...\n"
+            "__all__ = ['Budget', 'write_request']\n")
+    assert rules.reexports(ast.parse(text)) == [
+        "line 1: MANIFEST_DIR as MANIFEST_DIR", "line 3: os as os",
+        "line 5: __all__ hands on Budget, imported at line 2"]
+
+
+def test_aliases_and_own_names_are_no_reexports() -> None:
+    text = ("from policy_engine.runtime.triggers import step_triggers as triggers\n"
+            "import numpy as np\nX = 1\n__all__ = ['X']\n")
+    assert rules.reexports(ast.parse(text)) == []
 
 
 @pytest.mark.parametrize("text", [

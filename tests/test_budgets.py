@@ -16,8 +16,8 @@ from policy_engine import Topology, apply_policy, profile_session
 from policy_engine.analysis.manifests import scan_manifests
 from policy_engine.backends.base import Artifact, CaptureInfo
 from policy_engine.files.publish import write_atomic
-from policy_engine.runtime import budget, state
-from policy_engine.runtime.state import slot
+from policy_engine.runtime.process import budget, state
+from policy_engine.runtime.process.state import slot
 from policy_engine.testing import RecordingBackend, RecordingSession, recording_backend
 
 

@@ -22,10 +22,10 @@ import pytest
 from policy_engine import Topology, apply_policy
 from policy_engine.analysis.manifests import scan_manifests
 from policy_engine.cli.main import main
-from policy_engine.runtime.channel import PREFIX, JobChannel, StoreKV, agreed_step
-from policy_engine.runtime.channel_folder import read_advert
-from policy_engine.runtime.requests import request_body, write_request
-from policy_engine.runtime.state import STATE
+from policy_engine.runtime.process.state import STATE
+from policy_engine.runtime.triggers.channel import PREFIX, JobChannel, StoreKV, agreed_step
+from policy_engine.runtime.triggers.folder import read_advert
+from policy_engine.runtime.triggers.requests import request_body, write_request
 from policy_engine.testing import recording_backend
 
 dist = pytest.importorskip("torch.distributed")
@@ -297,7 +297,7 @@ def test_a_slow_rank_and_its_reference_capture_the_same_later_step(
 
 def test_the_command_falls_back_to_the_folder_when_the_advertised_store_is_gone(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from policy_engine.runtime.channel_folder import advertise
+    from policy_engine.runtime.triggers.folder import advertise
 
     out = tmp_path / "out"
     (out / "triggers").mkdir(parents=True)
@@ -317,7 +317,7 @@ def test_the_command_falls_back_to_the_folder_when_the_advertised_store_is_gone(
 
 
 def test_an_advert_that_is_not_one_is_not_followed(tmp_path: Path) -> None:
-    from policy_engine.runtime.channel_folder import ADVERT
+    from policy_engine.runtime.triggers.folder import ADVERT
 
     out = tmp_path / "out"
     (out / "triggers").mkdir(parents=True)
@@ -404,9 +404,9 @@ def test_a_progress_file_is_written_when_its_step_moves_only(
     """No store: a rank's progress file under triggers/progress/ is rewritten when it has
     a new step to say, not at every poll (the republish of a process whose step stands
     still included)."""
-    from policy_engine.runtime import courier
+    from policy_engine.runtime.triggers import listener_thread
 
-    monkeypatch.setattr(courier, "REPUBLISH", 0.0)  # a report due at every poll
+    monkeypatch.setattr(listener_thread, "REPUBLISH", 0.0)  # a report due at every poll
     out = tmp_path / "out"
     policy = make_policy(steps=[], ranks="all",
                          triggers={"on_demand": True, "poll_seconds": 0.02})

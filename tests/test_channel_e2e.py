@@ -1,6 +1,7 @@
 """Aligned captures on real 4-rank torchrun jobs (gloo, CPU): `policy-engine trigger --steps
-next` gives every rank the same step, through the job's store and through the folder, in
-every one of 20 jobs with staggered starts and random poll phases; a slow rank and its
+next` gives every rank the same step, through the job's store and through the folder, for
+every one of 20 requests (4 jobs with staggered starts and random poll phases, 5 requests
+each, made at random moments of the listener threads' polls); a slow rank and its
 reference rank capture the same later step.
 
 Every job listens with two roles: ``trainer`` on the job's store, each rank writing to a
@@ -11,6 +12,7 @@ folder of its own (node-local disks: the command reads the answers on the store)
 from __future__ import annotations
 
 import json
+import random
 import re
 import socket
 import subprocess
@@ -24,15 +26,16 @@ import pytest
 from job_env import child_env
 
 from policy_engine.analysis.manifests import scan_manifests
-from policy_engine.runtime.channel import JobChannel, connect_store
-from policy_engine.runtime.channel_folder import read_progress
+from policy_engine.runtime.triggers.channel import JobChannel, connect_store
+from policy_engine.runtime.triggers.folder import read_progress
 
 pytest.importorskip("torch")
 pytestmark = pytest.mark.slow
 
 REPO = Path(__file__).resolve().parents[1]
 WORKER = REPO / "tests" / "dist_scripts" / "channel_worker.py"
-RUNS = 20
+JOBS = 4
+REQUESTS = 5  # per job, one after the other
 TIMEOUT = 120
 
 TRAINER = """version: 1
@@ -83,6 +86,8 @@ class Job:
         folder.mkdir(parents=True)
         self.folder = folder
         self.port = _port()
+        self.output = ""
+        self.stopped = False
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "torch.distributed.run", "--nnodes=1",
              "--nproc-per-node=4", "--master-addr=127.0.0.1", f"--master-port={self.port}",
@@ -108,6 +113,9 @@ class Job:
                                 stderr=subprocess.STDOUT, text=True)
 
     def stop(self) -> None:
+        if self.stopped:
+            return
+        self.stopped = True
         (self.folder / "stop").touch()
         try:
             self.output = self.proc.communicate(timeout=TIMEOUT)[0]
@@ -130,44 +138,67 @@ def _listening(job: Job) -> bool:
     return on_store == 4
 
 
-def _accepted(folder: Path, role: str) -> list[dict[str, Any]]:
+def _answers(folder: Path, role: str, rid: str) -> list[dict[str, Any]]:
     return [r for r in scan_manifests(str(folder)).records
-            if r["event"] == "note" and r.get("note") == "trigger" and r.get("role") == role]
+            if r["event"] == "note" and r.get("note") == "trigger" and r.get("role") == role
+            and r.get("request") == rid]
 
 
-def one_job(root: Path, seed: int) -> tuple[list[int], list[int]]:
-    """The steps the 4 ranks accepted: through the store, through the folder."""
-    job = Job(root / f"job{seed}", seed, ["trainer{rank}.yaml", "probe.yaml"])
-    for rank in range(4):
-        (job.folder / f"trainer{rank}.yaml").write_text(TRAINER.replace("{rank}", str(rank)))
-    (job.folder / "probe.yaml").write_text(PROBE)
-    job.until(lambda: _listening(job), "4 ranks listening")
+def _request_id(said: str) -> str:
+    found = re.search(r"^request (\S+):", said, re.MULTILINE)
+    assert found, said
+    return found.group(1)
+
+
+def one_request(job: Job) -> tuple[list[int], list[int]]:
+    """The steps the 4 ranks accepted for one "next": through the store, through the
+    folder."""
     # the command on "node 0": it finds the store in node0/triggers/channel
     store = job.cli("node0", "--role", "trainer", "--steps", "next", "--wait", "60")
     folder = job.cli("shared", "--role", "probe", "--steps", "next")
-    probes = job.until(lambda: len(_accepted(job.folder / "shared", "probe")) == 4 and
-                       _accepted(job.folder / "shared", "probe"), "4 answers in the folder")
-    said_store = store.communicate(timeout=TIMEOUT)[0]
     said_folder = folder.communicate(timeout=TIMEOUT)[0]
-    job.stop()
     assert folder.returncode == 0, said_folder
+    rid = _request_id(said_folder)
+    probes = job.until(lambda: len(_answers(job.folder / "shared", "probe", rid)) == 4 and
+                       _answers(job.folder / "shared", "probe", rid), "4 answers in the folder")
+    said_store = store.communicate(timeout=TIMEOUT)[0]
     assert store.returncode == 0, said_store + job.output[-3000:]
     said = re.findall(r"rank (\d) \(pid \d+\): accepted: captures step (\d+)", said_store)
     assert sorted(int(r) for r, _ in said) == [0, 1, 2, 3], said_store
     # each rank's own folder holds its answer
     for rank, step in said:
-        [note] = _accepted(job.folder / f"node{rank}", "trainer")
+        [note] = _answers(job.folder / f"node{rank}", "trainer", _request_id(said_store))
         assert note["first"] == int(step)
     assert {p["status"] for p in probes} == {"accepted"}
     return [int(s) for _, s in said], [p["first"] for p in probes]
 
 
-def test_next_is_one_step_on_every_rank_in_every_job(tmp_path: Path) -> None:
+def one_job(root: Path, seed: int) -> list[tuple[list[int], list[int]]]:
+    """Each request's steps, as :func:`one_request` gives them."""
+    job = Job(root / f"job{seed}", seed, ["trainer{rank}.yaml", "probe.yaml"])
+    for rank in range(4):
+        (job.folder / f"trainer{rank}.yaml").write_text(TRAINER.replace("{rank}", str(rank)))
+    (job.folder / "probe.yaml").write_text(PROBE)
+    try:
+        job.until(lambda: _listening(job), "4 ranks listening")
+        chance = random.Random(seed)
+        rounds = []
+        for _ in range(REQUESTS):
+            time.sleep(chance.uniform(0, 0.25))  # at a random phase of the polls
+            rounds.append(one_request(job))
+        return rounds
+    finally:
+        job.stop()
+
+
+def test_next_is_one_step_on_every_rank_for_every_request(tmp_path: Path) -> None:
     with ThreadPoolExecutor(2) as pool:
-        results = list(pool.map(lambda seed: one_job(tmp_path, seed), range(RUNS)))
+        results = [r for job in pool.map(lambda seed: one_job(tmp_path, seed), range(JOBS))
+                   for r in job]
+    assert len(results) == JOBS * REQUESTS
     aligned_store = sum(1 for steps, _ in results if len(set(steps)) == 1)
     aligned_folder = sum(1 for _, steps in results if len(set(steps)) == 1)
-    assert (aligned_store, aligned_folder) == (RUNS, RUNS), results
+    assert (aligned_store, aligned_folder) == (len(results), len(results)), results
 
 
 def test_a_slow_rank_and_its_reference_capture_the_same_later_step(tmp_path: Path) -> None:

@@ -13,9 +13,9 @@ import pytest
 
 from policy_engine import Topology, apply_policy
 from policy_engine.analysis.manifests import scan_manifests
-from policy_engine.runtime.channel import JobChannel, agreed_step
-from policy_engine.runtime.channel_folder import read_advert
-from policy_engine.runtime.requests import request_body
+from policy_engine.runtime.triggers.channel import JobChannel, agreed_step
+from policy_engine.runtime.triggers.folder import read_advert
+from policy_engine.runtime.triggers.requests import request_body
 from policy_engine.testing import recording_backend
 
 ray = pytest.importorskip("ray")
@@ -28,7 +28,7 @@ class Worker:
 
 def _listen(make_policy: Any, out: Path) -> None:
     """A rank of 2 under Ray finds the actor by itself and takes a request from it."""
-    from policy_engine.runtime.channel_ray import actor_kv
+    from policy_engine.runtime.triggers.ray_actor import actor_kv
 
     policy = make_policy(steps=[], ranks="all",
                          triggers={"on_demand": True, "poll_seconds": 0.1})
@@ -67,7 +67,7 @@ def _listen(make_policy: Any, out: Path) -> None:
 
 def test_the_named_actor_carries_requests_progress_and_answers(make_policy: Any,
                                                                tmp_path: Path) -> None:
-    from policy_engine.runtime.channel_ray import NAMESPACE, actor_kv
+    from policy_engine.runtime.triggers.ray_actor import NAMESPACE, actor_kv
 
     ray.init(num_cpus=1, namespace=NAMESPACE, include_dashboard=False,
              log_to_driver=False)

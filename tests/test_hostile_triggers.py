@@ -21,7 +21,9 @@ from policy_engine import Topology, apply_policy
 from policy_engine.analysis.manifests import scan_manifests
 from policy_engine.cli import trigger as trigger_cli
 from policy_engine.cli.main import main
-from policy_engine.runtime import requests, trigger_parts, triggers
+from policy_engine.runtime.triggers import folder as trigger_folder
+from policy_engine.runtime.triggers import parts as trigger_parts
+from policy_engine.runtime.triggers import requests
 from policy_engine.testing import recording_backend
 
 BOUND = 20.0  # seconds a whole run of a few steps may take, however loaded the machine
@@ -50,12 +52,22 @@ def listen(make_policy: Any, **role: Any) -> Any:
     return apply_policy(Worker(), "actor", policy, Topology(rank=0, world=1))
 
 
+def settle(prof: Any) -> None:
+    """Wait until the role's listener thread has read what was written so far: it reads
+    requests on its own, every ``poll_seconds``; these tests step faster than it polls."""
+    thread = prof._listener.thread if prof._listener is not None else None
+    if thread is not None:
+        assert thread.poll_now()
+
+
 def train(prof: Any, steps: range, at: dict[int, Any] | None = None) -> float:
-    """Run the steps (``at[n]()`` before step n); the seconds it took."""
+    """Run the steps (``at[n]()`` before step n, then a poll of the listener thread); the
+    seconds it took."""
     began = time.monotonic()
     for n in steps:
         if at and n in at:
             at[n]()
+        settle(prof)
         with prof.training_step(n):
             prof.step()
     prof.close()
@@ -150,7 +162,7 @@ def test_a_half_written_request_is_read_again(make_policy: Any, out: Path,
 def test_a_request_never_finished_is_given_up_once(make_policy: Any, out: Path,
                                                    caplog: pytest.LogCaptureFixture,
                                                    monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(triggers, "RETRY_SECONDS", 0.0)
+    monkeypatch.setattr(trigger_folder, "RETRY_SECONDS", 0.0)
     with recording_backend("torch"), caplog.at_level(logging.WARNING, "policy_engine"):
         prof = listen(make_policy, steps=[])
         train(prof, range(12), {1: lambda: (out / "triggers" / "cut.json").write_text(
@@ -160,13 +172,34 @@ def test_a_request_never_finished_is_given_up_once(make_policy: Any, out: Path,
     assert note["status"] == "refused" and "not JSON" in note["message"]
 
 
+def test_requests_are_read_on_the_listener_thread_only(
+        make_policy: Any, out: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A process alone has no job: its listener thread reads the folder all the same, and
+    the training thread never looks at it (a step takes what the thread queued)."""
+    readers: set[str] = set()
+    look = trigger_folder.RequestFolder.look
+
+    def spied(self: Any) -> Any:
+        readers.add(threading.current_thread().name)
+        return look(self)
+
+    monkeypatch.setattr(trigger_folder.RequestFolder, "look", spied)
+    with recording_backend("torch"):
+        prof = listen(make_policy, steps=[])
+        train(prof, range(6), {3: lambda: requests.write_request(
+            str(out), role="actor", ranks=None, step=None, count=1)})
+        assert prof._listener.thread.poll_now() is False  # closed: it polls no more
+    assert readers == {"policy-engine-listener-actor"}
+    assert [(r["steps"], r["trigger"]) for r in records(out, "open")] == [([3], "on_demand")]
+
+
 def test_a_listener_failure_never_reaches_training(make_policy: Any, out: Path,
                                                    caplog: pytest.LogCaptureFixture,
                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     def broken(fd: int, name: str) -> Any:
         raise MemoryError("what a bug in the reader would look like")
 
-    monkeypatch.setattr(triggers, "read_request", broken)
+    monkeypatch.setattr(trigger_folder, "read_request", broken)
     with recording_backend("torch"), caplog.at_level(logging.WARNING, "policy_engine"):
         prof = listen(make_policy, steps=[3])
         train(prof, range(8), {

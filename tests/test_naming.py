@@ -8,12 +8,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from policy_engine.files.layout import MAX_COMPONENT_BYTES
 from policy_engine.language.schema import build as schema
 from policy_engine.language.values.naming import (
     EMPTY_NAME,
     FIELDS,
     LATE_FIELDS,
-    MAX_COMPONENT_BYTES,
     NameTemplate,
     TemplateError,
     sanitize,

@@ -21,7 +21,7 @@ from policy_engine import (
     apply_policy,
     profile_session,
 )
-from policy_engine.analysis.manifests import read_manifests
+from policy_engine.analysis.manifests import read_manifests, scan_manifests
 from policy_engine.testing import recording_backend
 
 
@@ -423,3 +423,34 @@ def test_steps_from_many_threads_are_all_counted(make_policy: Any, tmp_path: Pat
             for t in threads:
                 t.join()
     assert [r["inner_steps"] for r in records(tmp_path / "out")] == [[4000]]
+
+
+def test_the_role_profiler_is_one_state_machine(make_policy: Any, tmp_path: Path) -> None:
+    """Every edge of the diagram in runtime/role/profiler.py, read from ``_state``."""
+    with recording_backend("torch") as rec:
+        plain = profile_session(make_policy(steps=[2]), "actor", Topology())
+        assert plain._state == "new"
+        plain.step()  # NEW -> SESSION: one capture for the session
+        assert plain._state == "session"
+        with plain.training_step(2):  # SESSION -> STEPS: the session capture completes
+            assert plain._state == "steps"
+        plain.close()  # -> OFF
+        assert plain._state == "off"
+        assert plain.training_step(3).__class__.__name__ == "_Null"
+        assert plain.region("x").__class__.__name__ == "_Null"
+        opened = len(rec.infos)
+        plain.step()
+        assert len(rec.infos) == opened  # OFF opens nothing
+        with profile_session(make_policy(steps=[2]), "actor", Topology()) as kept:
+            assert kept._state == "provisional"  # NEW -> PROVISIONAL (`with prof:`)
+            kept.step()
+            assert kept._state == "session"  # PROVISIONAL -> SESSION: kept
+        assert kept._state == "off"
+        dropped = profile_session(make_policy(steps=[2]), "actor", Topology())
+        with dropped, dropped.training_step(1):  # PROVISIONAL -> STEPS: dropped
+            assert dropped._state == "steps"
+    closes = [r for r in scan_manifests(str(tmp_path / "out")).records
+              if r["event"] == "close"]
+    assert len(closes) == 4 and {c["status"] for c in closes} == {"complete"}
+    assert [c["reason"] for c in closes if "before any prof.step()" in (
+        c.get("reason") or "")] != []

@@ -1,4 +1,4 @@
-"""A capture that records less than its schedule plans says why (runtime.shortfall), and
+"""A capture that records less than its schedule plans says why (runtime.capture.shortfall), and
 ``with profile_session(...)`` around training steps writes only the per-step captures."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import pytest
 
 from policy_engine import Topology, profile_session
 from policy_engine.analysis.manifests import scan_manifests
-from policy_engine.runtime.profiler import RoleProfiler
+from policy_engine.runtime.role.profiler import RoleProfiler
 from policy_engine.testing import recording_backend
 
 SCHEDULE = {"warmup": 1, "active": 2, "repeat": 1}
@@ -140,7 +140,7 @@ def test_with_block_whose_loop_steps_first_keeps_its_session_capture(
             profile_session(make_policy(steps=[2]), "actor", Topology()) as prof:
         assert isinstance(prof, RoleProfiler)
         prof.step()
-        assert "step" not in vars(prof)  # the first step() went back to the method
+        assert prof._state == "session"  # the first step() kept the capture
         prof.step()
         with prof.training_step(2):
             prof.step()
@@ -172,7 +172,7 @@ def test_with_block_without_any_call_records_the_block(make_policy: Any,
 def test_schedule_text_shows_what_differs_from_torch(fields: dict[str, int],
                                                       text: str) -> None:
     from policy_engine.language.values.schedule import Schedule
-    from policy_engine.runtime.shortfall import schedule_text
+    from policy_engine.runtime.capture.shortfall import schedule_text
 
     assert schedule_text(Schedule(**fields)) == text
 
@@ -183,7 +183,7 @@ def test_schedule_text_shows_what_differs_from_torch(fields: dict[str, int],
     ([], "update", "capture of region update"),
 ])
 def test_capture_text(steps: list[int], region: str | None, text: str) -> None:
-    from policy_engine.runtime.shortfall import capture_text
+    from policy_engine.runtime.capture.shortfall import capture_text
 
     assert capture_text(steps, region) == text
 

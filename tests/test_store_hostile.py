@@ -23,7 +23,7 @@ import pytest
 from job_env import child_env
 
 from policy_engine.analysis.manifests import scan_manifests
-from policy_engine.runtime.channel import PREFIX, JobChannel, StoreKV
+from policy_engine.runtime.triggers.channel import PREFIX, JobChannel, StoreKV
 
 dist = pytest.importorskip("torch.distributed")
 pytestmark = pytest.mark.slow
@@ -123,8 +123,8 @@ def job(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Job]:
         yield running
     finally:
         said = running.stop()
-        # no attack turned the channel off, nor failed the listener thread
-        assert "stopped answering" not in said and "listener thread failed" not in said, \
+        # no attack turned the channel off, nor failed the trigger listener (either thread)
+        assert "stopped answering" not in said and "trigger listener failed" not in said, \
             said[-3000:]
 
 
@@ -298,7 +298,7 @@ def test_trigger_store_gives_up_in_one_clear_line(tmp_path: Path, mode: str) -> 
 _STORE = """
 import datetime, json, sys, time
 import torch.distributed as dist
-from policy_engine.runtime.channel import JobChannel, StoreKV
+from policy_engine.runtime.triggers.channel import JobChannel, StoreKV
 store = dist.TCPStore("127.0.0.1", int(sys.argv[1]), is_master=True, wait_for_workers=False,
                       timeout=datetime.timedelta(seconds=30))
 job = JobChannel(StoreKV(store), "trainer")  # one listener that never answers

@@ -6,8 +6,8 @@ from __future__ import annotations
 import itertools
 
 from policy_engine.language.values.schedule import Action
-from policy_engine.runtime import capture
-from policy_engine.runtime.transitions import TABLE, Op, starts_recording
+from policy_engine.runtime.capture import driver as capture
+from policy_engine.runtime.capture.driver import TABLE, Op, starts_recording
 
 
 def test_every_change_of_action_has_a_row() -> None:

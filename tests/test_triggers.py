@@ -16,8 +16,9 @@ from policy_engine import Topology, apply_policy, load_policy
 from policy_engine.analysis.manifests import scan_manifests
 from policy_engine.cli.main import main
 from policy_engine.language.values.triggers import parse_bytes
-from policy_engine.runtime import triggers
-from policy_engine.runtime.state import STATE
+from policy_engine.runtime.process.state import STATE
+from policy_engine.runtime.triggers import step_triggers
+from policy_engine.runtime.triggers.requests import write_request
 from policy_engine.testing import recording_backend
 
 
@@ -37,10 +38,19 @@ def opened(out: Path) -> list[tuple[list[int], str, str | None]]:
     return [(r["steps"], r["trigger"], r.get("request")) for r in records(out, "open")]
 
 
+def settle(prof: Any) -> None:
+    """Wait until the role's listener thread has read what was written so far: it reads
+    requests on its own, every ``poll_seconds``; these tests step faster than it polls."""
+    thread = prof._listener.thread if prof._listener is not None else None
+    if thread is not None:
+        assert thread.poll_now()
+
+
 def run(prof: Any, steps: range, on: dict[int, Any] | None = None) -> None:
     for n in steps:
         if on and n in on:
             on[n]()
+        settle(prof)
         with prof.training_step(n):
             prof.step()
     prof.close()
@@ -57,7 +67,7 @@ def test_request_captures_the_step_asked_for(make_policy: Any, out: Path,
     with recording_backend("torch"):
         prof = apply_policy(Worker(), "actor", policy, Topology(rank=1, world=4))
         assert (out / "triggers").is_dir()  # the folder says someone listens
-        ask = {4: lambda: triggers.write_request(str(out), role="actor", ranks=None,
+        ask = {4: lambda: write_request(str(out), role="actor", ranks=None,
                                                  step=7, count=2)}
         run(prof, range(10), ask)
     [note] = records(out, "note")
@@ -79,7 +89,7 @@ def test_next_and_merged_count(make_policy: Any, out: Path) -> None:
                          triggers={"on_demand": True, "poll_seconds": 0})
     with recording_backend("torch"):
         prof = apply_policy(Worker(), "actor", policy, Topology(rank=0, world=1))
-        ask = {3: lambda: triggers.write_request(str(out), role="actor", ranks=None,
+        ask = {3: lambda: write_request(str(out), role="actor", ranks=None,
                                                  step=None, count=3)}
         run(prof, range(8), ask)
     assert closed(out) == [([3, 4, 5], "complete")]
@@ -89,17 +99,17 @@ def test_next_and_merged_count(make_policy: Any, out: Path) -> None:
 
 def test_requests_for_other_roles_ranks_or_from_before_are_ignored(
         make_policy: Any, out: Path) -> None:
-    old = triggers.write_request(str(out), role="actor", ranks=None, step=None, count=1)
+    old = write_request(str(out), role="actor", ranks=None, step=None, count=1)
     policy = make_policy(steps=[], ranks="all",
                          triggers={"on_demand": True, "poll_seconds": 0})
     with recording_backend("torch"):
         prof = apply_policy(Worker(), "actor", policy, Topology(rank=1, world=4))
         ask = {1: lambda: [
-            triggers.write_request(str(out), role="critic", ranks=None, step=None, count=1),
-            triggers.write_request(str(out), role="actor", ranks="0,2-3", step=None, count=1),
-            triggers.write_request(str(out), role="actor", ranks={"node": 1}, step=None,
+            write_request(str(out), role="critic", ranks=None, step=None, count=1),
+            write_request(str(out), role="actor", ranks="0,2-3", step=None, count=1),
+            write_request(str(out), role="actor", ranks={"node": 1}, step=None,
                                    count=1)],
-               3: lambda: triggers.write_request(str(out), role="actor", ranks="-3",
+               3: lambda: write_request(str(out), role="actor", ranks="-3",
                                                  step=None, count=1)}
         run(prof, range(5), ask)
     [note] = records(out, "note")  # only the last request is for rank 1 (of 4)
@@ -111,7 +121,7 @@ def test_a_request_for_a_step_gone_by_is_noted_as_missed(make_policy: Any, out: 
     policy = make_policy(steps=[], triggers={"on_demand": True, "poll_seconds": 0})
     with recording_backend("torch"):
         prof = apply_policy(Worker(), "actor", policy, Topology(rank=0, world=1))
-        ask = {5: lambda: triggers.write_request(str(out), role="actor", ranks=None, step=2,
+        ask = {5: lambda: write_request(str(out), role="actor", ranks=None, step=2,
                                                  count=1)}
         run(prof, range(7), ask)
     [note] = records(out, "note")
@@ -123,7 +133,7 @@ def test_each_request_is_honoured_once(make_policy: Any, out: Path) -> None:
     policy = make_policy(steps=[], triggers={"on_demand": True, "poll_seconds": 0})
     with recording_backend("torch"):
         prof = apply_policy(Worker(), "actor", policy, Topology(rank=0, world=1))
-        ask = {2: lambda: triggers.write_request(str(out), role="actor", ranks=None,
+        ask = {2: lambda: write_request(str(out), role="actor", ranks=None,
                                                  step=None, count=1)}
         run(prof, range(12), ask)
     assert closed(out) == [([2], "complete")]
@@ -150,7 +160,7 @@ def test_slow_step_captures_the_step_after_it(make_policy: Any, out: Path,
     clock = iter(float(t) for t in
                  [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 17, 18, 19, 20, 21, 30, 31, 32,
                   33, 34, 35, 45, 46, 47, 60, 61, 62])
-    monkeypatch.setattr(triggers, "_clock", lambda: next(clock))
+    monkeypatch.setattr(step_triggers, "_clock", lambda: next(clock))
     policy = make_policy(steps=[], triggers={"slow_step": {"factor": 2.0, "after": 5,
                                                            "max": 2}})
     with recording_backend("torch"):
@@ -162,6 +172,28 @@ def test_slow_step_captures_the_step_after_it(make_policy: Any, out: Path,
     notes = records(out, "note")
     assert [(n["note"], n["step"], n["seconds"], n["median"]) for n in notes] == [
         ("slow_step", 12, 5.0, 1.0), ("slow_step", 17, 9.0, 1.0)]
+
+
+def test_the_slow_step_median_is_taken_once_after_steps_are_measured_then_every_64(
+        make_policy: Any, out: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    clock = iter(float(n * n) for n in range(100))  # step n-1 takes 2n-1 s
+    monkeypatch.setattr(step_triggers, "_clock", lambda: next(clock))
+    policy = make_policy(steps=[], triggers={"slow_step": {"factor": 100.0, "after": 5}})
+    taken: list[int] = []
+    with recording_backend("torch"):
+        prof = apply_policy(Worker(), "actor", policy, Topology(rank=0, world=1))
+        detector = prof._listener.slow
+        median = detector.median
+        for n in range(90):
+            with prof.training_step(n):
+                pass
+            if detector.median != median:  # steps measured by now: n (step 0 is not)
+                median = detector.median
+                taken.append(n)
+        prof.close()
+    assert taken == [5, 5 + 64]
+    assert detector.median == 88.0  # the last 50 of 69 steps took 39, 41, ..., 137 s
+    assert detector.threshold == 100.0 * detector.median
 
 
 def test_capture_limit_stops_new_captures(make_policy: Any, out: Path,
@@ -301,7 +333,8 @@ def test_a_triggered_step_of_a_discrete_role_captures_each_region_call(
         prof = apply_policy(worker, "actor", policy, Topology(rank=0, world=1))
         for n in range(5):
             if n == 3:
-                triggers.write_request(str(out), role="actor", ranks=None, step=None, count=1)
+                write_request(str(out), role="actor", ranks=None, step=None, count=1)
+            settle(prof)
             with prof.training_step(n):
                 worker.compute_log_prob()
                 worker.update_actor()

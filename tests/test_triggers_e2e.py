@@ -3,7 +3,8 @@ trigger`, by SIGUSR2, by a slow step, and a budget that stops captures.
 
 The child trains a small model one step at a time. It prints ``at <n>`` inside step n
 and, at the steps named in its argv, waits for a line on stdin before going on: the test
-acts (writes a request, sends a signal) while the child is known to be inside that step.
+acts (writes a request, sends a signal) while the child is known to be inside that step,
+and the child's listener thread has read what the test wrote before the next step starts.
 """
 
 from __future__ import annotations
@@ -44,6 +45,8 @@ for step in range(1, steps + 1):
         if step in pause:
             print(f"at {step}", flush=True)
             sys.stdin.readline()
+            if prof._listener is not None and prof._listener.thread is not None:
+                prof._listener.thread.poll_now()  # what the test wrote is read by now
 prof.close()
 print("done", flush=True)
 """
@@ -172,7 +175,7 @@ def test_wait_ends_when_the_plan_captures_the_step_asked_for(tmp_path: Path) -> 
 
 
 def test_hostile_request_files_neither_crash_nor_stall_training(tmp_path: Path) -> None:
-    from policy_engine.runtime.requests import write_request
+    from policy_engine.runtime.triggers.requests import write_request
 
     child = Child(tmp_path, "steps: []\ntriggers: {on_demand: true, poll_seconds: 0}\n",
                   steps=10, pause=[3])

@@ -25,7 +25,8 @@ import attrs
 from policy_engine.backends.files import ASCEND, SNAPSHOT, TORCH_GZIP, TORCH_PLAIN
 from policy_engine.settings import BACKENDS, canonical
 
-__all__ = ["REGISTRY", "SESSIONS", "Registered", "create", "session_settings"]
+__all__ = ["REGISTRY", "SESSIONS", "Registered", "create", "lasting_ranges",
+           "session_settings"]
 
 
 @attrs.frozen
@@ -39,6 +40,10 @@ class Registered:
     #: how the names of the files it writes end (a folder's ending ends with ``/``);
     #: :func:`policy_engine.backends.files.name_files` gives the whole names
     endings: tuple[str, ...]
+    #: whether a capture's ranges outlive a discard: nsys writes a report for every range
+    #: it saw, so a capture that may be dropped (the provisional whole-session capture of
+    #: ``with prof:``) begins on such a backend only once it is kept
+    lasting_ranges: bool = False
 
     @property
     def settings(self) -> str:
@@ -60,7 +65,8 @@ _ENGINE_TRACES = (TORCH_GZIP, TORCH_PLAIN)
 REGISTRY: Mapping[str, Registered] = {entry.name: entry for entry in (
     Registered("torch", "policy_engine.backends.torch", (TORCH_GZIP, TORCH_PLAIN)),
     Registered("mstx", "policy_engine.backends.mstx.session", (ASCEND + "/",)),
-    Registered("nsight", "policy_engine.backends.nsight.session", (".nsys-rep",)),
+    Registered("nsight", "policy_engine.backends.nsight.session", (".nsys-rep",),
+               lasting_ranges=True),
     Registered("memory", "policy_engine.backends.memory.session", (SNAPSHOT,)),
     Registered("vllm", "policy_engine.backends.vllm.session", _ENGINE_TRACES),
     Registered("sglang", "policy_engine.backends.sglang.session", (*_ENGINE_TRACES, SNAPSHOT)),
@@ -68,6 +74,12 @@ REGISTRY: Mapping[str, Registered] = {entry.name: entry for entry in (
 
 #: Each backend's session module, by registry name.
 SESSIONS: Mapping[str, str] = {name: entry.session for name, entry in REGISTRY.items()}
+
+
+def lasting_ranges(name: str) -> bool:
+    """Whether the captures of backend ``name`` leave ranges a discard cannot take back
+    (:attr:`Registered.lasting_ranges`)."""
+    return REGISTRY[canonical(name)].lasting_ranges
 
 
 def create(name: str) -> Any:

@@ -1,5 +1,5 @@
 """What ``explain --inner-steps N`` warns of: captures whose schedule N ``prof.step()``
-calls cut short, in the words the run itself uses (:mod:`policy_engine.runtime.shortfall`).
+calls cut short, in the words the run itself uses (:mod:`policy_engine.runtime.capture.shortfall`).
 
 A capture that makes ``seen`` calls ends at inner step ``seen``: it saves a partial trace
 when that step records without saving, and writes nothing when no step up to it records.
@@ -15,7 +15,7 @@ from policy_engine.language.values.schedule import Action, Schedule
 from policy_engine.plan.captures import opened
 from policy_engine.plan.compile import region_plans
 from policy_engine.plan.plan import Plan
-from policy_engine.runtime.shortfall import cut_short, nothing_recorded
+from policy_engine.runtime.capture.shortfall import cut_short, nothing_recorded
 
 
 def shortfall(schedule: Schedule, seen: int, steps: tuple[int, ...],

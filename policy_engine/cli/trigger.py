@@ -27,7 +27,7 @@ from policy_engine.cli.usage import UsageError
 from policy_engine.files.publish import UnsafePathError, open_folder
 from policy_engine.language.values.ranks import RankSelector
 from policy_engine.language.values.selector import SelectorError
-from policy_engine.runtime.requests import (
+from policy_engine.runtime.triggers.requests import (
     MAX_COUNT,
     MAX_STEP,
     MAX_TEXT,
@@ -204,7 +204,11 @@ def _answers(output_dir: str, rid: str, role: str) -> dict[Any, _Process]:
 
 
 def _wait(output_dir: str, rid: str, role: str, seconds: float,
-          shown: set[Any] | None = None, settle: float = _SETTLE) -> int:
+          shown: set[Any] | None = None, settle: float | None = None) -> int:
+    """Print the answers to request ``rid`` and its captures as they close; the exit
+    status. It ends once every process that answered has settled and no new answer came
+    for ``settle`` seconds (None: :data:`_SETTLE`), or at the deadline."""
+    settle = _SETTLE if settle is None else settle
     deadline = time.monotonic() + seconds
     shown = set() if shown is None else shown
     last_new = time.monotonic()

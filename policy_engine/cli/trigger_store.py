@@ -14,15 +14,15 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from policy_engine.cli.usage import UsageError
-from policy_engine.runtime.channel import (
+from policy_engine.runtime.triggers.channel import (
     JobChannel,
     KeyValue,
     agreed_step,
     connect_store,
     quiet_torch,
 )
-from policy_engine.runtime.channel_folder import read_advert, read_progress
-from policy_engine.runtime.requests import request_body
+from policy_engine.runtime.triggers.folder import read_advert, read_progress
+from policy_engine.runtime.triggers.requests import request_body
 
 __all__ = ["CALL_SECONDS", "CONNECT_SECONDS", "answered", "find_channel", "folder_step",
            "leave", "post", "say", "stuck"]
@@ -144,7 +144,7 @@ def find_channel(output_dir: str, store: str | None, role: str) -> tuple[str, Jo
         if advert is None:
             return None
         if advert["kind"] == "ray":
-            from policy_engine.runtime.channel_ray import actor_kv
+            from policy_engine.runtime.triggers.ray_actor import actor_kv
 
             try:
                 return "ray", JobChannel(actor_kv(), role)

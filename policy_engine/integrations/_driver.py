@@ -17,7 +17,7 @@ import attrs
 
 from policy_engine.plan.topology import Topology
 from policy_engine.runtime.apply import PolicyArg, Profiler, profile_session
-from policy_engine.runtime.wrapping import Patches, Wrap
+from policy_engine.runtime.role.wrapping import Patches, Wrap
 
 
 class RunInterrupted(Exception):

@@ -8,7 +8,7 @@ from typing import Any
 
 from policy_engine.backends.engine.kind import staging_folder
 from policy_engine.backends.vllm.checks import launch_config
-from policy_engine.runtime.state import warn_once
+from policy_engine.runtime.process.state import warn_once
 
 __all__ = ["check_launch"]
 

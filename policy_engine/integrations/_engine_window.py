@@ -17,23 +17,15 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from policy_engine.backends.engine.files import EngineFile, publish
+from policy_engine.files.layout import host_name
 from policy_engine.files.records import close_line, note_line, open_line, trace_line
 from policy_engine.language.rules.engine_layout import rank_at
 from policy_engine.plan.plan import Plan
-from policy_engine.runtime import manifest
-from policy_engine.runtime.records import timestamp
-from policy_engine.runtime.state import capture_id
+from policy_engine.runtime.capture.lines import timestamp
+from policy_engine.runtime.process import manifest
+from policy_engine.runtime.process.state import capture_id
 
 log = logging.getLogger("policy_engine")
-
-
-def identity(plan: Plan, policy_file_hash: str | None) -> dict[str, Any]:
-    """The fields every manifest line of ``plan``'s rank carries."""
-    return {"role": plan.role, "rank": plan.rank, "world": plan.world,
-            "coords": dict(plan.coords), "local_rank": plan.local_rank, "node": plan.node,
-            "backend": plan.spec.backend_label, "plan_hash": plan.plan_hash,
-            "policy_file": plan.policy_source, "policy_hash": plan.policy_hash,
-            "policy_file_hash": policy_file_hash, "pid": os.getpid()}
 
 
 class Part:
@@ -71,14 +63,14 @@ class Window:
     def open_lines(self) -> None:
         for part in self.parts:
             part.append(open_line(part.record, capture=part.id, steps=self.steps,
-                                  start=self.started, host=manifest.host_name(),
+                                  start=self.started, host=host_name(),
                                   thread=threading.current_thread().name,
                                   engine_prefix=self.prefix))
 
     def stem(self, part: Part, env: Mapping[str, str]) -> str:
         plan = part.plan
         cycle = None if plan.schedule is None else 0
-        late = {"pid": os.getpid(), "timestamp": self.stamp, **env}  # as the runtime names
+        late = plan.late_fields(self.stamp, env)  # as the runtime names
         return plan.capture_name(first=self.first, region=part.stage, cycle=cycle, late=late)
 
     def _trace(self, part: Part, status: str, path: str | None = None, size: int | None = None,
@@ -167,7 +159,7 @@ class Window:
             log.warning("policy-engine: could not move %s: %s", found.path, err)
             return
         part.append(note_line(part.record, note="engine-frontend", time=time.time(),
-                              host=manifest.host_name(), capture=part.id, bytes=size,
+                              host=host_name(), capture=part.id, bytes=size,
                               path=os.path.relpath(path, part.plan.output_dir)))
 
 

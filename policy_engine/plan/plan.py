@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import os
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -136,6 +137,27 @@ class Plan:
             "export": {"mode": self.spec.export, "in_flight": self.spec.export_in_flight},
             "keep": self.spec.keep,
         }
+
+    def identity(self, policy_file_hash: str | None) -> dict[str, Any]:
+        """The fields every manifest line of this rank's role carries, in this process
+        (``policy_file_hash``: the digest of the policy files, read once by the caller)."""
+        return {"role": self.role, "rank": self.rank, "world": self.world,
+                "coords": dict(self.coords), "local_rank": self.local_rank,
+                "node": self.node, "backend": self.spec.backend_label,
+                "plan_hash": self.plan_hash, "policy_file": self.policy_source,
+                "policy_hash": self.policy_hash, "policy_file_hash": policy_file_hash,
+                "pid": os.getpid()}
+
+    def env_fields(self) -> dict[str, str]:
+        """The ``env:NAME`` fields the template uses, from this process's environment now
+        (read once when a role starts: a name does not change as the environment does)."""
+        return {f: os.environ.get(f[4:], "") for f in self.template.fields()
+                if f.startswith("env:")}
+
+    def late_fields(self, timestamp: str, env: Mapping[str, str]) -> dict[str, object]:
+        """What only the running process knows when it names a file: its pid, the
+        ``timestamp`` of the cycle and the ``env`` fields (:meth:`env_fields`)."""
+        return {"pid": os.getpid(), "timestamp": timestamp, **env}
 
     @functools.cached_property
     def plan_hash(self) -> str:

@@ -18,10 +18,10 @@ from policy_engine.language.values.mesh import DIMS
 from policy_engine.plan.compile import compile_plan
 from policy_engine.plan.plan import Plan
 from policy_engine.plan.topology import Topology
-from policy_engine.runtime.off import OffProfiler
-from policy_engine.runtime.profiler import RoleProfiler
-from policy_engine.runtime.state import STATE, warn_once
-from policy_engine.runtime.wrapping import Patches, marked
+from policy_engine.runtime.process.state import STATE, warn_once
+from policy_engine.runtime.role.off import OffProfiler
+from policy_engine.runtime.role.profiler import RoleProfiler
+from policy_engine.runtime.role.wrapping import Patches, marked
 
 log = logging.getLogger("policy_engine")
 PolicyArg = Union[str, "os.PathLike[str]", Mapping[str, Any], Policy, None]

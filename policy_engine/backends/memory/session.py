@@ -64,7 +64,7 @@ class MemorySession(Session):
         self._name: Callable[[], str] | None = None
         self.oom_dumps = 0
 
-    # Hooks the interpreter calls (runtime/capture.py).
+    # Hooks the interpreter calls (runtime/capture/driver.py).
     def set_stem(self, stem: str) -> None:
         self._stem = stem
 

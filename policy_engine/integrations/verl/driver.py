@@ -20,7 +20,7 @@ from typing import Any
 
 from policy_engine.integrations.verl import roles as verl_roles
 from policy_engine.runtime.apply import Profiler
-from policy_engine.runtime.profiler import RoleProfiler
+from policy_engine.runtime.role.profiler import RoleProfiler
 
 log = logging.getLogger("policy_engine")
 Stage = Callable[..., Any]

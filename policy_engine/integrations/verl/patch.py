@@ -25,7 +25,7 @@ from policy_engine.integrations.verl.driver import Forward, VerlDriver, outer_dr
 from policy_engine.language.load import ENV_FILE
 from policy_engine.plan.topology import Topology
 from policy_engine.runtime.apply import Profiler, profile_session, resolve_policy
-from policy_engine.runtime.state import STATE
+from policy_engine.runtime.process.state import STATE
 
 log = logging.getLogger("policy_engine")
 #: The takeover line is INFO, and verl sets the root logger to WARNING: this logger says

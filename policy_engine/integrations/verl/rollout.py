@@ -40,7 +40,7 @@ from policy_engine.language.rules import engine_layout as layout
 from policy_engine.plan.compile import compile_plan
 from policy_engine.plan.topology import Topology
 from policy_engine.runtime.apply import resolve_policy
-from policy_engine.runtime.state import warn_once
+from policy_engine.runtime.process.state import warn_once
 
 log = logging.getLogger("policy_engine")
 

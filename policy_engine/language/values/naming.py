@@ -15,7 +15,6 @@ import attrs
 from policy_engine.errors import did_you_mean
 
 # Name shortening is the output layout's: one rule for every name the engine makes.
-from policy_engine.files.layout import MAX_COMPONENT_BYTES as MAX_COMPONENT_BYTES
 from policy_engine.files.layout import shorten
 from policy_engine.language.values.mesh import DIMS
 

@@ -2,7 +2,7 @@
 
 One :class:`Cycle` per capture, changed only through its methods, which the capture's
 transitions call under the slot's lock. ``recording`` is read without the lock by the
-wrapped region methods (runtime.wrapping): a plain attribute, one read.
+wrapped region methods (runtime.role.wrapping): a plain attribute, one read.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from policy_engine.runtime.records import timestamp
+from policy_engine.runtime.capture.lines import timestamp
 
 Namer = Callable[..., str]  # name(cycle=, timestamp=, at=): a cycle's file stem
 

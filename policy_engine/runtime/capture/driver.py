@@ -1,14 +1,15 @@
 """One capture: a backend session driven through the schedule's actions, on one thread.
 
 The schedule decides the action at every inner step; the backend is called only when the
-action changes, through one table (:data:`~policy_engine.runtime.transitions.TABLE`) of
+action changes, through one table (:data:`TABLE`, below, beside the methods it names) of
 ``(previous, current) -> operations``. Between changes ``step()`` is an increment and a
 comparison: ``cursor.quiet_until`` is the next inner step that needs any work.
 
 It is built from parts, each changed only by its own methods: ``cursor`` (where it is in
-the schedule, runtime.transitions), ``cycle`` (the cycle under way, runtime.cycle),
-``span`` (its outer steps and roles), ``home`` (its thread), ``regions`` (runtime.ranges),
-``lines`` (its manifest lines, runtime.records) and ``outcome`` (how it ended).
+the schedule, :class:`Cursor`), ``cycle`` (the cycle under way, capture.cycle), ``span``
+(its outer steps and roles, :class:`Span`), ``home`` (its thread, capture.home),
+``regions`` (capture.ranges), ``lines`` (its manifest lines, capture.lines) and
+``outcome`` (how it ended).
 
 Threads (docs/runtime.md): a capture lives on the thread that opened it, its *home*, where
 every call of a session that is not ``any_thread`` runs (kineto crashes otherwise). A
@@ -19,6 +20,7 @@ next call; an ``any_thread`` session (Nsight) is driven wherever the step lands.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import logging
 import threading
 from collections.abc import Callable
@@ -26,18 +28,137 @@ from typing import Any
 
 from policy_engine.backends.base import Session
 from policy_engine.language.values.schedule import Action, Schedule
-from policy_engine.runtime import shortfall
-from policy_engine.runtime.budget import Budget
-from policy_engine.runtime.cycle import Cycle, Namer
-from policy_engine.runtime.export import Exporter
-from policy_engine.runtime.home import Home
-from policy_engine.runtime.ranges import Regions
-from policy_engine.runtime.records import Lines, Recorded, timestamp
-from policy_engine.runtime.span import Span
-from policy_engine.runtime.state import Slot, warn_once
-from policy_engine.runtime.transitions import NONE, SAVE, TABLE, Cursor, Op
+from policy_engine.runtime.capture import shortfall
+from policy_engine.runtime.capture.cycle import Cycle, Namer
+from policy_engine.runtime.capture.home import Home
+from policy_engine.runtime.capture.lines import Lines, Recorded, timestamp
+from policy_engine.runtime.capture.ranges import Regions
+from policy_engine.runtime.process.budget import Budget
+from policy_engine.runtime.process.export import Exporter
+from policy_engine.runtime.process.state import Slot, warn_once
 
 log = logging.getLogger("policy_engine")
+
+NONE, WARMUP, RECORD, SAVE = Action.NONE, Action.WARMUP, Action.RECORD, Action.RECORD_AND_SAVE
+
+# What a change of action does, in order: torch.profiler's action_map, for the engine's
+# backend calls. ``None`` is "the capture just opened". A change that crosses into another
+# schedule cycle first ends the old cycle (old -> NONE), then runs NONE -> new.
+class Op:
+    """The names of the operations the table lists: each is one method of the capture."""
+
+    PREPARE, START, STEP = "prepare", "start", "step"
+    SAVE_DONE, SAVE_CUT, DISCARD = "save_complete", "save_partial", "discard"
+
+
+PREPARE, START, STEP = Op.PREPARE, Op.START, Op.STEP
+SAVE_DONE, SAVE_CUT, DISCARD = Op.SAVE_DONE, Op.SAVE_CUT, Op.DISCARD
+BEGIN = (START, STEP)
+TABLE: dict[tuple[Action | None, Action], tuple[str, ...]] = {
+    (None, NONE): (), (None, WARMUP): (PREPARE,), (None, RECORD): BEGIN, (None, SAVE): BEGIN,
+    (NONE, NONE): (), (NONE, WARMUP): (PREPARE,), (NONE, RECORD): BEGIN, (NONE, SAVE): BEGIN,
+    (WARMUP, NONE): (DISCARD,), (WARMUP, WARMUP): (),
+    (WARMUP, RECORD): BEGIN, (WARMUP, SAVE): BEGIN,
+    (RECORD, NONE): (SAVE_CUT,), (RECORD, WARMUP): (SAVE_CUT, PREPARE),
+    (RECORD, RECORD): (STEP,), (RECORD, SAVE): (STEP,),
+    (SAVE, NONE): (SAVE_DONE,), (SAVE, WARMUP): (SAVE_DONE, PREPARE),
+    (SAVE, RECORD): (SAVE_DONE, *BEGIN), (SAVE, SAVE): (SAVE_DONE, *BEGIN),
+}
+
+
+def starts_recording(old: Action | None, new: Action) -> bool:
+    """Whether going from ``old`` to ``new`` starts recording a cycle: one trace."""
+    return START in TABLE[(old, new)]
+
+
+_NEVER = 1 << 62
+
+
+class Cursor:
+    """Where a capture is in its schedule. Advanced under the slot's lock by the capture
+    alone; ``next(ticks)`` numbers inner steps from any thread (atomic on a count), and
+    ``quiet_until`` is the next inner step that needs any work."""
+
+    __slots__ = ("action", "budget", "exhausted", "inner", "quiet_until", "schedule", "ticks")
+
+    def __init__(self, schedule: Schedule | None, budget: Budget | None) -> None:
+        self.schedule = schedule
+        self.budget = budget  # the owner's limits: each cycle that records takes from it
+        self.ticks = itertools.count(1)
+        self.inner = 0  # the last inner step acted on
+        self.quiet_until = 0
+        self.action: Action | None = None  # None: the capture just opened
+        self.exhausted = False  # the budget refused a cycle: the schedule is over
+
+    def reach(self, n: int) -> int:
+        """The capture acts at inner step ``n`` now (a step that needs work)."""
+        self.inner = n
+        return n
+
+    def action_at(self, step: int) -> Action:
+        if self.exhausted:
+            return NONE
+        return RECORD if self.schedule is None else self.schedule.action(step)
+
+    def cycle_of(self, step: int) -> int | None:
+        """The schedule cycle inner step ``step`` falls in (None without a schedule)."""
+        return None if self.schedule is None else self.schedule.cycle(step)
+
+    def crosses(self, n: int, cycle: int | None) -> bool:
+        """Whether reaching inner step ``n`` leaves ``cycle``, which the current action
+        belongs to: the cycle ended between two calls."""
+        return self.action in (WARMUP, RECORD, SAVE) and self.schedule is not None and \
+            self.schedule.cycle(n) != cycle
+
+    def admit(self, old: Action | None, new: Action) -> Action:
+        """``new``, or NONE when it starts a cycle the budget refuses (then for good)."""
+        if self.budget is not None and new is not NONE and starts_recording(old, new) and \
+                not self.budget.take():
+            self.exhausted = True
+            return NONE
+        return new
+
+    def arrive(self, n: int, action: Action) -> None:
+        """The capture is at inner step ``n`` with ``action``: when it next needs work."""
+        self.action = action
+        if self.exhausted:
+            self.quiet_until = _NEVER
+        elif action is RECORD or action is SAVE or self.schedule is None:
+            self.quiet_until = n + 1
+        else:
+            found = self.schedule.next_change(n)
+            self.quiet_until = _NEVER if found is None else found
+
+    def seen(self) -> int:
+        """The ``prof.step()`` calls so far (the capture is ending: the count is spent)."""
+        return next(self.ticks) - 1
+
+
+class Span:
+    """The outer steps and roles of one capture."""
+
+    __slots__ = ("joined", "last_step", "owner", "steps")
+
+    def __init__(self, owner: str, steps: list[int], last_step: int | None) -> None:
+        self.owner = owner
+        self.steps = steps
+        self.last_step = last_step  # the last outer step this capture may cover (merged)
+        self.joined: list[str] = []  # other roles whose steps ran inside it
+
+    def add_step(self, n: int) -> None:
+        """A merged capture goes on into outer step ``n``."""
+        self.steps.append(n)
+
+    def join(self, role: str) -> bool:
+        """``role`` runs inside this capture; False when it owns it or joined already."""
+        if role == self.owner or role in self.joined:
+            return False
+        self.joined.append(role)
+        return True
+
+    def goes_on_into(self, n: int) -> bool:
+        """Whether outer step ``n`` continues this capture (merged steps)."""
+        return self.steps[-1] == n - 1 and (self.last_step is None or n <= self.last_step)
 
 
 class Outcome:
@@ -109,7 +230,7 @@ class Capture:
     def advance(self, n: int) -> bool:
         """Inner step ``n`` needs work. True when the backend failed in this call."""
         home = self.home
-        if not home.here():
+        if not home.may_call():
             home.defer(n, self.slot.name, self.span.owner)
             return False
         with self.slot.lock:
@@ -122,7 +243,7 @@ class Capture:
 
     def catch_up(self) -> bool:
         """On the home thread: apply what other threads left pending. True on failure."""
-        if not self.home.pending or not self.home.is_home():
+        if not self.home.pending or not self.home.on_home_thread():
             return False
         return self.advance(self.home.wanted)
 
@@ -239,10 +360,10 @@ class Capture:
         so (status partial, no file); one whose save fails is recorded as failed.
         Raises what the backend raised (the owner decides: warn or raise).
         ``stopped_by``: what ended it from outside (SIGTERM, exit), for its close line.
-        All under the slot's lock, which a SIGTERM handler waits for (runtime.signals).
+        All under the slot's lock, which a SIGTERM handler waits for (runtime.process.signals).
         """
         home = self.home
-        if not home.here():
+        if not home.may_call():
             home.ask_end(status)
             warn_once(("foreign-end", self.slot.name, self.span.owner),
                       "policy-engine: the %s capture of role %r belongs to thread %r but "
@@ -352,7 +473,7 @@ class Capture:
             return
         if home.inside():
             return  # a signal inside this capture's own transition: the caller handles it
-        if not home.here():
+        if not home.may_call():
             message = (f"{why} while the capture belonged to thread {home.name!r}: "
                        f"{self.slot.name} can stop a profiler only on its own thread")
             with contextlib.suppress(OSError):

@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import threading
 
-from policy_engine.runtime.state import warn_once
+from policy_engine.runtime.process.state import warn_once
 
 _get_ident = threading.get_ident
 
@@ -35,15 +35,17 @@ class Home:
         self.lock = threading.Lock()
         self.pid = os.getpid()  # a forked child never drives its parent's capture
 
-    def here(self) -> bool:
-        """Whether this thread may call the session now."""
+    def may_call(self) -> bool:
+        """Whether this thread may call the session now (its home thread, or any thread
+        when the session takes calls from any)."""
         return self.any_thread or _get_ident() == self.ident
 
     def forked(self) -> bool:
         """Whether this is a child forked since the capture opened."""
         return self.pid != os.getpid()
 
-    def is_home(self) -> bool:
+    def on_home_thread(self) -> bool:
+        """Whether this is the capture's home thread (whatever the session allows)."""
         return _get_ident() == self.ident
 
     def defer(self, n: int, backend: str, owner: str) -> None:

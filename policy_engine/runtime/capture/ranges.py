@@ -16,9 +16,9 @@ from collections.abc import Callable
 from typing import Any
 
 from policy_engine.backends.base import Session
-from policy_engine.runtime.cycle import Cycle
-from policy_engine.runtime.home import Home
-from policy_engine.runtime.state import GuardedLock, warn_once
+from policy_engine.runtime.capture.cycle import Cycle
+from policy_engine.runtime.capture.home import Home
+from policy_engine.runtime.process.state import GuardedLock, warn_once
 
 log = logging.getLogger("policy_engine")
 _get_ident = threading.get_ident
@@ -38,7 +38,7 @@ class Region:
 class Regions:
     """The regions open while one capture runs, and their ranges. Changed here, under
     the slot's lock, except the home thread's own ``stack``: a wrapped method on the home
-    thread outside recording pushes and pops it directly (runtime.wrapping), the one
+    thread outside recording pushes and pops it directly (runtime.role.wrapping), the one
     place where a region costs no call."""
 
     __slots__ = ("backend", "catch_up", "cycle", "home", "lock", "others", "ranges",
@@ -135,7 +135,7 @@ class Regions:
     def open_all(self) -> None:
         """Recording starts: ranges for the regions already open, outermost first (on
         the home thread; on every thread when the session takes calls from any)."""
-        if self.home.here():
+        if self.home.may_call():
             self._open_home(1, len(self.stack))
         for entry in list(self.others):
             self._open_range(entry)
@@ -143,7 +143,7 @@ class Regions:
     def close_all(self) -> None:
         for entry in reversed(list(self.others)):
             self._close_range(entry)
-        if self.ranges and self.home.here():
+        if self.ranges and self.home.may_call():
             for depth in sorted(self.ranges, reverse=True):
                 name = self.stack[depth - 1] if depth <= len(self.stack) else "region"
                 self._end_range(self.ranges.pop(depth), name)

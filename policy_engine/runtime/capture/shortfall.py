@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from policy_engine.language.values.schedule import FIELDS, Schedule
-from policy_engine.runtime.state import warn_once
+from policy_engine.runtime.process.state import warn_once
 
 
 def schedule_text(schedule: Schedule) -> str:

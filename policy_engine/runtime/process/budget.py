@@ -2,7 +2,7 @@
 
 The budget belongs to the role and the process, not to a profiler object: every
 profiler of a role in one process (``apply_policy`` or ``profile_session`` called again)
-draws from one :class:`Spend`, kept in :data:`~policy_engine.runtime.state.STATE`.
+draws from one :class:`Spend`, kept in :data:`~policy_engine.runtime.process.state.STATE`.
 
 With background export a trace's bytes are known only once the export thread has written
 it. So an export counts as *in flight* from the save that queued it until it is written,
@@ -11,7 +11,7 @@ flight (at most :data:`EXPORT_WAIT` seconds): the budget is then passed by at mo
 one trace under way, as in sync mode.
 
 ``limits.bytes`` counts what stays on disk: a trace removed once its summary is written
-(``keep: summaries``, runtime.summaries) gives its bytes back, and a role that had
+(``keep: summaries``, runtime.process.summaries) gives its bytes back, and a role that had
 reached the limit may begin captures again.
 """
 
@@ -23,7 +23,7 @@ import threading
 from collections.abc import Callable
 
 from policy_engine.language.values.triggers import Limits
-from policy_engine.runtime.state import STATE
+from policy_engine.runtime.process.state import STATE
 
 log = logging.getLogger("policy_engine")
 
@@ -140,7 +140,7 @@ class Budget:
 
     def give_back(self) -> None:
         """A cycle that began was dropped without a trace (the provisional whole-session
-        capture of ``with profile_session(...)``, runtime.profiler): it spent nothing."""
+        capture of ``with profile_session(...)``, runtime.role.profiler): it spent nothing."""
         with self.spend.cond:
             self.spend.cycles = max(0, self.spend.cycles - 1)
 

@@ -22,7 +22,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 
-from policy_engine.runtime.state import STATE, critical, warn_once
+from policy_engine.runtime.process.state import STATE, critical, warn_once
 
 log = logging.getLogger("policy_engine")
 
@@ -42,7 +42,7 @@ class Exporter:
 
     def submit(self, job: Job, *, export: bool) -> None:
         """Queue ``job``; an export waits for room first (a manifest line never does).
-        A critical stretch (runtime.state): a SIGTERM handler that flushed here would wait
+        A critical stretch (runtime.process.state): a SIGTERM handler that flushed here would wait
         for a lock this thread holds."""
         with critical(), self._cond:
             if export and self._exports >= self.in_flight:

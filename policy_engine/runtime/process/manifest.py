@@ -1,5 +1,6 @@
-"""Writing the per-process manifest (:mod:`policy_engine.analysis.manifests` reads it and
-describes its lines): one JSON line per event, whole or not at all."""
+"""Writing the per-process manifest: one JSON line per event, whole or not at all. The lines
+are declared and built in :mod:`policy_engine.files.records`; this module turns them into
+bytes and appends them, and :mod:`policy_engine.analysis.manifests` reads them."""
 
 from __future__ import annotations
 
@@ -11,11 +12,9 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from policy_engine.files.layout import MANIFEST_DIR as MANIFEST_DIR
-from policy_engine.files.layout import MANIFEST_SUFFIX as MANIFEST_SUFFIX
-from policy_engine.files.layout import host_name as host_name
+from policy_engine.files.layout import MANIFEST_DIR, MANIFEST_SUFFIX, host_name
 from policy_engine.files.publish import folder
-from policy_engine.runtime.state import STATE
+from policy_engine.runtime.process.state import STATE
 
 # Read too: the last byte says whether a torn line needs ending first.
 _FILE_FLAGS = os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -68,7 +67,7 @@ def append(output_dir: str, record: Mapping[str, Any]) -> None:
     line = encode(record)
     name = os.path.basename(manifest_path(output_dir))
     # One append at a time in this process; a SIGTERM that arrives meanwhile waits for the
-    # line to be whole (STATE.lock is a GuardedLock, runtime.state).
+    # line to be whole (STATE.lock is a GuardedLock, runtime.process.state).
     with STATE.lock, folder(output_dir, MANIFEST_DIR) as dir_fd:
         fd = os.open(name, _FILE_FLAGS, 0o644, dir_fd=dir_fd)
         try:

@@ -8,11 +8,11 @@ action (terminate) is kept by re-raising the signal.
 Python runs a handler between two bytecodes of the main thread, wherever it is. A SIGTERM
 that arrives while the main thread is in a critical stretch (holding a slot's or the
 process's lock: opening a capture, a transition, a save, a manifest line; see
-runtime.state) waits until the stretch ends. A capture that another thread is opening,
+runtime.process.state) waits until the stretch ends. A capture that another thread is opening,
 moving or saving is waited for through its slot's lock. So the handler always finds every
 capture either running (and saves what it recorded) or finished. After the captures and
 their exports, summaries still being made get a few seconds, then are cut
-(runtime.summaries).
+(runtime.process.summaries).
 """
 
 from __future__ import annotations
@@ -24,8 +24,8 @@ import signal
 import threading
 from types import FrameType
 
-from policy_engine.runtime import export, summaries
-from policy_engine.runtime.state import STATE, in_critical
+from policy_engine.runtime.process import export, summaries
+from policy_engine.runtime.process.state import STATE, in_critical
 
 log = logging.getLogger("policy_engine")
 
@@ -120,7 +120,7 @@ def install() -> None:
 
 
 def _on_usr2(signum: int, frame: FrameType | None) -> None:
-    STATE.hooks.usr2_count += 1  # read at the next training-step boundary (runtime.triggers)
+    STATE.hooks.usr2_count += 1  # read at the next training-step boundary (triggers.step_triggers)
     previous = STATE.hooks.previous_usr2
     if callable(previous):
         previous(signum, frame)

@@ -7,7 +7,7 @@ import, for tests.
 
 Its locks are :class:`GuardedLock`: while the main thread holds one (or is inside any
 other :func:`critical` stretch), a SIGTERM handler does not act; it leaves the signal
-pending, and the outermost stretch delivers it as it ends (runtime.signals). So the
+pending, and the outermost stretch delivers it as it ends (runtime.process.signals). So the
 handler never cuts a save or a manifest line in half, and never waits for the export
 thread while this thread holds a lock that thread needs.
 """
@@ -97,7 +97,7 @@ class GuardedLock:
 
 
 class Running(Protocol):
-    """What this module and runtime.signals ask of a running capture (runtime.capture
+    """What this module and runtime.process.signals ask of a running capture (runtime.capture.driver
     builds it; this module only holds it, so it never imports it)."""
 
     def end(self, status: str = ..., stopped_by: str | None = ...) -> None: ...
@@ -133,7 +133,7 @@ class Slot(Generic[C]):
 
 class Hooks:
     """The process's signal and exit hooks: installed once, never undone, so they outlive
-    :func:`reset` (runtime.signals owns them)."""
+    :func:`reset` (runtime.process.signals owns them)."""
 
     __slots__ = ("exit_installed", "pending_signal", "previous_sigterm", "previous_usr2",
                  "signal_hook", "sigterm_installed", "terminating", "usr2_count",
@@ -148,7 +148,7 @@ class Hooks:
         self.usr2_installed = False
         self.previous_usr2: Any = signal.SIG_DFL
         self.usr2_count = 0  # SIGUSR2s received (runtime.triggers reads it)
-        self.signal_hook: Callable[[], None] | None = None  # delivers it (runtime.signals)
+        self.signal_hook: Callable[[], None] | None = None  # delivers it (runtime.process.signals)
 
 
 class ProcessState:
@@ -164,11 +164,11 @@ class ProcessState:
         self.manifests: dict[tuple[int, str], str] = {}
         self.started = time.strftime("%Y%m%d%H%M%S")
         self.hooks = hooks or Hooks()
-        # (id(worker), role) -> (worker's weak reference, profiler, its runtime.wrapping.Patches)
+        # (id(worker), role) -> (worker's weak reference, profiler, role.wrapping.Patches)
         self.applied: dict[tuple[int, str], Any] = {}
-        self.exporter: Any = None  # runtime.export.Exporter, made on first use
-        self.summaries: Any = None  # runtime.summaries.Pool, made on first use
-        self.budgets: dict[tuple[int, str], Any] = {}  # (pid, role) -> runtime.budget.Spend
+        self.exporter: Any = None  # runtime.process.export.Exporter, made on first use
+        self.summaries: Any = None  # runtime.process.summaries.Pool, made on first use
+        self.budgets: dict[tuple[int, str], Any] = {}  # (pid, role) -> runtime.process.budget.Spend
 
     # The hooks' fields that other modules and tests name on STATE itself.
     @property

@@ -1,6 +1,6 @@
 """Summaries of torch traces, made by the rank that recorded them, off its GIL.
 
-Once a torch trace is written and its ``trace`` line appended (runtime.records), it is
+Once a torch trace is written and its ``trace`` line appended (runtime.capture.lines), it is
 handed here. A worker process (``python -m policy_engine.analysis.summarize_main``, at
 the lowest CPU priority, no stdin, no inherited descriptors) reads it, and a daemon
 thread of this process, blocked in ``communicate()`` (which releases the GIL), appends
@@ -16,7 +16,7 @@ and the facts' name lists (the line's ``trimmed`` says so); one whose steps alon
 
 With ``keep: summaries`` a trace whose summary is complete is removed after its line is
 written, and its bytes go back to the role's ``limits.bytes``; a trace whose summary
-failed or was cut stays. At exit and on SIGTERM (runtime.signals) summaries under way get
+failed or was cut stays. At exit and on SIGTERM (runtime.process.signals) summaries under way get
 :data:`EXIT_WAIT` seconds, then their workers are killed and their lines say ``cut``.
 Nothing here raises into a capture or the training loop.
 """
@@ -40,9 +40,9 @@ from typing import Any
 from policy_engine.backends.files import TORCH_GZIP, TORCH_PLAIN
 from policy_engine.files.publish import folder
 from policy_engine.files.records import summary_line
-from policy_engine.runtime import manifest
-from policy_engine.runtime.budget import Budget
-from policy_engine.runtime.state import STATE, critical, warn_once
+from policy_engine.runtime.process import manifest
+from policy_engine.runtime.process.budget import Budget
+from policy_engine.runtime.process.state import STATE, critical, warn_once
 
 log = logging.getLogger("policy_engine")
 
@@ -102,7 +102,7 @@ class Pool:
 
     def submit(self, job: Job) -> None:
         # A critical stretch: a SIGTERM handler that finished the pool here would wait
-        # for the lock this thread holds (runtime.state).
+        # for the lock this thread holds (runtime.process.state).
         with critical(), self.cond:
             full = len(self.waiting) >= MAX_WAITING
             if not full:

@@ -1,7 +1,7 @@
 """What a role records outside its captures: allocator history kept from the first step
 (``memory: {history: always}``), and the files it writes when no capture is open.
 
-A backend that offers ``keep(info, keeper)`` (the memory backend) gets a :class:`Keeper`
+A backend that offers ``keep(info, keeper)`` (the memory backend) gets a :class:`RoleHistory`
 when the role's profiler is made: the keeper names a file for the step under way with the
 role's template (``<name>_oom.pickle`` of the step the error happened in) and records it
 in the manifest as a ``trace`` line of its own capture id, ``trigger: oom``. A backend
@@ -18,11 +18,12 @@ from typing import Any
 
 from policy_engine.backends.base import Artifact, BackendUnavailable, CaptureInfo
 from policy_engine.errors import ProfilingError
+from policy_engine.files.layout import host_name
 from policy_engine.files.records import trace_line
 from policy_engine.plan.plan import Plan
-from policy_engine.runtime import manifest
-from policy_engine.runtime.records import timestamp
-from policy_engine.runtime.state import capture_id
+from policy_engine.runtime.capture.lines import timestamp
+from policy_engine.runtime.process import manifest
+from policy_engine.runtime.process.state import capture_id
 
 log = logging.getLogger("policy_engine")
 
@@ -30,7 +31,7 @@ log = logging.getLogger("policy_engine")
 OOM = "oom"
 
 
-class Keeper:
+class RoleHistory:
     """One role's link to a backend that records for it outside captures."""
 
     def __init__(self, plan: Plan, identity: Mapping[str, Any],
@@ -39,14 +40,13 @@ class Keeper:
         self.identity = dict(identity)
         self.current_step = current_step
         self.closed = False
-        self._env = {f: os.environ.get(f[4:], "") for f in plan.template.fields()
-                     if f.startswith("env:")}
+        self._env = plan.env_fields()
 
     def name(self) -> tuple[str, int | None] | None:
         if self.closed:
             return None
         step = self.current_step()
-        late = {"pid": os.getpid(), "timestamp": timestamp(), **self._env}
+        late = self.plan.late_fields(timestamp(), self._env)
         stem = self.plan.capture_name(first=step, region=None, cycle=None, late=late, at=step)
         return stem, step
 
@@ -56,7 +56,7 @@ class Keeper:
         record = trace_line(
             self.identity, capture=capture_id(), status=status, trigger=OOM,
             roles=list(plan.roles_for(step)), region=None, steps=steps, cycle=0,
-            inner_steps=[], joined=[], start=now, end=now, host=manifest.host_name(),
+            inner_steps=[], joined=[], start=now, end=now, host=host_name(),
             path=os.path.relpath(artifact.path, plan.output_dir), bytes=artifact.bytes,
             extra=dict(artifact.extra))
         if artifact.backend is not None:
@@ -68,18 +68,18 @@ class Keeper:
                         artifact.path, err)
 
 
-def arm(plan: Plan, identity: Mapping[str, Any], settings: Mapping[str, Any],
+def keep_history(plan: Plan, identity: Mapping[str, Any], settings: Mapping[str, Any],
         backend_of: Callable[[str], Any], current_step: Callable[[], int | None],
         note: Callable[..., None]) -> Callable[[], None] | None:
     """Hand each of the plan's backends that records outside captures a keeper (the
     memory backend, when ``history: always``). Returns what releases them when the role
     closes, or None when no backend keeps anything for it."""
-    kept: list[tuple[Any, Keeper]] = []
+    kept: list[tuple[Any, RoleHistory]] = []
     for name in plan.backends:
         block = settings if name == plan.backend else plan.spec.blocks[name]
         if block.get("history") != "always":
             continue
-        keeper = Keeper(plan, identity, current_step)
+        keeper = RoleHistory(plan, identity, current_step)
         info = CaptureInfo(plan.role, plan.rank, plan.world, plan.coords, None, (),
                            plan.output_dir, block, plan.plan_hash, plan.on_error)
         try:

@@ -1,43 +1,79 @@
 """RoleProfiler: what training code holds. One per (role, process).
 
-A rank whose plan is off gets :class:`OffProfiler`, whose methods do nothing and whose
-``annotate`` returns the function unchanged. A rank whose plan is on gets
-:class:`RoleProfiler`, which opens captures for the plan's steps and regions.
+A rank whose plan is off gets :class:`~policy_engine.runtime.role.off.OffProfiler`, whose
+methods do nothing. A rank whose plan is on gets :class:`RoleProfiler`, which opens
+captures for the plan's steps and regions, and is one state machine (``_state``)::
 
-A RoleProfiler is driven one of two ways, decided by the first call: training steps
-(``training_step(n)``) or a plain loop (``step()`` or ``with prof:`` first: one capture for
-the whole session). A backend failure under ``on_error: warn``, or ``close()``, turns it
-off for good: its methods are then replaced by ones that do nothing.
+    NEW ──step()──────────────────▶ SESSION      one capture for the whole session
+    NEW ──with prof:──────────────▶ PROVISIONAL  that capture, until the first step()
+    PROVISIONAL ──step()──────────▶ SESSION      the capture is kept
+    PROVISIONAL ──training_step(n)▶ STEPS        the capture is dropped
+    NEW, SESSION ──training_step(n)▶ STEPS       (SESSION: its capture completes)
+    any ──close(), or a failure under on_error: warn──▶ OFF   every method does nothing
+
+What every capture of the role opens with (its manifest identity, the backend's
+settings, limits, triggers and exporter) is set once in ``__init__``; where the training
+loop is (the outer step, the capture this role runs, what triggered this step) changes as
+it goes. A backend failure writes the lines of a capture that could not open, warns or
+raises as ``on_error`` asks, and turns the role OFF.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
-import os
+import sys
 import threading
 import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager
+from importlib import metadata
 from typing import Any, TypeVar
 
 from policy_engine import backends
 from policy_engine.backends.base import CaptureInfo
 from policy_engine.backends.combined import Combined
-from policy_engine.files.records import note_line, open_line
+from policy_engine.errors import ProfilingError
+from policy_engine.files.layout import host_name
+from policy_engine.files.records import close_line, note_line, open_line, trace_line
 from policy_engine.plan.plan import Plan
-from policy_engine.runtime import export, manifest, signals
-from policy_engine.runtime.capture import Capture
-from policy_engine.runtime.failures import RoleFailures
-from policy_engine.runtime.off import _off_region, _off_step, _off_training_step, as_step
-from policy_engine.runtime.role_parts import NEW, SESSION, STEPS, Fixed, Loop, Why
-from policy_engine.runtime.state import Slot, capture_id, slot, warn_once
-from policy_engine.runtime.triggers import PLAN
-from policy_engine.runtime.wrapping import _DiscreteBlock, _RegionBlock, wrap_region
+from policy_engine.runtime.capture.driver import Capture
+from policy_engine.runtime.process import export, manifest, signals
+from policy_engine.runtime.process.budget import Budget
+from policy_engine.runtime.process.state import Slot, capture_id, slot, warn_once
+from policy_engine.runtime.role import history
+from policy_engine.runtime.role.off import NULL, as_step
+from policy_engine.runtime.role.wrapping import _DiscreteBlock, _RegionBlock, wrap_region
+from policy_engine.runtime.triggers.step_triggers import PLAN, StepTriggers, Why
 
 log = logging.getLogger("policy_engine")
 F = TypeVar("F", bound=Callable[..., Any])
-_get_ident = threading.get_ident
+
+# The states of a RoleProfiler (the module docstring draws them).
+NEW, PROVISIONAL, SESSION, STEPS, OFF = "new", "provisional", "session", "steps", "off"
+
+#: The torch profiler's settings that change what a trace holds (compare withholds its
+#: verdict where two runs differ in them).
+_RECORDED = ("activities", "record_shapes", "profile_memory", "with_stack", "with_flops",
+             "with_modules")
+
+
+def recording(plan: Plan) -> dict[str, Any]:
+    """How a torch capture of ``plan`` records: the torch version (``torch``) and the
+    settings that change what the trace holds (``recorded``); nothing for other backends."""
+    if "torch" not in plan.backends:
+        return {}
+    settings = plan.settings
+    recorded = {k: (sorted(settings[k]) if k == "activities" else settings[k])
+                for k in _RECORDED if k in settings}
+    found = sys.modules.get("torch")
+    version = getattr(found, "__version__", None)
+    if version is None:
+        try:
+            version = metadata.version("torch")
+        except metadata.PackageNotFoundError:
+            version = None
+    return {"recorded": recorded, **({"torch": str(version)} if version else {})}
 
 
 class _StepBlock:
@@ -65,24 +101,38 @@ def _process_backend(name: str) -> Any:
     return found.backend
 
 
-#: Backends whose capture ranges outlive a discard: nsys writes a report for every range
-#: it saw, so a provisional whole-session capture dropped later would leave one behind
-#: (and shift the numbers of the reports after it).
-LASTING_RANGES = frozenset({"nsight"})
-
-
-class RoleProfiler(RoleFailures):
+class RoleProfiler:
     """Carries out one role's plan in this process. Safe from any thread (docs/runtime.md)."""
 
     def __init__(self, plan: Plan, *, policy_sources: tuple[str, ...] = ()) -> None:
         self.plan = plan
         self.slot: Slot[Capture] = slot(plan.backend)
-        self._loop = Loop()
-        loop = self._loop
-        self._fixed = Fixed(plan, backends.session_settings(plan.backend, plan),
-                            policy_sources, self._note)
-        self._fixed.keep_history(plan, _process_backend, lambda: loop.outer, self._note)
         spec = plan.spec
+        # -- what every capture of the role opens with (set once) --
+        self._settings = backends.session_settings(plan.backend, plan)
+        self._env = plan.env_fields()
+        self._identity = {**plan.identity(manifest.file_hash(policy_sources)),
+                          **recording(plan)}
+        limits = spec.limits
+        self._budget = Budget(limits, self._note, plan.role) if (
+            limits.captures is not None or limits.bytes is not None) else None
+        self._listener = StepTriggers(plan, spec.triggers, self._note) \
+            if spec.triggers.any else None
+        self._exporter = export.exporter(spec.export_in_flight) \
+            if spec.export == "background" else None
+        self._late: list[BaseException] = []  # background exports that failed
+        self._combined: Combined | None = None  # several backends: made on first open
+        # -- where the training loop is (changes as it goes) --
+        self._state = NEW
+        self._off: str | None = None  # why the profiler stopped for good
+        self._outer: int | None = None  # the outer step under way
+        self._own: Capture | None = None  # the capture this role opened and runs
+        self._captured = False  # the step under way is inside a capture
+        self._why: Why | None = None  # what triggered this step beyond the plan
+        # history kept outside captures (``history: always``), released when OFF
+        self._release: Callable[[], None] | None = history.keep_history(
+            plan, self._identity, self._settings, _process_backend, lambda: self._outer,
+            self._note)
         if spec.triggers.signal:
             problem = signals.install_usr2()
             if problem is not None:
@@ -94,8 +144,8 @@ class RoleProfiler(RoleFailures):
         keys = ("role", "rank", "world", "pid", "plan_hash")
         with contextlib.suppress(OSError):
             manifest.append(self.plan.output_dir, note_line(
-                {k: self._fixed.identity[k] for k in keys}, note=kind,
-                time=time.time(), host=manifest.host_name(), **fields))
+                {k: self._identity[k] for k in keys}, note=kind,
+                time=time.time(), host=host_name(), **fields))
 
     # -- opening and closing captures ----------------------------------------------
     def _open(self, first: int | None, region: str | None,
@@ -109,25 +159,25 @@ class RoleProfiler(RoleFailures):
             if running is not None:
                 self._join(running, region)
                 return None
-            if self._fixed.budget is not None and not self._fixed.budget.room():
+            if self._budget is not None and not self._budget.room():
                 return None
             cid = capture_id()
             steps = [] if first is None else [first]
-            record = dict(self._fixed.identity, roles=list(plan.roles_for(first)),
-                          region=region, steps=steps, trigger=PLAN if why is None else why[0])
-            if why is not None and why[1] is not None:
-                record["request"] = why[1]
+            record = dict(self._identity, roles=list(plan.roles_for(first)),
+                          region=region, steps=steps, trigger=PLAN if why is None else why.trigger)
+            if why is not None and why.request is not None:
+                record["request"] = why.request
             last = (None if first is None else plan.capture_last(first)) if why is None \
-                else why[2]
+                else why.last
             signals.install()  # before the open line: a SIGTERM from here on ends it
             try:
                 # Write-ahead: a process killed from here on leaves a capture that
                 # `traces` reports as interrupted.
                 manifest.append(plan.output_dir, open_line(
-                    record, capture=cid, start=time.time(), host=manifest.host_name(),
+                    record, capture=cid, start=time.time(), host=host_name(),
                     thread=threading.current_thread().name))
                 info = CaptureInfo(plan.role, plan.rank, plan.world, plan.coords, region,
-                                   tuple(steps), plan.output_dir, self._fixed.settings,
+                                   tuple(steps), plan.output_dir, self._settings,
                                    plan.plan_hash, plan.on_error)
                 session = self._backend().open(info)
             except Exception as err:
@@ -137,10 +187,10 @@ class RoleProfiler(RoleFailures):
             if region is not None:
                 found = plan.region(region)
                 schedule = found.schedule if found is not None else schedule
-            env = self._fixed.env
+            env = self._env
 
             def name(*, cycle: int | None, timestamp: str, at: int | None = None) -> str:
-                late = {"pid": os.getpid(), "timestamp": timestamp, **env}
+                late = plan.late_fields(timestamp, env)
                 return plan.capture_name(first=first, region=region, cycle=cycle, late=late,
                                          at=at, last=None if why is None else last)
             capture = Capture(slot=self.slot, session=session, schedule=schedule,
@@ -148,8 +198,8 @@ class RoleProfiler(RoleFailures):
                               output_dir=plan.output_dir,
                               last_step=last, on_failure=self._capture_failed,
                               step_per_cycle=first is not None and plan.step_per_cycle,
-                              budget=self._fixed.budget, exporter=self._fixed.exporter,
-                              on_export_failure=self._fixed.late.append,
+                              budget=self._budget, exporter=self._exporter,
+                              on_export_failure=self._late.append,
                               keep=plan.spec.keep)
             self.slot.hold(capture)
             if begin and capture.begin():
@@ -174,85 +224,90 @@ class RoleProfiler(RoleFailures):
     def _backend(self) -> Any:
         if len(self.plan.backends) == 1:
             return _process_backend(self.plan.backend)
-        if self._fixed.combined is None:
+        if self._combined is None:
             blocks = self.plan.spec.blocks
-            self._fixed.combined = Combined(
+            self._combined = Combined(
                 [(name, _process_backend(name)) for name in self.plan.backends],
-                {name: self._fixed.settings if name == self.plan.backend else blocks[name]
+                {name: self._settings if name == self.plan.backend else blocks[name]
                  for name in self.plan.backends}, note=self._note)
-        return self._fixed.combined
+        return self._combined
 
     def _close(self, capture: Capture | None, status: str) -> None:
         if capture is None:
             return
-        if self._loop.own is capture:
-            self._loop.own = None
+        if self._own is capture:
+            self._own = None
         try:
             capture.end(status)
         except Exception as err:
             self._failure(err, "stop", raising=status == "complete")
 
     def _turn_off(self, why: str) -> None:
-        """From now on every method does nothing (instance attributes shadow the class's)."""
-        self._loop.off = why
-        self._fixed.let_go()  # history kept outside captures ends with the role
-        self.step = _off_step  # type: ignore[method-assign]
-        self.training_step = _off_training_step  # type: ignore[method-assign]
-        self.region = _off_region  # type: ignore[method-assign]
+        """To OFF: from now on every method does nothing."""
+        self._state = OFF
+        self._off = why
+        if self._release is not None:  # history kept outside captures ends with the role
+            self._release = self._release()
 
     # -- training steps ---------------------------------------------------------------
     def training_step(self, n: int) -> AbstractContextManager[None]:
         """Context manager around outer training step ``n`` (an int or integer-like)."""
-        return _StepBlock(self, n if n.__class__ is int else as_step(n))
+        if n.__class__ is not int:
+            n = as_step(n)
+        if self._state is OFF:
+            return NULL
+        return _StepBlock(self, n)
 
     def _enter_step(self, n: int) -> None:
         with self.slot.lock:
             self._enter_step_locked(n)
 
     def _enter_step_locked(self, n: int) -> None:
-        if self._fixed.late:
+        if self._late:
             self._export_failed()
         plan = self.plan
-        own = self._loop.own
+        own = self._own
         if own is not None and own.home.pending:
             own.catch_up()
-        if self._loop.mode is not STEPS:
-            if self._loop.mode is SESSION:
-                if own is not None and own is self._loop.provisional:
-                    self._drop_session(own, n)
-                else:
-                    self._close(own, "complete")  # the code switched to training steps
-                own = None
-            self._loop.mode = STEPS
-        self._loop.outer = n
-        listener = self._fixed.listener
+        state = self._state
+        if state is PROVISIONAL:
+            if own is not None:
+                self._drop_session(own, n)
+            own = None
+        elif state is SESSION:
+            self._close(own, "complete")  # the code switched to training steps
+            own = None
+        if self._state is not OFF:  # dropping the session capture may have failed
+            self._state = STEPS
+        self._outer = n
+        listener = self._listener
         planned = n in plan.steps
         why = None
-        if listener is not None and not self._loop.off:
-            why = listener.at_step(n, self._loop.captured)
+        if listener is not None and self._state is not OFF:
+            why = listener.at_step(n, self._captured)
             if planned:
                 why = None  # the plan captures it anyway
-            self._loop.why = why
-        if plan.discrete or self._loop.off or (why is None and not planned):
-            self._loop.captured = False
+            self._why = why
+        if plan.discrete or self._state is OFF or (why is None and not planned):
+            self._captured = False
             if own is not None:
                 self._close(own, "complete")
             return
-        self._loop.captured = True
+        self._captured = True
         if own is not None:
             if own.span.goes_on_into(n):
                 own.add_step(n)  # a merged capture goes on
                 return
             self._close(own, "complete")
-        self._loop.own = self._open(n, None, why)
+        self._own = self._open(n, None, why)
 
     def _exit_step(self, n: int, *, failed: bool) -> None:
         with self.slot.lock:
             self._exit_step_locked(n, failed=failed)
 
     def _exit_step_locked(self, n: int, *, failed: bool) -> None:
-        self._loop.outer = None
-        own = self._loop.own
+        self._outer = None
+        own = self._own
         if own is None:
             return
         if failed:
@@ -266,22 +321,30 @@ class RoleProfiler(RoleFailures):
     # -- inner steps ----------------------------------------------------------------
     def step(self) -> None:
         """Advance the schedule of the capture running on this backend by one inner step."""
+        state = self._state
+        if state is OFF:
+            return
+        if state is PROVISIONAL:
+            self._keep_session()
+            return
         capture = self.slot.capture
         if capture is not None:
             cursor = capture.cursor
             n = next(cursor.ticks)  # the quiet path of a step: a count and a comparison
             if n >= cursor.quiet_until and capture.advance(n):
                 self._raise_failure(capture)
-        elif self._loop.mode is NEW and not self.plan.discrete:
+        elif state is NEW and not self.plan.discrete:
             # A plain loop that never calls training_step(): one capture for the session.
             with self.slot.lock:
-                if self._loop.mode is NEW:
-                    self._loop.mode = SESSION
-                    self._loop.own = self._open(None, None)
+                if self._state is NEW:
+                    self._state = SESSION
+                    self._own = self._open(None, None)
 
     # -- regions --------------------------------------------------------------------
     def region(self, name: str) -> AbstractContextManager[None]:
         """Context manager for a named stage: a range, or a capture in discrete mode."""
+        if self._state is OFF:
+            return NULL
         if self.plan.discrete:
             return _DiscreteBlock(self, name)
         return _RegionBlock(self, name)
@@ -291,20 +354,20 @@ class RoleProfiler(RoleFailures):
         capture, or nothing to capture, or failed)."""
         plan = self.plan
         found = plan.region(name)
-        if self._loop.off or (found is not None and not found.enabled):
+        if self._state is OFF or (found is not None and not found.enabled):
             return None
-        n = self._loop.outer
+        n = self._outer
         why = None
         if n is not None and n not in plan.steps:
-            if self._loop.why is None:
+            if self._why is None:
                 return None
-            why = (self._loop.why[0], self._loop.why[1], n)  # a step a trigger captures
-        elif n is None and self._loop.mode is STEPS:
+            why = self._why._replace(last=n)  # a step a trigger captures
+        elif n is None and self._state is STEPS:
             return None
-        self._loop.captured = True
+        self._captured = True
         capture = self._open(n, name, why)
         if capture is not None:
-            self._loop.own = capture
+            self._own = capture
         return capture  # None: joined another role's capture, or failed
 
     def close_region(self, capture: Capture, status: str) -> None:
@@ -321,16 +384,23 @@ class RoleProfiler(RoleFailures):
     def close(self) -> None:
         """Stop whatever this role opened; the profiler does nothing from then on.
         Idempotent."""
-        if self._loop.off == "closed":
+        if self._off == "closed":
             return
-        own = self._loop.own
+        own = failed = self._own
+        if self._state is PROVISIONAL and own is not None and own.cursor.action is None:
+            # A `with` block that never stepped keeps its capture, as torch records from
+            # enter to exit; one whose begin waited for a first step begins now.
+            self._state = SESSION
+            own = None if own.begin() else own
         self._turn_off("closed")
-        if self._fixed.listener is not None:
-            self._fixed.listener.close()  # its listener thread, when it has one
+        if self._listener is not None:
+            self._listener.close()  # its listener thread, when it has one
         self._close(own, "complete")
         export.flush()
-        if self._fixed.late:
+        if self._late:
             self._export_failed()
+        if own is None and failed is not None:
+            self._raise_failure(failed)  # the late begin failed (raises if the role says)
 
     def __enter__(self) -> RoleProfiler:
         """``with profile_session(...) as prof:`` starts the whole-session capture here,
@@ -339,41 +409,33 @@ class RoleProfiler(RoleFailures):
         Until the block's first ``step()`` it is provisional: a ``training_step(n)`` before
         any ``step()`` drops it (no trace; its close line says why), so a loop of training
         steps inside the block writes its per-step captures only, as ``explain`` lists.
-        On a backend whose ranges outlive a discard (:data:`LASTING_RANGES`) it begins
-        recording at that first ``step()``, once it is kept.
+        On a backend whose ranges outlive a discard (``Registered.lasting_ranges``: a
+        dropped capture would leave an nsys report behind) it begins recording at that
+        first ``step()``, once it is kept.
         """
-        if self._loop.mode is NEW and not self._loop.off and not self.plan.discrete:
-            self._loop.mode = SESSION
-            lasting = not LASTING_RANGES.isdisjoint(self.plan.backends)
-            self._loop.own = self._open(None, None, begin=not lasting)
-            if self._loop.own is not None:
-                self._loop.provisional = self._loop.own
-                self.step = self._first_step  # type: ignore[method-assign]
+        if self._state is NEW and not self.plan.discrete:
+            lasting = any(backends.lasting_ranges(name) for name in self.plan.backends)
+            own = self._open(None, None, begin=not lasting)
+            if self._state is not OFF:  # the open may have failed
+                self._own = own
+                self._state = SESSION if own is None else PROVISIONAL
         return self
 
-    def _first_step(self) -> None:
-        """``step()`` while the session capture is provisional: the block is a plain loop,
-        so the capture is kept (and begins, where its begin waited for this); later calls
-        go straight to :meth:`step`."""
-        kept = self._loop.provisional
-        self._keep_session()
-        waited = kept is not None and kept.cursor.action is None and kept is self._loop.own
-        if waited and kept is not None and kept.begin():
+    def _keep_session(self) -> None:
+        """``step()`` while PROVISIONAL: the block is a plain loop, so the capture is kept
+        (and begins, where its begin waited for the first step); then this step."""
+        self._state = SESSION
+        kept = self._own
+        if kept is not None and kept.cursor.action is None and kept.begin():
             self._raise_failure(kept)
             return
         self.step()
 
-    def _keep_session(self) -> None:
-        self._loop.provisional = None
-        if self.__dict__.get("step") == self._first_step:  # not when turned off since
-            del self.step
-
     def _drop_session(self, capture: Capture, n: int) -> None:
-        self._keep_session()
-        if self._loop.own is capture:
-            self._loop.own = None
-        if capture.cycle.recording and self._fixed.budget is not None:
-            self._fixed.budget.give_back()  # its cycle is dropped: limits count it not
+        if self._own is capture:
+            self._own = None
+        if capture.cycle.recording and self._budget is not None:
+            self._budget.give_back()  # its cycle is dropped: limits count it not
         try:
             capture.drop(f"the `with` block's loop called training_step({n}) before any "
                          "prof.step(): per-step captures replace the whole-session capture")
@@ -381,9 +443,63 @@ class RoleProfiler(RoleFailures):
             self._failure(err, "stop", raising=False)
 
     def __exit__(self, exc_type: object, *rest: object) -> None:
-        own = self._loop.own
+        own = self._own
         if exc_type is not None:
             self._close(own, "partial")
         self.close()
 
 
+
+    def _open_failed(self, cid: str, record: dict[str, Any], err: BaseException) -> None:
+        now = time.time()
+        message = f"{type(err).__name__}: {err}"
+        try:  # the folder may be what failed
+            manifest.append(self.plan.output_dir, trace_line(
+                record, capture=cid, status="failed", path=None, bytes=None, cycle=0,
+                inner_steps=[], start=now, end=now, joined=[], error=message))
+            manifest.append(self.plan.output_dir, close_line(
+                capture=cid, status="failed", end=now, steps=record["steps"], traces=1,
+                joined=[], error=message))
+        except OSError:
+            pass
+        self._failure(err, "open")
+
+    def _capture_failed(self, err: BaseException, when: str) -> None:
+        """The capture this role owns failed in a backend call (on any thread). The call
+        that drove it raises, if its role says so (:meth:`_raise_failure`)."""
+        self._own = None
+        self._turn_off("failed")
+        if self.plan.on_error != "raise":
+            log.warning("%s; profiling is off for this role from now on",
+                        self._message(err, when))
+
+    def _raise_failure(self, capture: Capture) -> None:
+        """After a call of this role drove ``capture`` into a backend failure."""
+        if capture.failure is None:
+            return
+        err, when = capture.failure
+        if self.plan.on_error == "raise":
+            raise ProfilingError(self._message(err, when)) from err
+        if capture.owner != self.plan.role:
+            log.warning("%s (in the capture of role %r)", self._message(err, when),
+                        capture.owner)
+
+    def _export_failed(self) -> None:
+        """A background export of this role failed (recorded in the manifest by the export
+        thread): turn off, and raise here, on the training thread, if the role says so."""
+        err = self._late.pop(0)
+        self._late.clear()
+        self._close(self._own, "partial")
+        self._failure(err, "export")
+
+    def _message(self, err: BaseException, when: str) -> str:
+        plan = self.plan
+        return (f"policy-engine: {plan.spec.backend_label} profiling of role {plan.role!r} "
+                f"on rank {plan.rank} failed at {when}: {type(err).__name__}: {err}")
+
+    def _failure(self, err: BaseException, when: str, raising: bool = True) -> None:
+        self._turn_off("failed")
+        message = self._message(err, when)
+        if self.plan.on_error == "raise" and raising:
+            raise ProfilingError(message) from err
+        log.warning("%s; profiling is off for this role from now on", message)

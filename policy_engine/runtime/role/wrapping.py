@@ -1,7 +1,7 @@
 """Regions in training code: ``prof.region(name)`` blocks and wrapped worker methods,
 and the one way region methods are patched onto objects and put back (:class:`Patches`).
 
-A continuous region is a range in whatever capture runs (see runtime.ranges); a discrete
+A continuous region is a range in whatever capture runs (see runtime.capture.ranges); a discrete
 region is a capture of its own for each call. A wrapped method runs exactly once whatever
 the backend does, and costs one attribute read when no capture runs. The profiler is
 reached through :class:`RegionHost`, the little of it that regions need.
@@ -17,8 +17,8 @@ from contextlib import AbstractContextManager
 from typing import Any, Protocol, TypeVar
 
 from policy_engine.plan.plan import Plan
-from policy_engine.runtime.capture import Capture
-from policy_engine.runtime.state import Slot
+from policy_engine.runtime.capture.driver import Capture
+from policy_engine.runtime.process.state import Slot
 
 log = logging.getLogger("policy_engine")
 F = TypeVar("F", bound=Callable[..., Any])
@@ -28,7 +28,7 @@ _ABSENT = object()
 
 
 class RegionHost(Protocol):
-    """What regions need of the role's profiler (runtime.profiler.RoleProfiler)."""
+    """What regions need of the role's profiler (runtime.role.profiler.RoleProfiler)."""
 
     plan: Plan
     slot: Slot[Capture]

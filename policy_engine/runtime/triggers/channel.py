@@ -23,10 +23,11 @@ holding a non-integer, and closes the connection); a list element or a slot is c
 with ``compare_set`` on its own key, which fails harmlessly when the key is taken; how
 long a list is comes from the keys that exist (a search over ``check``, a few dozen
 round trips whatever a counter says), never from a count someone wrote; values longer
-than :data:`~policy_engine.runtime.requests.MAX_BYTES` are dropped as soon as they are
+than :data:`~policy_engine.runtime.triggers.requests.MAX_BYTES` are dropped as soon as they are
 read, and what is kept is parsed as hostile
-(:func:`~policy_engine.runtime.requests.load_bounded`). Store I/O happens on the listener
-thread only (:mod:`policy_engine.runtime.courier`), never on the training thread.
+(:func:`~policy_engine.runtime.triggers.requests.load_bounded`). Store I/O happens on the listener
+thread only (:mod:`policy_engine.runtime.triggers.listener_thread`), never on the training
+thread.
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ from collections.abc import Callable, Iterable
 from datetime import timedelta
 from typing import Any, Protocol
 
-from policy_engine.runtime.requests import MAX_BYTES, MAX_STEP, BadRequest, load_bounded
+from policy_engine.runtime.triggers.requests import MAX_BYTES, MAX_STEP, BadRequest, load_bounded
 
 __all__ = ["MAX_LISTENERS", "PREFIX", "JobChannel", "KeyValue", "StoreKV", "agreed_step",
            "connect_store", "lead_seconds", "progress_of", "quiet_torch"]

@@ -1,33 +1,44 @@
-"""The ``triggers/`` folder's part in the channel: the advert that tells
-``policy-engine trigger`` where the job's store is, the progress files of a job without
-one, and requests a process posts there (a signal, a slow step), with the claims that make
-a signal every rank got one request.
+"""The ``triggers/`` folder as a channel: the request files ``policy-engine trigger``
+writes there (:class:`RequestFolder`, read on the listener thread), the advert that tells
+the command where the job's store is, the progress files of a job without one, and
+requests a process posts there (a signal, a slow step), with the claims that make a
+signal every rank got one request.
 
 Every file is written whole by the publisher and read back as hostile
-(:func:`~policy_engine.runtime.requests.read_bounded`): never through a link, never more
-than a request's size.
+(:func:`~policy_engine.runtime.triggers.requests.read_bounded`): never through a link,
+never more than a request's size.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import re
+import stat
+import time
 from typing import Any
 
 from policy_engine.files.publish import make_folders, open_folder, publish, write_atomic
-from policy_engine.runtime.channel import MAX_LISTENERS
-from policy_engine.runtime.requests import (
+from policy_engine.runtime.process.state import warn_once
+from policy_engine.runtime.triggers.channel import MAX_LISTENERS
+from policy_engine.runtime.triggers.messages import Arrived, NotARequest
+from policy_engine.runtime.triggers.requests import (
     REQUEST_SUFFIX,
     REQUESTS_DIR,
     BadRequest,
+    is_request_name,
     load_bounded,
     read_bounded,
+    read_request,
 )
 
-__all__ = ["ADVERT", "PROGRESS_DIR", "SIGNALS_DIR", "advertise", "claim_signal",
-           "post_request", "publish_progress", "read_advert", "read_progress"]
+__all__ = ["ADVERT", "FILES_PER_POLL", "PROGRESS_DIR", "RETRY_SECONDS", "RETRY_TRIES",
+           "SIGNALS_DIR", "RequestFolder", "advertise", "claim_signal", "post_request",
+           "publish_progress", "read_advert", "read_progress"]
+
+log = logging.getLogger("policy_engine")
 
 #: The file under triggers/ that says where the job's channel is (not a request: no
 #: ``.json``), and the folder of progress files.
@@ -37,6 +48,102 @@ PROGRESS_DIR = f"{REQUESTS_DIR}/progress"
 #: posted, saying the step it was agreed on.
 SIGNALS_DIR = f"{REQUESTS_DIR}/signals"
 _NAME = re.compile(r"^[A-Za-z0-9_.+-]{1,128}$")
+#: A request file that does not parse is read again at later polls until both this many
+#: tries and this many seconds have passed; then it is refused (a warning and a note).
+RETRY_TRIES = 3
+RETRY_SECONDS = 10.0
+#: Request files read at one poll, at most (the rest wait for the next poll).
+FILES_PER_POLL = 16
+
+
+class RequestFolder:
+    """The request files under ``<output_dir>/triggers/``, as the listener thread reads
+    them: one ``lstat`` of the folder a poll, its listing only when it changed (or a file
+    waits to be read again), each file read once per process."""
+
+    def __init__(self, output_dir: str) -> None:
+        self.output_dir = output_dir
+        self.path = os.path.join(output_dir, REQUESTS_DIR)
+        self.seen: set[str] = set()  # request files done with: read, refused or not ours
+        self.retry: dict[str, tuple[int, float]] = {}  # half-written: (tries, first seen)
+        self.backlog = False  # more new files than one poll reads
+        self.mtime = -1
+
+    def start(self, role: str) -> None:
+        """Make the folder (it tells ``policy-engine trigger`` that someone listens) and
+        pass over the requests already there: they are older than this process (a
+        restarted job). A folder that cannot be made or read is one warning: the role
+        listens to nothing there."""
+        try:
+            make_folders(self.output_dir, REQUESTS_DIR)
+            fd = open_folder(self.output_dir, REQUESTS_DIR, create=False)
+            try:
+                self.seen = {n for n in os.listdir(fd) if is_request_name(n)}
+            finally:
+                os.close(fd)
+        except Exception as err:  # a planted link, a read-only folder
+            log.warning("policy-engine: role %r cannot listen for trigger requests in %s: "
+                        "%s", role, self.path, getattr(err, "strerror", None) or err)
+
+    def look(self) -> list[Arrived | NotARequest]:
+        """The requests written since the last look, at most :data:`FILES_PER_POLL`."""
+        try:
+            found = os.stat(self.path, follow_symlinks=False)
+        except OSError:
+            return []
+        if not stat.S_ISDIR(found.st_mode):
+            warn_once(("requests-folder", self.path),
+                      "policy-engine: %s is not a folder (a symbolic link?): trigger "
+                      "requests there are not read", self.path)
+            return []
+        # A folder changed within the last seconds is listed again: a request written in
+        # the same tick of its clock as the last listing would be missed otherwise.
+        if found.st_mtime_ns == self.mtime and time.time() - found.st_mtime > 2 and \
+                not self.retry and not self.backlog:
+            return []
+        self.mtime = found.st_mtime_ns
+        try:
+            fd = open_folder(self.output_dir, REQUESTS_DIR, create=False)
+        except OSError as err:
+            warn_once(("requests-folder", self.path),
+                      "policy-engine: trigger requests in %s are not read: %s", self.path,
+                      err.strerror or err)
+            return []
+        try:
+            new = sorted(name for name in os.listdir(fd)
+                         if name not in self.seen and is_request_name(name))
+            self.backlog = len(new) > FILES_PER_POLL
+            read = (self._read(fd, name) for name in new[:FILES_PER_POLL])
+            return [item for item in read if item is not None]
+        finally:
+            os.close(fd)
+
+    def _read(self, fd: int, name: str) -> Arrived | NotARequest | None:
+        """File ``name``: a request, a refusal, or None (gone, or read again later)."""
+        where = os.path.join(self.path, name)
+        try:
+            request = read_request(fd, name)
+        except BadRequest as bad:
+            if not bad.final and self._again(name):
+                return None  # perhaps still being written: read it at the next poll
+            self._done(name)
+            return NotARequest(name[:-len(REQUEST_SUFFIX)], bad.message, where)
+        self._done(name)
+        return None if request is None else Arrived(request, where)
+
+    def _done(self, name: str) -> None:
+        self.seen.add(name)
+        self.retry.pop(name, None)
+
+    def _again(self, name: str) -> bool:
+        """Whether a file that does not parse yet is tried again later."""
+        now = time.monotonic()
+        tries, since = self.retry.get(name, (0, now))
+        tries += 1
+        if tries >= RETRY_TRIES and now - since >= RETRY_SECONDS:
+            return False
+        self.retry[name] = (tries, since)
+        return True
 
 
 def _read(output_dir: str, rel: str, name: str) -> Any:
@@ -97,7 +204,7 @@ def claim_signal(output_dir: str, role: str, target: int, at: int) -> bool:
     """Whether this process posts the request for a signal it got at step ``at`` (agreed
     on ``target``): not when a signal of the role already claimed a step still ahead (the
     job was signalled on every rank: one request, as
-    :meth:`~policy_engine.runtime.channel.JobChannel.claim_signal` on the store).
+    :meth:`~policy_engine.runtime.triggers.channel.JobChannel.claim_signal` on the store).
 
     The claim after claim ``k`` is the file ``<role>.<k+1>``, made by a hard link, which
     never replaces a file: of two ranks claiming at once, one makes it and the other finds

@@ -1,20 +1,22 @@
-"""The small parts of a role's triggers (:mod:`policy_engine.runtime.triggers`): a window
-of coming steps wanted, the slow-step detector, and the throttle that keeps a flood of
-requests from writing a warning and a manifest line each.
+"""The small parts of a role's triggers on the training thread
+(:mod:`policy_engine.runtime.triggers.step_triggers`): a window of coming steps wanted, the
+slow-step detector, and the throttle that keeps a flood of requests from writing a
+warning and a manifest line each.
 """
 
 from __future__ import annotations
 
-import statistics
 import time
 from collections import deque
 
 from policy_engine.language.values.triggers import SlowStep
 
-__all__ = ["FLOOD_ACCEPTED", "FLOOD_BURST", "FLOOD_SECONDS", "MAX_PENDING", "Flood",
-           "SlowSteps", "Want"]
+__all__ = ["FLOOD_ACCEPTED", "FLOOD_BURST", "FLOOD_SECONDS", "MAX_PENDING", "MEDIAN_EVERY",
+           "Flood", "SlowSteps", "Want"]
 
-_REFRESH = 8  # measured steps between two medians
+#: Steps between two medians of the slow-step detector (a sort of ``window`` steps, a
+#: few microseconds, spread over this many steps).
+MEDIAN_EVERY = 64
 #: Windows of requests a role keeps waiting for in one process, at most (a request past
 #: it is refused); they count against ``limits.captures`` as they are accepted.
 MAX_PENDING = 64
@@ -40,37 +42,42 @@ class Want:
 
 
 class SlowSteps:
-    """``slow_step``: each step's time (start of one step to the start of the next) against
-    ``factor`` x the median of recent steps."""
+    """``slow_step``'s detector: each step's time (start of one step to the start of the
+    next) against ``factor`` x the median of the last ``window`` measured steps, taken
+    once ``after`` steps are measured, then every :data:`MEDIAN_EVERY` steps. The training
+    thread measures every step itself (:meth:`StepTriggers.at_step
+    <policy_engine.runtime.triggers.step_triggers.StepTriggers.at_step>`: a subtraction, a
+    comparison and an append, inline because it runs every step); this holds what it
+    measures and takes the median."""
+
+    __slots__ = ("last_start", "last_step", "left", "median", "next_median", "recent",
+                 "spec", "threshold")
 
     def __init__(self, spec: SlowStep) -> None:
         self.spec = spec
-        self.left = spec.max
-        self.last_start = 0.0
+        self.left = spec.max  # slow steps still reported
+        self.last_start = 0.0  # when the step last seen began
         self.last_step = -2  # no step yet: the first one is never measured
-        self.measured = 0
-        self.recent: deque[float] = deque(maxlen=spec.window)
-        # factor x the median of ``recent``, refreshed every few measured steps (infinite
-        # until ``after`` steps are measured): a step costs a comparison, not a sort
+        # the last ``window`` measured steps' times, or ``after`` while there are fewer
+        self.recent: deque[float] = deque(maxlen=max(spec.window, spec.after))
         self.median = 0.0
-        self.threshold = float("inf")
+        self.threshold = float("inf")  # factor x median; infinite until a median is taken
+        self.next_median = 0  # the step at which to look at the median again
 
-    def measure(self, n: int, now: float, captured: bool) -> float | None:
-        """Step n-1's time when it was slow (None otherwise); ``now`` is step n's start."""
-        slow = None
-        if self.left and n == self.last_step + 1 and not captured:
-            took = now - self.last_start  # one training step's time, not a profiled one
-            if took > self.threshold:
-                self.left -= 1
-                slow = took
-            self.recent.append(took)
-            self.measured += 1
-            if (self.measured % _REFRESH == 0 or self.measured == self.spec.after) and \
-                    self.measured >= self.spec.after:
-                self.median = statistics.median(self.recent)
-                self.threshold = self.spec.factor * self.median
-        self.last_start, self.last_step = now, n
-        return slow
+    def take_median(self, n: int) -> None:
+        """At step ``n``: the median of the recent steps and the threshold it sets, once
+        ``after`` steps are measured (until then, the step when they can be)."""
+        spec = self.spec
+        measured = len(self.recent)
+        if measured < spec.after:
+            self.next_median = n + spec.after - measured
+            return
+        ordered = sorted(list(self.recent)[-spec.window:])
+        half = len(ordered) // 2
+        self.median = ordered[half] if len(ordered) % 2 else \
+            (ordered[half - 1] + ordered[half]) / 2
+        self.threshold = spec.factor * self.median
+        self.next_median = n + MEDIAN_EVERY
 
 
 class Flood:

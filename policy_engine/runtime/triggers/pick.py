@@ -12,7 +12,7 @@ import os
 import sys
 
 from policy_engine.plan.plan import Plan
-from policy_engine.runtime.channel import JobChannel, connect_store
+from policy_engine.runtime.triggers.channel import JobChannel, connect_store
 
 __all__ = ["pick_channel", "store_address"]
 
@@ -43,7 +43,7 @@ def pick_channel(plan: Plan, choice: str) -> tuple[str, str, JobChannel] | None:
     if choice in ("auto", "ray"):
         ray = sys.modules.get("ray")
         if ray is not None and ray.is_initialized():
-            from policy_engine.runtime.channel_ray import ACTOR, actor_kv
+            from policy_engine.runtime.triggers.ray_actor import ACTOR, actor_kv
 
             return "ray", ACTOR, JobChannel(actor_kv(), plan.role)
     return None

@@ -1,5 +1,5 @@
 """The channel under Ray without torch.distributed: a named actor holding the keys that a
-c10d store would (:mod:`policy_engine.runtime.channel`), with the same operations.
+c10d store would (:mod:`policy_engine.runtime.triggers.channel`), with the same operations.
 
 Every listener of the job gets the same actor by name (created by the first one); calls
 go from listener threads only, each waiting at most :data:`TIMEOUT` seconds.
@@ -40,7 +40,7 @@ class _Keys:
 
 
 class RayKV:
-    """The named actor as a :class:`~policy_engine.runtime.channel.KeyValue`."""
+    """The named actor as a :class:`~policy_engine.runtime.triggers.channel.KeyValue`."""
 
     def __init__(self, actor: Any) -> None:
         self.actor = actor

@@ -24,9 +24,8 @@ from typing import Any
 
 import attrs
 
-from policy_engine.files.layout import TRIGGERS_DIR
+from policy_engine.files.layout import TRIGGERS_DIR, host_name
 from policy_engine.files.publish import write_atomic
-from policy_engine.runtime import manifest
 
 __all__ = ["MAX_ALSO", "MAX_BYTES", "MAX_COUNT", "MAX_STEP", "MAX_TEXT", "REQUESTS_DIR",
            "REQUEST_SUFFIX", "WHYS", "BadRequest", "Request", "is_request_name", "load_bounded",
@@ -100,7 +99,7 @@ def request_body(*, role: str, ranks: Any, step: int | None, count: int,
         raise ValueError(f"step must be 0 to {MAX_STEP}, got {step}")
     rid = f"{time.strftime('%Y%m%d%H%M%S')}-{secrets.token_hex(4)}"
     request = {"id": rid, "role": role, "ranks": ranks, "step": step, "count": count,
-               "created": time.time(), "host": manifest.host_name(), "pid": os.getpid(),
+               "created": time.time(), "host": host_name(), "pid": os.getpid(),
                **{k: v for k, v in more.items() if v not in (None, (), [])}}
     body = json.dumps(request)
     if len(body.encode()) > MAX_BYTES:

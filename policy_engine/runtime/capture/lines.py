@@ -1,7 +1,8 @@
-"""The manifest lines of one capture (:mod:`policy_engine.runtime.manifest`): a ``trace``
-line per file or failure, a ``close`` line at the end; and the background export of a
-saved cycle, whose lines it writes from the export thread. Each torch trace, once its
-line is written, goes to its summary worker (:mod:`policy_engine.runtime.summaries`)."""
+"""The manifest lines of one capture, built by :mod:`policy_engine.files.records` and appended
+by :mod:`policy_engine.runtime.process.manifest`: a ``trace`` line per file or failure, a
+``close`` line at the end; and the background export of a saved cycle, whose lines it
+writes from the export thread. Each torch trace, once its line is written, goes to its
+summary worker (:mod:`policy_engine.runtime.process.summaries`)."""
 
 from __future__ import annotations
 
@@ -13,9 +14,9 @@ from typing import Any
 
 from policy_engine.backends.base import Artifact
 from policy_engine.files.records import close_line, covered_steps, trace_line
-from policy_engine.runtime import manifest, summaries
-from policy_engine.runtime.budget import Budget
-from policy_engine.runtime.export import Exporter
+from policy_engine.runtime.process import manifest, summaries
+from policy_engine.runtime.process.budget import Budget
+from policy_engine.runtime.process.export import Exporter
 
 
 class Recorded(RuntimeError):
@@ -45,7 +46,7 @@ class Lines:
         self.output_dir = output_dir
         self.snapshot = snapshot  # the cycle under way, as a trace line says it
         self.budget = budget  # limits.bytes: what its files weigh
-        # export: background: saves hand their writing to the exporter (runtime.export)
+        # export: background: saves hand their writing to the exporter (runtime.process.export)
         self.exporter = exporter
         self.on_export_failure = on_export_failure
         self.traces = 0  # trace lines written
@@ -67,7 +68,7 @@ class Lines:
 
         def job() -> None:
             self._export(write, status, fields)
-        budget = self.budget  # limits.bytes: in flight until written (runtime.budget)
+        budget = self.budget  # limits.bytes: in flight until written (runtime.process.budget)
         self.exporter.submit(job if budget is None else budget.carry(job), export=True)
 
     def record_artifacts(self, artifacts: list[Artifact], status: str,
@@ -136,7 +137,7 @@ class Lines:
             record["stopped_by"] = stopped_by
         if limited and self.budget is not None:
             record["limit"] = self.budget.spent_why
-        if reason:  # it recorded less than its schedule plans (runtime.shortfall)
+        if reason:  # it recorded less than its schedule plans (runtime.capture.shortfall)
             record["reason"] = reason
         if error:
             record["error"] = error

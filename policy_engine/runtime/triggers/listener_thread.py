@@ -1,17 +1,21 @@
-"""The listener thread of a role's triggers: every network call and file write of the
-channel happens here, never on the training thread.
+"""The listener thread of a role's triggers: it reads every trigger request, and makes
+every network call and file write of the channel, never the training thread.
 
-The training thread hands it two numbers per step (the step and its clock, two attribute
-writes) and, rarely, an answer or a request to post (a signal, a slow step), through a
-deque. Every ``poll_seconds`` the thread publishes the process's progress, reads the new
-requests of its role and queues them for the training thread, which accepts them at its
-next step boundary (:class:`~policy_engine.runtime.triggers.Listener`).
+The training thread (:class:`~policy_engine.runtime.triggers.step_triggers.StepTriggers`)
+hands it two numbers per step, the step and its clock (two attribute writes), and, rarely,
+a message through the outbox: an answer, or a request of the whole job to post (a slow
+step). Every ``poll_seconds`` the thread reads the new requests of its role on the
+channel, checks them and queues them in the inbox, where the training thread takes them at
+its next step boundary; in a job it also publishes the process's progress, posts a
+request for a SIGUSR2 the process got, and writes the answers.
 
-Which channel: the job's c10d store when torch.distributed is initialised (torchrun,
-Megatron, verl's workers), a named Ray actor under Ray without it, else the
-``triggers/`` folder (progress files beside the requests; requests themselves are read
-by the training thread's one ``lstat`` per poll, as before). A store that stops
-answering turns the channel off with one warning: the folder takes over.
+The channel is one of three transports: the job's c10d store when torch.distributed is
+initialised (torchrun, Megatron, verl's workers), a named Ray actor under Ray without it
+(:mod:`~policy_engine.runtime.triggers.pick`), else the ``triggers/`` folder
+(:mod:`~policy_engine.runtime.triggers.folder`: request files, and progress files beside
+them). A process alone (world 1, ``channel: auto``) has no job to reach: its thread reads
+the folder only. A store that stops answering turns the job's channel off with one
+warning: the folder takes over.
 """
 
 from __future__ import annotations
@@ -31,13 +35,20 @@ import attrs
 
 from policy_engine.language.values.triggers import Triggers
 from policy_engine.plan.plan import Plan
-from policy_engine.runtime import channel_folder
-from policy_engine.runtime.channel import JobChannel, agreed_step
-from policy_engine.runtime.channel_pick import pick_channel
-from policy_engine.runtime.requests import MAX_BYTES, BadRequest, parse_request, request_body
-from policy_engine.runtime.state import warn_once
+from policy_engine.runtime.process.state import STATE, warn_once
+from policy_engine.runtime.triggers import folder as channel_folder
+from policy_engine.runtime.triggers.channel import JobChannel, agreed_step
+from policy_engine.runtime.triggers.messages import Answer, Arrived, NotARequest, Post
+from policy_engine.runtime.triggers.pick import pick_channel
+from policy_engine.runtime.triggers.requests import (
+    MAX_BYTES,
+    BadRequest,
+    parse_request,
+    request_body,
+)
 
-__all__ = ["Courier", "courier_for"]
+__all__ = ["BYTES_PER_POLL", "MAX_BEHIND", "MAX_INBOX", "MAX_OUTBOX", "READS_PER_POLL",
+           "REPUBLISH", "ListenerThread"]
 
 log = logging.getLogger("policy_engine")
 #: Request keys looked at in one poll, at most, and bytes fetched (a value longer than a
@@ -48,12 +59,14 @@ BYTES_PER_POLL = 16 << 20
 #: through: the last this many are read).
 MAX_BEHIND = 256
 #: Requests read and not yet taken by the training thread, at most: past it, the
-#: listener leaves the rest in the store until the next poll.
+#: listener leaves the rest where they are (the store, the folder) until a later poll.
 MAX_INBOX = 64
 #: Answers waiting to be written, at most (the oldest are dropped past it).
 MAX_OUTBOX = 1024
 #: Seconds between two reports of a process whose step does not move.
 REPUBLISH = 10.0
+#: The shortest time between two polls (``poll_seconds: 0`` polls this often).
+MIN_POLL = 0.05
 
 
 class _Pace:
@@ -96,7 +109,7 @@ class _Pace:
 
 
 class _Link:
-    """The channel this process is on now: the job's (store or Ray) or the folder."""
+    """The job's channel this process is on now (store or Ray), or none: the folder."""
 
     __slots__ = ("channel", "cursor", "gone", "kind", "slot", "where")
 
@@ -109,37 +122,78 @@ class _Link:
         self.gone = False  # the job's channel failed: the folder from now on
 
 
-class Courier:
-    """A role's listener thread and the two queues between it and the training thread."""
+class _Polls:
+    """Polls asked for and polls done, so that a caller can wait for one that began after
+    it asked (:meth:`ListenerThread.poll_now`)."""
 
-    def __init__(self, plan: Plan, triggers: Triggers) -> None:
+    __slots__ = ("asked", "done", "finished", "wake")
+
+    def __init__(self) -> None:
+        self.asked = 0  # the last poll asked for
+        self.done = 0  # the last poll asked for before a poll that has ended began
+        self.finished = threading.Condition()
+        self.wake = threading.Event()  # set: poll now (or stop)
+
+
+class ListenerThread:
+    """A role's listener thread, and the inbox and outbox between it and the training
+    thread. ``job``: the role's triggers concern the job (more than one rank, or a channel
+    chosen): the thread looks for the job's channel, publishes the process's progress,
+    and posts requests of the whole role (a signal, a slow step)."""
+
+    def __init__(self, plan: Plan, triggers: Triggers, *, job: bool) -> None:
         self.step = -1  # written by the training thread at every step
         self.stamp = 0.0
-        # ("request", Request, where) | ("bad", rid, why, where): at most MAX_INBOX
-        self.inbox: deque[Any] = deque()
-        # ("answer", rid, dict) | ("post", dict)
-        self.outbox: deque[Any] = deque(maxlen=MAX_OUTBOX)
-        self.live = False  # the job's channel carries the requests (no folder polls)
+        self.inbox: deque[Arrived | NotARequest] = deque()  # at most MAX_INBOX
+        self.outbox: deque[Answer | Post] = deque(maxlen=MAX_OUTBOX)
+        self.live = False  # the job's channel carries the requests (the folder is not read)
         self.written = -1  # the step the progress file under triggers/ says
-        self.hurry = False  # requests are left in the store: poll again soon
+        self.hurry = False  # requests wait to be read: poll again soon
         self.plan = plan
         self.triggers = triggers
+        self.job = job
+        # in a job, a SIGUSR2 is a request of the whole role, which this thread posts
+        self.signals = STATE.hooks.usr2_count if job and triggers.signal else None
         self.link = _Link()
         self.pace = _Pace()
-        self.stop = threading.Event()
-        thread = threading.Thread(target=_run, args=(weakref.ref(self), self.stop),
+        self.folder = channel_folder.RequestFolder(plan.output_dir)
+        self.folder.start(plan.role)  # before training starts: what is there is old
+        self.polls = _Polls()
+        self.stopped = False
+        thread = threading.Thread(target=_run, args=(weakref.ref(self), self.polls),
                                   name=f"policy-engine-listener-{plan.role}", daemon=True)
         thread.start()
 
     def close(self) -> None:
-        self.stop.set()
+        """Stop the thread (at the end of the poll under way, if one is)."""
+        self.stopped = True
+        self.polls.wake.set()
+        with self.polls.finished:
+            self.polls.finished.notify_all()
+
+    def poll_now(self, timeout: float = 30.0) -> bool:
+        """Wake the thread and wait until it has ended a poll that began after this call:
+        whatever was written to the channel before the call is then in the inbox (up to
+        the bounds of one poll). False when the thread stopped, or at the timeout."""
+        polls = self.polls
+        with polls.finished:
+            polls.asked += 1
+            asked = polls.asked
+            polls.wake.set()
+            return polls.finished.wait_for(
+                lambda: polls.done >= asked or self.stopped, timeout) and not self.stopped
 
     def interval(self) -> float:
-        wait = max(self.triggers.poll_seconds, 0.05)
+        wait = max(self.triggers.poll_seconds, MIN_POLL)
         return wait / 4 if self.hurry else wait
 
     # -- one poll ------------------------------------------------------------------
     def tick(self) -> None:
+        """One poll: the job's channel when there is one, else the folder."""
+        self.hurry = False
+        if not self.job:
+            self._read_folder()
+            return
         link = self.link
         if link.channel is None and not link.gone:
             try:
@@ -148,6 +202,9 @@ class Courier:
                 self._drop(err, "could not be reached")
         report = self.pace.sample(self.step, self.stamp) if self.pace.due(self.step) \
             else None
+        if self.signals is not None and STATE.hooks.usr2_count != self.signals:
+            self.signals = STATE.hooks.usr2_count
+            self.outbox.append(Post("signal"))
         try:
             if link.channel is not None:
                 self._job_tick(link.channel, report)
@@ -184,7 +241,7 @@ class Courier:
         warn_once(("channel-gone", self.plan.role),
                   "policy-engine: role %r: %s %s (%s: %s); trigger requests now come "
                   "through %s", self.plan.role, subject, what, type(err).__name__, said,
-                  os.path.join(self.plan.output_dir, "triggers"))
+                  self.folder.path)
         link.channel, link.gone, self.live = None, True, False
 
     def _job_tick(self, channel: JobChannel, report: dict[str, Any] | None) -> None:
@@ -197,7 +254,6 @@ class Courier:
                       "requests arrived at once on the job's %s; reading the last %s",
                       self.plan.role, hint - link.cursor, link.kind, MAX_BEHIND)
             link.cursor = hint - MAX_BEHIND
-        self.hurry = False
         fetched, reports = 0, _Lazy(channel)
         for _ in range(READS_PER_POLL):
             if len(self.inbox) >= MAX_INBOX or fetched > BYTES_PER_POLL:
@@ -219,7 +275,7 @@ class Courier:
         self._drain(channel)
 
     def _read(self, channel: JobChannel, index: int, data: bytes,
-              reports: _Lazy) -> tuple[Any, ...] | None:
+              reports: _Lazy) -> Arrived | NotARequest | None:
         """Request ``index`` as the training thread takes it: checked here, on this
         thread; None when it is another role's. A request without a step gets the one
         step every listener agrees on (the first listener's proposal)."""
@@ -229,16 +285,16 @@ class Courier:
         try:
             request = parse_request(name, data, own_id=True)
         except BadRequest as bad:
-            return ("bad", name, bad.message, where)
+            return NotARequest(name, bad.message, where)
         if request.role != self.plan.role:
             return None
         if request.step is None:
             step = channel.agree(index, self._target(reports.get()))
             if step is None:
-                return ("bad", request.id, "the step agreed for it in the store is not a "
-                        "step number", where)
+                return NotARequest(request.id, "the step agreed for it in the store is not a "
+                               "step number", where)
             request = attrs.evolve(request, step=step)
-        return ("request", request, where)
+        return Arrived(request, where)
 
     def _target(self, reports: list[Any]) -> int:
         """The step a request made now asks every listener of the role for."""
@@ -258,7 +314,16 @@ class Courier:
             channel_folder.publish_progress(plan.output_dir, plan.role, plan.rank,
                                             self._report(report))
             self.written = report["step"]
-        self._drain(None)
+        self._drain(None)  # this process's own posts are read back below, with the rest
+        self._read_folder()
+
+    def _read_folder(self) -> None:
+        """The new request files, while the inbox has room."""
+        if len(self.inbox) >= MAX_INBOX:
+            self.hurry = True
+            return
+        self.inbox.extend(self.folder.look())
+        self.hurry = self.hurry or self.folder.backlog
 
     def _report(self, report: dict[str, Any]) -> dict[str, Any]:
         return dict(report, rank=self.plan.rank, pid=os.getpid(),
@@ -267,26 +332,27 @@ class Courier:
     # -- what the training thread asked for ---------------------------------------------
     def _drain(self, channel: JobChannel | None) -> None:
         while self.outbox:
-            item = self.outbox.popleft()
-            if item[0] == "answer":
-                if channel is not None:
-                    channel.answer(item[1], self.link.slot, item[2])
-            elif item[0] == "post":
-                self._post(channel, item[1])
+            match self.outbox.popleft():
+                case Answer(rid, fields):
+                    if channel is not None:
+                        channel.answer(rid, self.link.slot, fields)
+                case Post() as ask:
+                    self._post(channel, ask)
 
-    def _post(self, channel: JobChannel | None, ask: dict[str, Any]) -> None:
+    def _post(self, channel: JobChannel | None, ask: Post) -> None:
         """Post a request of this process (a signal, a slow step) at the agreed step."""
         plan = self.plan
         reports = channel.reports() if channel is not None else \
             channel_folder.read_progress(plan.output_dir, plan.role)
         target = self._target(reports)
         at = max(self.step, 0)
-        if ask.get("why") == "signal":
+        if ask.why == "signal":
             claimed = channel.claim_signal(target, at) if channel is not None else \
                 channel_folder.claim_signal(plan.output_dir, plan.role, target, at)
             if not claimed:
                 return  # another rank's signal already asked for a step still ahead
-        request, body = request_body(role=plan.role, step=target, count=1, **ask)
+        request, body = request_body(role=plan.role, ranks=ask.ranks, step=target, count=1,
+                                     also=list(ask.also), why=ask.why, slow=ask.slow)
         if channel is not None:
             channel.post(body)
         else:
@@ -308,33 +374,26 @@ class _Lazy:
         return self.found
 
 
-def _run(ref: weakref.ref[Courier], stop: threading.Event) -> None:
-    """The thread: a poll every ``poll_seconds`` until the listener is closed or gone.
-    Whatever fails here is warned about once per kind; the thread goes on."""
+def _run(ref: weakref.ref[ListenerThread], polls: _Polls) -> None:
+    """The thread: a poll every ``poll_seconds`` (sooner when woken) until the listener is
+    closed or gone. Whatever fails in a poll is warned about once per kind; the thread
+    goes on."""
     while True:
-        courier = ref()
-        if courier is None:
+        listener = ref()
+        if listener is None or listener.stopped:
             return
-        wait = courier.interval()
+        asked = polls.asked  # the polls asked for before this one began
         try:
-            courier.tick()
+            listener.tick()
         except Exception as err:
-            warn_once(("courier", courier.plan.role, type(err).__name__),
-                      "policy-engine: role %r: the trigger listener thread failed (%s: %s); "
-                      "it goes on", courier.plan.role, type(err).__name__, err)
-        del courier
-        if stop.wait(wait):
-            return
-
-
-def courier_for(plan: Plan, triggers: Triggers) -> Courier | None:
-    """A listener thread when the role's triggers concern the job (more than one rank,
-    or a channel chosen), None when this process decides alone, as a single process
-    always has."""
-    if plan.world <= 1 and triggers.channel == "auto":
-        return None
-    slow = triggers.slow_step
-    if not (triggers.on_demand or triggers.signal or (slow is not None and
-                                                       slow.scope == "job")):
-        return None  # slow steps of this process alone: nothing to tell the job
-    return Courier(plan, triggers)
+            warn_once(("listener-thread", listener.plan.role, type(err).__name__),
+                      "policy-engine: role %r: the trigger listener failed on its thread "
+                      "(%s: %s); training goes on, and the thread polls again",
+                      listener.plan.role, type(err).__name__, err)
+        with polls.finished:
+            polls.done = asked
+            polls.finished.notify_all()
+        wait = listener.interval()
+        del listener
+        polls.wake.wait(wait)
+        polls.wake.clear()
