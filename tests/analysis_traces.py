@@ -14,7 +14,8 @@ import json
 import os
 from typing import Any
 
-from policy_engine.runtime.manifest import MANIFEST_DIR, MANIFEST_SUFFIX, encode
+from policy_engine.files.layout import MANIFEST_DIR, MANIFEST_SUFFIX
+from policy_engine.runtime.process.manifest import encode
 
 NCCL = "ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevComm*, unsigned long, ncclWork*)"
 GEMM = "sm90_xmma_gemm_f32f32_tf32f32_f32_nn_n_tilesize128x128x32_warpgroupsize1x1x1"

@@ -1,6 +1,12 @@
-"""Real 4-rank torchrun jobs (gloo, CPU) for the comparison tests and benchmark: the
-straggler worker's job, unchanged or changed (extra matrix multiplications in its
-update_actor region on every rank, a slow rank, another world size, other activities)."""
+"""Real 4-rank torchrun jobs (gloo, CPU) for the comparison and analysis tests and the
+benchmark: the straggler worker's job, unchanged or changed (extra matrix multiplications
+in its update_actor region on every rank, a slow rank, another world size, other
+activities).
+
+The tests share them: ``StragglerJobs`` (the ``straggler_jobs`` fixture of conftest.py)
+runs each job of ``JOBS`` once per session, when a test first asks for it, so that
+test_compare_e2e, test_analyze_e2e and test_summaries_e2e start six jobs between them,
+not nine. The tests only read what a job wrote."""
 
 from __future__ import annotations
 
@@ -8,6 +14,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 from job_env import child_env
 
@@ -26,13 +33,27 @@ roles:
     regions: [update_actor]
     torch: {{activities: [{activities}], record_shapes: {shapes}}}
 """
+#: The slow rank, and how much longer it computes before every all-reduce: well above
+#: what a loaded machine's scheduling adds to a step, so that it is named every time.
+SLOW, EXTRA_MS = 2, 250
+EXTRA_MM = 300  # more 256x256 matrix multiplications per update_actor, on every rank
+#: The shared jobs: base and again are the same job twice; slow writes each rank's files
+#: under a folder of its own (run/node<rank>), as ranks on separate hosts would.
+JOBS: dict[str, dict[str, Any]] = {
+    "base": {},
+    "again": {},
+    "mm": {"extra_mm": EXTRA_MM},
+    "slow": {"slow": SLOW, "extra_ms": EXTRA_MS, "nodes": True},
+    "two": {"world": 2},
+    "shapes": {"activities": "cpu, cuda", "shapes": True},
+}
 
 
 def run_job(folder: Path, *, windows: int = 2, world: int = 4, slow: int = -1,
             extra_ms: float = 0.0, extra_mm: int = 0, activities: str = "cpu",
-            shapes: bool = False, inner: int = 8) -> Path:
+            shapes: bool = False, inner: int = 8, nodes: bool = False) -> Path:
     """One job under ``folder`` (``inner`` steps per window on every rank: the samples
-    of compare's test); its output folder."""
+    of compare's test); its output folder (``run``, holding node0... with ``nodes``)."""
     folder.mkdir(parents=True, exist_ok=True)
     text = POLICY.format(activities=activities, shapes=str(shapes).lower())
     (folder / "policy.yaml").write_text(text)
@@ -40,11 +61,30 @@ def run_job(folder: Path, *, windows: int = 2, world: int = 4, slow: int = -1,
     done = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--standalone",
          f"--nproc-per-node={world}", str(WORKER), "policy.yaml", str(windows), str(slow),
-         str(extra_ms)], cwd=folder, env=env, capture_output=True, text=True,
-        timeout=TIMEOUT)
+         str(extra_ms), *(["run/node{rank}"] if nodes else [])], cwd=folder, env=env,
+        capture_output=True, text=True, timeout=TIMEOUT)
     if done.returncode != 0:
         raise RuntimeError(done.stdout[-4000:] + done.stderr[-4000:])
-    return folder / "profiles"
+    return folder / ("run" if nodes else "profiles")
+
+
+class StragglerJobs:
+    """The jobs of ``JOBS`` under ``root``, each run the first time it is asked for."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.done: dict[str, Path | RuntimeError] = {}
+
+    def __getitem__(self, name: str) -> Path:
+        if name not in self.done:
+            try:
+                self.done[name] = run_job(self.root / name, **JOBS[name])
+            except RuntimeError as err:  # each test that needs it fails; none runs it again
+                self.done[name] = err
+        found = self.done[name]
+        if isinstance(found, RuntimeError):
+            raise RuntimeError(f"the {name} job failed") from found
+        return found
 
 
 def compare(base: Path, new: Path) -> dict:

@@ -5,9 +5,10 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
+from compare_jobs import StragglerJobs
 from hypothesis import HealthCheck, settings
 
-from policy_engine.runtime import state
+from policy_engine.runtime.process import state
 
 # No property test may pass or fail by the machine's speed: no per-example deadline and no
 # "too slow" health check, whatever else the machine is running (a test's own @settings keep
@@ -30,9 +31,36 @@ def _fresh_process_state() -> Iterator[None]:
     state.reset()
 
 
+@pytest.fixture(scope="session")
+def straggler_jobs(tmp_path_factory: pytest.TempPathFactory) -> StragglerJobs:
+    """The 4-rank straggler jobs (compare_jobs.JOBS), each run once per session when a test
+    first asks for it; tests only read what they wrote."""
+    return StragglerJobs(tmp_path_factory.mktemp("straggler_jobs"))
+
+
 @pytest.fixture
 def make_policy(tmp_path: Any) -> Callable[..., dict[str, Any]]:
     """A one-role (actor) policy writing under tmp_path/out; keyword args go in the role."""
     def make(**role: Any) -> dict[str, Any]:
         return copy.deepcopy(_policy(str(tmp_path / "out"), **role))
     return make
+
+
+# The fixtures that fetch wheels or packages from an index the first time (then kept under
+# $POLICY_ENGINE_CACHE or ~/.cache/policy-engine): a test that uses one, directly or through
+# another fixture, is marked `wheels`, so that `-m "not wheels"` leaves out every test that
+# may reach the network.
+FETCHING = {
+    "test_engines_contract.py": {"vllm_src", "sglang_src"},
+    "test_torch_npu_contract.py": {"real", "real_old"},
+    "test_memory_npu.py": {"real"},
+    "test_nsys_e2e.py": {"nsys", "nvtx_path"},
+}
+
+
+@pytest.hookimpl(tryfirst=True)  # before -m deselects by marker
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        fetching = FETCHING.get(item.path.name, set())
+        if fetching & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.wheels)

@@ -5,9 +5,12 @@ under test."""
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -29,3 +32,18 @@ def run_cli(*args: str, cwd: Path, timeout: float) -> subprocess.CompletedProces
     """``policy-engine ARGS`` in ``cwd``, as a user runs it."""
     return subprocess.run([sys.executable, "-m", "policy_engine", *args], cwd=cwd,
                           env=child_env(), capture_output=True, text=True, timeout=timeout)
+
+
+@contextlib.contextmanager
+def plain_sigterm() -> Iterator[None]:
+    """SIGTERM at its default and unblocked for what is forked inside: Holistic Trace
+    Analysis parses in a fork pool that ``Pool.terminate()`` ends with SIGTERM, and a
+    worker that inherited this process's handler (the engine's, from an earlier test in
+    the same process) or mask could outlive it, leaving the pool's join waiting forever."""
+    previous = signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    blocked = signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
+        signal.signal(signal.SIGTERM, previous)

@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 from policy_engine.analysis.intervals import Spans, intersect, length, union
 from policy_engine.analysis.run import analyze
 from policy_engine.cli.main import main
-from policy_engine.runtime.manifest import encode
+from policy_engine.runtime.process.manifest import encode
 
 SCHEMA = json.loads((Path(__file__).resolve().parents[1] / "schemas" /
                      "analysis.schema.json").read_text())

@@ -17,7 +17,8 @@ from analysis_traces import make_run
 
 from policy_engine.analysis.report_analysis import MAX_BARS, section, svg
 from policy_engine.cli.main import main
-from policy_engine.runtime.manifest import MANIFEST_DIR, encode
+from policy_engine.files.layout import MANIFEST_DIR
+from policy_engine.runtime.process.manifest import encode
 
 
 def _rank(rank: int, compute: float, comm: float, idle: float = 100.0) -> dict[str, Any]:

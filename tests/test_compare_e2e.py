@@ -2,7 +2,8 @@
 multiplications in one region on every rank are `slower`, put down to compute in that
 region and to aten::mm; the same job twice is `no change`; a slow rank added shows as the
 straggler change; another world size or other activities withhold the verdict.
-benchmarks/bench_compare.py repeats the first two 20 times each."""
+benchmarks/bench_compare.py repeats the first two 20 times each. The jobs are shared with
+test_analyze_e2e and test_summaries_e2e (compare_jobs.JOBS)."""
 
 from __future__ import annotations
 
@@ -11,20 +12,10 @@ from typing import Any
 
 import jsonschema
 import pytest
-from compare_jobs import compare, run_job
+from compare_jobs import SLOW, StragglerJobs, compare
 from test_compare import SCHEMA
 
 pytestmark = pytest.mark.slow
-
-EXTRA_MM, SLOW, EXTRA_MS = 300, 2, 150
-
-
-@pytest.fixture(scope="module")
-def jobs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    root = tmp_path_factory.mktemp("compare")
-    return {"base": run_job(root / "base"), "again": run_job(root / "again"),
-            "mm": run_job(root / "mm", extra_mm=EXTRA_MM),
-            "slow": run_job(root / "slow", slow=SLOW, extra_ms=EXTRA_MS)}
 
 
 def _windows(base: Path, new: Path) -> list[dict[str, Any]]:
@@ -35,8 +26,8 @@ def _windows(base: Path, new: Path) -> list[dict[str, Any]]:
 
 
 def test_extra_matrix_multiplications_are_slower_in_compute_and_mm(
-        jobs: dict[str, Path]) -> None:
-    for w in _windows(jobs["base"], jobs["mm"]):
+        straggler_jobs: StragglerJobs) -> None:
+    for w in _windows(straggler_jobs["base"], straggler_jobs["mm"]):
         assert w["verdict"] == "slower", w["why"]
         parts = w["parts"]
         assert parts["compute_us"] == max(parts.values())  # the change is compute
@@ -45,29 +36,26 @@ def test_extra_matrix_multiplications_are_slower_in_compute_and_mm(
         assert {"aten::mm", "aten::matmul"} & set(grown), grown
 
 
-def test_the_same_job_twice_is_no_change(jobs: dict[str, Path]) -> None:
-    for w in _windows(jobs["base"], jobs["again"]):
+def test_the_same_job_twice_is_no_change(straggler_jobs: StragglerJobs) -> None:
+    for w in _windows(straggler_jobs["base"], straggler_jobs["again"]):
         assert w["verdict"] == "no change", w["why"]
         assert w["why"].startswith("within noise")
 
 
-def test_a_slow_rank_added_is_the_straggler_change(jobs: dict[str, Path]) -> None:
-    for w in _windows(jobs["base"], jobs["slow"]):
+def test_a_slow_rank_added_is_the_straggler_change(straggler_jobs: StragglerJobs) -> None:
+    for w in _windows(straggler_jobs["base"], straggler_jobs["slow"]):
         assert w["straggler"] == {"base": None, "new": SLOW, "changed": True}
 
 
-def test_another_world_size_withholds_the_verdict(jobs: dict[str, Path],
-                                                  tmp_path: Path) -> None:
-    two = run_job(tmp_path / "two", world=2)
-    for w in _windows(jobs["base"], two):
+def test_another_world_size_withholds_the_verdict(straggler_jobs: StragglerJobs) -> None:
+    for w in _windows(straggler_jobs["base"], straggler_jobs["two"]):
         assert w["verdict"] is None and not w["comparable"]
         assert [d["what"] for d in w["differences"] if d["blocks"]] == ["world"]
         assert "world size 4 -> 2" in w["why"]
 
 
-def test_other_activities_withhold_the_verdict(jobs: dict[str, Path], tmp_path: Path) -> None:
-    other = run_job(tmp_path / "shapes", activities="cpu, cuda", shapes=True)
-    for w in _windows(jobs["base"], other):
+def test_other_activities_withhold_the_verdict(straggler_jobs: StragglerJobs) -> None:
+    for w in _windows(straggler_jobs["base"], straggler_jobs["shapes"]):
         assert w["verdict"] is None and not w["comparable"]
         (d,) = [d for d in w["differences"] if d["blocks"]]
         assert d["what"] == "recorded" and d["message"] == "what the profiler recorded differs"

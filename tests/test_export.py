@@ -16,8 +16,8 @@ import pytest
 from policy_engine import ProfilingError, Topology, profile_session
 from policy_engine.analysis.manifests import scan_manifests
 from policy_engine.backends.base import Artifact, CaptureInfo, Session
-from policy_engine.runtime import export
-from policy_engine.runtime.state import slot
+from policy_engine.runtime.process import export
+from policy_engine.runtime.process.state import slot
 
 
 class SlowSession(Session):

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from policy_engine.cli.main import main
-from policy_engine.runtime import manifest
+from policy_engine.runtime.process import manifest
 
 POLICY = """\
 version: 1

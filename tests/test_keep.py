@@ -17,8 +17,8 @@ from policy_engine.analysis import summarize
 from policy_engine.analysis.manifests import scan_manifests
 from policy_engine.files.records import trace_line
 from policy_engine.plan.predict import explain
-from policy_engine.runtime import export, manifest, summaries
-from policy_engine.runtime.budget import spend_of
+from policy_engine.runtime.process import export, manifest, summaries
+from policy_engine.runtime.process.budget import spend_of
 
 
 def records(out: Path, event: str) -> list[dict[str, Any]]:

@@ -1,7 +1,10 @@
 """Nothing lost without a word: kill -9 and SIGTERM at the worst moments, on real torch.
 
 A child process profiles with torch.profiler; the test kills it mid-capture or in the
-middle of writing a trace, then asks ``policy-engine traces`` what the folder holds.
+middle of writing a trace, then asks ``policy-engine traces`` what the folder holds. A
+save in the child holds its whole temporary file and waits, before it publishes it, until
+the engine has seen a signal: SIGTERM always lands inside the save, however loaded the
+machine, and nothing waits a fixed time.
 """
 
 from __future__ import annotations
@@ -26,14 +29,20 @@ CHILD = """
 import sys, time, torch
 from policy_engine import Topology, profile_session
 from policy_engine.backends import torch as torch_backend
+from policy_engine.runtime.process.state import STATE
 
-out, when, mode, shape = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4]
+out, when, mode, shape = sys.argv[1:5]
 writer = torch_backend._write_trace
+
+def seen() -> bool:  # the engine's SIGTERM handler has run, or holds the signal for later
+    return STATE.hooks.terminating or STATE.hooks.pending_signal is not None
 
 def slow_write(finished, path, *, gz):
     writer(finished, path, gz=gz)  # the temporary file is whole now, not yet published
     print("saving", flush=True)
-    time.sleep(4)
+    deadline = time.monotonic() + 120  # the kill -9 tests never signal
+    while not seen() and time.monotonic() < deadline:
+        time.sleep(0.01)
 
 torch_backend._write_trace = slow_write
 role = {"enabled": True, "steps": [1], "ranks": [3], "name": "<role>_step<step>_c<cycle>",

@@ -24,7 +24,7 @@ from policy_engine.analysis.manifests import read_manifests, scan_manifests
 from policy_engine.backends.memory.device import CudaMemory
 from policy_engine.backends.memory.session import MemoryBackend
 from policy_engine.cli.main import main
-from policy_engine.runtime import state
+from policy_engine.runtime.process import state
 from policy_engine.testing import recording_backend
 
 

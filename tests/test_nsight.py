@@ -20,7 +20,7 @@ from policy_engine import Topology, compile_plan, load_policy, profile_session
 from policy_engine.analysis.manifests import read_manifests
 from policy_engine.backends.base import BackendUnavailable, CaptureInfo
 from policy_engine.backends.nsight import session as nsight
-from policy_engine.runtime.state import slot
+from policy_engine.runtime.process.state import slot
 from policy_engine.settings import nsight as nsight_checks
 
 CAPTURE = ("policy_engine.capture", "policy_engine")

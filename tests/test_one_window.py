@@ -1,10 +1,11 @@
-"""One window, one name: the flagship verl policy run on 2 and 8 real processes writes
+"""One window, one name: the flagship verl policy run on 2 and 3 real processes writes
 every rank's trace of a step into one folder, `merge --role actor --step 2` joins them,
 and Holistic Trace Analysis maps every rank of that folder.
 
 policies/verl_ppo.yaml colocates rollout, actor and ref; the actor and ref profile the
 first and last rank, the rollout rank 0 only. So rank 0's capture holds three roles and
-the last rank's two, yet both are named after the whole group.
+the last rank's two, yet both are named after the whole group; on 3 processes the rank
+between them writes nothing (a larger world adds more such ranks, and only time).
 """
 
 from __future__ import annotations
@@ -19,13 +20,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from job_env import plain_sigterm
 
 from policy_engine import Topology, compile_plan, load_policy
 from policy_engine.analysis.manifests import scan_manifests
 from policy_engine.analysis.run import analyze
 from policy_engine.analysis.window_roles import families, holds, label, participants
 from policy_engine.cli.main import main
-from policy_engine.runtime.manifest import append
+from policy_engine.runtime.process.manifest import append
 
 ROOT = Path(__file__).resolve().parents[1]
 POLICY = ROOT / "policies" / "verl_ppo.yaml"
@@ -64,7 +66,7 @@ def trace_metadata(path: Path) -> dict[str, Any]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("world", [2, 8])
+@pytest.mark.parametrize("world", [2, 3])
 def test_the_flagship_policy_writes_one_window_per_step(tmp_path: Path, world: int) -> None:
     out = tmp_path / "ppo"
     run_job(out, world)
@@ -106,7 +108,8 @@ def test_the_flagship_policy_writes_one_window_per_step(tmp_path: Path, world: i
 
     # Holistic Trace Analysis, on the step folder, maps every rank.
     trace_analysis = pytest.importorskip("hta.trace_analysis")
-    analysis = trace_analysis.TraceAnalysis(trace_dir=str(out / WINDOW / "step2"))
+    with plain_sigterm():
+        analysis = trace_analysis.TraceAnalysis(trace_dir=str(out / WINDOW / "step2"))
     assert analysis.t.get_ranks() == [0, last]
 
 

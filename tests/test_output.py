@@ -15,7 +15,7 @@ from policy_engine.files import layout as output_layout
 from policy_engine.files import publish as output
 from policy_engine.files.layout import find_leftovers
 from policy_engine.files.publish import UnsafePathError, write_atomic
-from policy_engine.runtime import manifest
+from policy_engine.runtime.process import manifest
 
 
 def text_writer(content: str) -> Any:

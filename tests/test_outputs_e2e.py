@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from job_env import child_env, run_cli
+from job_env import child_env, plain_sigterm, run_cli
 
 from policy_engine.analysis.manifests import read_manifests
 
@@ -69,7 +69,7 @@ def test_the_default_layout_is_a_folder_per_window_with_a_trace_per_rank(run: Pa
 def test_holistic_trace_analysis_reads_one_step_folder(
         run: Path, caplog: pytest.LogCaptureFixture) -> None:
     hta = pytest.importorskip("hta.trace_analysis")
-    with caplog.at_level(logging.WARNING):
+    with caplog.at_level(logging.WARNING), plain_sigterm():
         analysis = hta.TraceAnalysis(trace_dir=str(run / "profiles" / "trainer" / "step2"))
     assert "same rank" not in caplog.text
     assert sorted(analysis.t.traces) == [0, 1]

@@ -26,8 +26,8 @@ from hypothesis import strategies as st
 from policy_engine import PolicyError, Topology, load_policy, profile_session
 from policy_engine.analysis.manifests import scan_manifests
 from policy_engine.plan.predict import explain
-from policy_engine.runtime import manifest, state
-from policy_engine.runtime.profiler import RoleProfiler
+from policy_engine.runtime.process import manifest, state
+from policy_engine.runtime.role.profiler import RoleProfiler
 from policy_engine.testing import recording_backend
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -28,7 +28,7 @@ from policy_engine.analysis.format import rank_spans as ranges
 from policy_engine.analysis.listing import cell, collect, roles_cell
 from policy_engine.analysis.window_roles import families
 from policy_engine.cli.main import main
-from policy_engine.runtime.manifest import encode
+from policy_engine.runtime.process.manifest import encode
 
 ROOT = Path(__file__).resolve().parent.parent
 _spec = importlib.util.spec_from_file_location("bench_outputs",

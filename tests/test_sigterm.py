@@ -2,7 +2,8 @@
 
 A fork server (signal_scripts/zygote.py) imports the engine once and forks one child per
 run; each child profiles a short loop (two captures of two cycles each, warm-up between)
-and gets SIGTERM after a delay this test draws from a seeded generator. Whatever the
+and gets SIGTERM after a delay this test draws from a seeded generator: one delay in each
+of RUNS equal slices of the child's run, so that few runs reach every part of it. Whatever the
 moment (opening, a start, a step, a stop, a save, a background export, a close), every
 capture that wrote an ``open`` line must have its ``close`` line, every trace line it
 counts, every file whole, no temporary file left, and a capture cut short must say why.
@@ -34,7 +35,7 @@ pytestmark = pytest.mark.slow
 
 ZYGOTE = Path(__file__).parent / "signal_scripts" / "zygote.py"
 SEED = int(os.environ.get("POLICY_ENGINE_SIGTERM_SEED") or random.randrange(1 << 32))
-RUNS = int(os.environ.get("POLICY_ENGINE_SIGTERM_RUNS", "110"))
+RUNS = int(os.environ.get("POLICY_ENGINE_SIGTERM_RUNS", "50"))
 TRAILER = b"END\n"
 
 
@@ -147,6 +148,14 @@ def moment(run: Path, signalled: float) -> str:
     return max(open_calls, key=lambda k: open_calls[k])
 
 
+def spread(rng: random.Random, longest: float, runs: int) -> list[float]:
+    """``runs`` delays in [0, longest): one at a random point of each of ``runs`` equal
+    slices (a uniform draw that leaves no part of the run out), in a random order."""
+    delays = [(i + rng.random()) * longest / runs for i in range(runs)]
+    rng.shuffle(delays)
+    return delays
+
+
 def sweep(zygote: Zygote, root: Path, mode: str, delays: list[float]) -> Counter[str]:
     where: Counter[str] = Counter()
     for i, delay in enumerate(delays):
@@ -164,7 +173,7 @@ def sweep(zygote: Zygote, root: Path, mode: str, delays: list[float]) -> Counter
 def test_sigterm_at_random_moments_loses_nothing(zygote: Zygote, tmp_path: Path,
                                                  mode: str) -> None:
     rng = random.Random(f"{SEED}-{mode}")
-    delays = [rng.uniform(0, 0.25) for _ in range(RUNS)]
+    delays = spread(rng, 0.25, RUNS)
     where = sweep(zygote, tmp_path, mode, delays)
     print(f"seed {SEED}, {mode}: SIGTERM landed in {dict(where)}")
     # The delays reach every kind of moment (the log says which call was under way).
@@ -178,6 +187,6 @@ def test_sigterm_on_real_torch_loses_nothing(tmp_path: Path, mode: str) -> None:
     rng = random.Random(f"{SEED}-torch-{mode}")
     server = Zygote("--torch")
     try:  # a child's first profiler start takes a second or two (kineto starts up)
-        sweep(server, tmp_path, mode, [rng.uniform(0, 3.5) for _ in range(6)])
+        sweep(server, tmp_path, mode, spread(rng, 3.5, 6))
     finally:
         server.close()

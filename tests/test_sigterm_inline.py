@@ -24,8 +24,8 @@ from policy_engine import Topology, profile_session
 from policy_engine.analysis.manifests import scan_manifests
 from policy_engine.backends.base import Artifact, CaptureInfo, Session
 from policy_engine.files.publish import write_atomic
-from policy_engine.runtime import signals
-from policy_engine.runtime.state import STATE, slot
+from policy_engine.runtime.process import signals
+from policy_engine.runtime.process.state import STATE, slot
 
 pytestmark = pytest.mark.skipif(not hasattr(signal, "raise_signal"), reason="POSIX only")
 

@@ -1,5 +1,5 @@
 """Summaries at the edge: the rank that recorded a torch trace appends its summary to the
-manifest, made by a worker process (runtime.summaries, analysis.summarize_main), one line
+manifest, made by a worker process (runtime.process.summaries, analysis.summarize_main), one line
 per trace, whatever the worker does; the reader takes every summary line as hostile."""
 
 from __future__ import annotations
@@ -22,8 +22,9 @@ from analysis_traces import write_trace
 from policy_engine import Topology, profile_session
 from policy_engine.analysis import summarize
 from policy_engine.analysis.manifests import MAX_LINE_BYTES, parse_line, scan_manifests
+from policy_engine.files.layout import MANIFEST_SUFFIX
 from policy_engine.files.records import summary_line, trace_line
-from policy_engine.runtime import manifest, summaries
+from policy_engine.runtime.process import manifest, summaries
 
 ROOT = Path(__file__).resolve().parent.parent
 IDENTITY = {"role": "trainer", "rank": 0, "world": 1, "backend": "torch", "pid": 4242}
@@ -136,7 +137,7 @@ CHILD = textwrap.dedent("""\
     sys.path.insert(0, {tests!r})
     from analysis_traces import write_trace
     from policy_engine.files.records import trace_line
-    from policy_engine.runtime import manifest, signals, summaries
+    from policy_engine.runtime.process import manifest, signals, summaries
     out, how = sys.argv[1], sys.argv[2]
     summaries.EXIT_WAIT = 0.0
     signals.install()  # as the first capture does
@@ -229,7 +230,7 @@ def test_hostile_summary_lines_are_reported_and_skipped(tmp_path: Path) -> None:
     huge = dict(good, status="complete", summary={"regions": {"x" * MAX_LINE_BYTES: {}}})
     nested = b'{"event": "summary", "capture": "1", "path": "a", "status": "complete", ' \
              b'"summary": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
-    with open(out / "manifests" / f"h_pid1_1{manifest.MANIFEST_SUFFIX}", "wb") as f:
+    with open(out / "manifests" / f"h_pid1_1{MANIFEST_SUFFIX}", "wb") as f:
         f.write(manifest.encode(huge) + nested + b"\n" + manifest.encode(good))
     scan = scan_manifests(str(out))
     assert [r["status"] for r in scan.records] == ["failed"]

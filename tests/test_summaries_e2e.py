@@ -1,41 +1,27 @@
 """A 4-rank torchrun job (gloo, CPU) with one slow rank, each rank writing under a folder
 of its own (as on node-local disks): analysed from the manifests alone, its traces
 deleted, it gives the same answers (straggler, step times, breakdown, readiness) as
-``analyze --from-traces`` on a copy that kept them."""
+``analyze --from-traces`` on a copy that kept them. The job is compare_jobs.JOBS["slow"],
+shared with test_compare_e2e and test_analyze_e2e; this test works on copies of it."""
 
 from __future__ import annotations
 
 import json
 import math
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
-from job_env import child_env, run_cli
+from compare_jobs import SLOW, StragglerJobs
+from job_env import run_cli
 
 from policy_engine.analysis import scan
 
 pytestmark = pytest.mark.slow
 
-REPO = Path(__file__).resolve().parents[1]
-WORKER = REPO / "tests" / "dist_scripts" / "straggler_worker.py"
 TIMEOUT = 300
-WINDOWS, SLOW, EXTRA_MS = 3, 2, 80
-POLICY = """\
-version: 1
-prefix: nodes
-output_dir: profiles
-roles:
-  trainer:
-    enabled: true
-    ranks: all
-    steps: all
-    regions: [update_actor]
-    torch: {activities: [cpu]}
-"""
+WINDOWS = 2
 
 
 def _analyze(folder: Path, *flags: str) -> dict[str, Any]:
@@ -60,15 +46,9 @@ def _rounded(value: Any) -> Any:
 
 
 @pytest.fixture(scope="module")
-def job(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def job(straggler_jobs: StragglerJobs, tmp_path_factory: pytest.TempPathFactory) -> Path:
     folder = tmp_path_factory.mktemp("nodes")
-    (folder / "policy.yaml").write_text(POLICY)
-    done = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=4",
-         str(WORKER), "policy.yaml", str(WINDOWS), str(SLOW), str(EXTRA_MS),
-         "run/node{rank}"],
-        cwd=folder, env=child_env(), capture_output=True, text=True, timeout=TIMEOUT)
-    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+    shutil.copytree(straggler_jobs["slow"], folder / "run")
     run = folder / "run"
     assert sorted(p.name for p in run.iterdir()) == ["node0", "node1", "node2", "node3"]
     found = scan(str(run))

@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 from policy_engine import Topology, apply_policy, profile_session
-from policy_engine.runtime import state
+from policy_engine.runtime.process import state
 from policy_engine.testing import recording_backend
 
 ROUNDS = int(os.environ.get("POLICY_ENGINE_STRESS_ROUNDS", "60"))

@@ -24,7 +24,7 @@ from policy_engine.integrations import verl as plugin
 from policy_engine.integrations.verl import driver as verl_driver
 from policy_engine.integrations.verl.roles import ENV_ROLES, assign, env_mapping, stage_role
 from policy_engine.language.load import ENV_FILE
-from policy_engine.runtime import state
+from policy_engine.runtime.process import state
 from policy_engine.testing import recording_backend
 
 profile = pytest.importorskip("verl.utils.profiler.profile",

@@ -26,7 +26,7 @@ from policy_engine.analysis.manifests import scan_manifests
 from policy_engine.integrations.verl import PATCHES
 from policy_engine.integrations.verl import rollout as verl_rollout
 from policy_engine.language.load import ENV_FILE
-from policy_engine.runtime import state
+from policy_engine.runtime.process import state
 
 SERVER = verl_rollout.VLLM_SERVER
 

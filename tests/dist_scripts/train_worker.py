@@ -3,9 +3,11 @@
 Usage: train_worker.py POLICY REPORT_DIR [--mesh dp,tp] [--steps N] [--linger S]
 
 It writes REPORT_DIR/rank<r>.json with what the engine saw and did. ``--linger S`` makes a
-profiled rank sleep S seconds inside its last profiled step, so that a rank that does not
-profile can show it never waits for it. Every torch.distributed collective is replaced by
-a recorder while the engine runs: the engine must call none.
+profiled rank stay inside its last profiled step until every rank that does not profile
+has finished its loop (each says so in REPORT_DIR), at most S seconds: a rank that does
+not profile shows it never waits for one that does, whatever the machine's load. Every
+torch.distributed collective is replaced by a recorder while the engine runs: the engine
+must call none.
 """
 
 from __future__ import annotations
@@ -61,6 +63,20 @@ def record_collectives() -> tuple[list[str], dict[str, Any]]:
     return calls, saved
 
 
+def others_finished(folder: Path, world: int, limit: float) -> bool:
+    """Wait until every rank that does not profile has finished its loop (True), or
+    ``limit`` seconds (False)."""
+    deadline = time.monotonic() + limit
+    while time.monotonic() < deadline:
+        plans = {r: folder / f"plan{r}" for r in range(world)}
+        if all(p.exists() for p in plans.values()):
+            idle = [r for r, p in plans.items() if p.read_text() == "0"]
+            if all((folder / f"finished{r}").exists() for r in idle):
+                return True
+        time.sleep(0.02)
+    return False
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("policy")
@@ -83,7 +99,13 @@ def main() -> None:
     calls, saved = record_collectives()
     worker = Worker()
     prof = apply_policy(worker, role="actor", policy=load_policy(args.policy), topology=topology)
+    rank, world = dist.get_rank(), dist.get_world_size()
+    args.report_dir.mkdir(parents=True, exist_ok=True)
+    said = args.report_dir / f".plan{rank}"
+    said.write_text(str(int(prof.plan.enabled)))
+    said.replace(args.report_dir / f"plan{rank}")  # whole when seen
     lingered_until = None
+    waited_out = False
     last_profiled = max(prof.plan.steps.within(1, args.steps), default=None)
     for step in range(1, args.steps + 1):
         with prof.training_step(step):
@@ -91,14 +113,15 @@ def main() -> None:
                 worker.update_actor()
                 prof.step()
             if args.linger and prof.plan.enabled and step == last_profiled:
-                time.sleep(args.linger)
+                waited_out = not others_finished(args.report_dir, world, args.linger)
                 lingered_until = time.time()
     finished = time.time()
+    if not prof.plan.enabled:
+        (args.report_dir / f"finished{rank}").touch()
     prof.close()
     for name, fn in saved.items():
         setattr(dist, name, fn)
 
-    rank = dist.get_rank()
     report = {
         "rank": rank,
         "pid": os.getpid(),
@@ -107,9 +130,9 @@ def main() -> None:
         "profiled": prof.plan.enabled,
         "collectives": calls,
         "lingered_until": lingered_until,
+        "waited_out": waited_out,
         "finished": finished,
     }
-    args.report_dir.mkdir(parents=True, exist_ok=True)
     (args.report_dir / f"rank{rank}.json").write_text(json.dumps(report))
     dist.destroy_process_group()
 

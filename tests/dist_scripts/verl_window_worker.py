@@ -1,6 +1,6 @@
 """One rank of the flagship verl policy (policies/verl_ppo.yaml): the demo's four colocated
 workers in one process, placed by RANK/WORLD_SIZE/LOCAL_RANK as verl's Ray workers place
-themselves (no process group). Tiny batches: eight of these must stay quick on two cores.
+themselves (no process group). Tiny batches: several of these must stay quick on two cores.
 
 Usage: verl_window_worker.py POLICY OUTPUT_DIR STEPS
 """

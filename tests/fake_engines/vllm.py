@@ -47,6 +47,10 @@ class _Workers:
         self.config = dict(profiler_config or {})
         self.tp, self.pp, self.dp = tp, pp, dp
         self.stop_seconds = stop_seconds
+        # stop() takes stop_seconds unless released sooner; stops_returned counts the
+        # stops that have returned (a test can tell that a caller did not wait for one)
+        self.released = threading.Event()
+        self.stops_returned = 0
         self.calls: list[tuple[str, dict[str, Any]]] = []
         self.prefix: str | None = None
         self.active = False
@@ -69,7 +73,13 @@ class _Workers:
     def stop(self) -> None:
         self.calls.append(("stop", {}))
         if self.stop_seconds:
-            time.sleep(self.stop_seconds)
+            self.released.wait(self.stop_seconds)
+        try:
+            self._stop()
+        finally:
+            self.stops_returned += 1
+
+    def _stop(self) -> None:
         if not self.active:
             return
         self.active = False

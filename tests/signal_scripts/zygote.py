@@ -27,7 +27,7 @@ from typing import Any
 from policy_engine import Topology, profile_session
 from policy_engine.backends.base import Artifact, CaptureInfo, Session
 from policy_engine.files.publish import write_atomic
-from policy_engine.runtime.state import slot
+from policy_engine.runtime.process.state import slot
 
 USE_TORCH = "--torch" in sys.argv
 torch: Any = importlib.import_module("torch") if USE_TORCH else None  # once, before forks
@@ -158,12 +158,26 @@ def serve() -> None:
         os.close(write)
         os.read(read, 1)  # ready (or the child ended without saying so)
         os.close(read)
-        time.sleep(delay)
+        status = _wait(pid, delay)  # a child that ends sooner is not waited for longer
         signalled = time.monotonic()
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGTERM)
-        _, status = os.waitpid(pid, 0)
+        if status is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGTERM)
+            _, status = os.waitpid(pid, 0)
         print(json.dumps({"status": status, "signalled": signalled}), flush=True)
+
+
+def _wait(pid: int, seconds: float) -> int | None:
+    """The child's wait status if it ends within ``seconds``, else None (still running)."""
+    deadline = time.monotonic() + seconds
+    while True:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return status
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return None
+        time.sleep(min(left, 0.002))
 
 
 if __name__ == "__main__":
