@@ -12,7 +12,7 @@ tests/test_compare_e2e.py, many times over:
 - cost: ``compare BASE NEW`` against ``analyze BASE`` plus ``analyze NEW`` (best of 3,
   child processes as a user runs them). Target: at most 2x.
 
-Each job records 2 windows of 8 steps per rank. The machine's load average is printed:
+Each job records 2 windows of 12 steps per rank. The machine's load average is printed:
 the jobs run 4 processes on whatever cores there are.
 """
 

@@ -54,7 +54,7 @@ JOBS: dict[str, dict[str, Any]] = {
 
 def run_job(folder: Path, *, windows: int = 2, world: int = 4, slow: int = -1,
             extra_ms: float = 0.0, extra_mm: int = 0, activities: str = "cpu",
-            shapes: bool = False, inner: int = 8, nodes: bool = False) -> Path:
+            shapes: bool = False, inner: int = 12, nodes: bool = False) -> Path:
     """One job under ``folder`` (``inner`` steps per window on every rank: the samples
     of compare's test); its output folder (``run``, holding node0... with ``nodes``)."""
     folder.mkdir(parents=True, exist_ok=True)

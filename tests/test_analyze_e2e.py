@@ -4,7 +4,7 @@ waiting longer in all-reduce; with no slow rank (the same job twice) no window n
 The report shows the same in headless Chromium.
 
 The jobs are compare_jobs.JOBS, shared with test_compare_e2e and test_summaries_e2e: 2
-capture windows of 8 steps each; the slow rank's files are under a folder per rank (as on
+capture windows of 12 steps each; the slow rank's files are under a folder per rank (as on
 node-local disks). Its extra work is measured in time, well above what a loaded machine's
 scheduling adds to a step (80 ms was not: a rank put off its core as long hid it)."""
 
