@@ -58,9 +58,24 @@ FETCHING = {
 }
 
 
-@pytest.hookimpl(tryfirst=True)  # before -m deselects by marker
+# Under pytest-xdist (`-n 2 --dist loadgroup`, as .ci/run runs the tests) each file's tests
+# run in one worker, so that a module's or a file's session fixtures are built once; these
+# files share a worker with each other: the straggler jobs of one session (conftest's
+# straggler_jobs), and one local Ray cluster at a time.
+TOGETHER = {
+    "test_analyze_e2e.py": "straggler_jobs",
+    "test_compare_e2e.py": "straggler_jobs",
+    "test_summaries_e2e.py": "straggler_jobs",
+    "test_channel_ray.py": "ray",
+    "test_distributed.py": "ray",
+}
+
+
+@pytest.hookimpl(tryfirst=True)  # before -m deselects by marker, and before xdist reads groups
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         fetching = FETCHING.get(item.path.name, set())
         if fetching & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.wheels)
+        group = TOGETHER.get(item.path.name, item.path.name)
+        item.add_marker(pytest.mark.xdist_group(group))

@@ -551,6 +551,12 @@ def test_merge_holds_each_trace_to_its_bounds(tmp_path: Path, capsys: Any) -> No
     assert sum(1 for e in load(tmp_path / "m.json")["traceEvents"] if e["ph"] == "X") == 20
 
 
+def _ctrl_c_as_in_a_terminal() -> None:
+    """SIGINT as a terminal leaves it: a test run started in the background of a shell
+    ignores it, and a child Python that starts with it ignored never sees Ctrl-C."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _merge_paused_midway(out: Path, target: Path) -> subprocess.Popen[str]:
     """``merge`` of ``out`` into ``target``, paused (SIGSTOP) while its temporary file is
     there and the output is not yet. A merge that got past that point before the pause
@@ -559,7 +565,8 @@ def _merge_paused_midway(out: Path, target: Path) -> subprocess.Popen[str]:
     for _ in range(10):
         proc = subprocess.Popen([sys.executable, "-m", "policy_engine", "merge", str(out),
                                  "-o", str(target)], stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True, env=child_env())
+                                stderr=subprocess.PIPE, text=True, env=child_env(),
+                                preexec_fn=_ctrl_c_as_in_a_terminal)
         deadline = time.monotonic() + 120
         while not any(p != target for p in target.parent.iterdir()):
             assert proc.poll() is None and time.monotonic() < deadline, "no temporary file seen"

