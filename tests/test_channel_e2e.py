@@ -1,12 +1,12 @@
 """Aligned captures on real 4-rank torchrun jobs (gloo, CPU): `policy-engine trigger --steps
 next` gives every rank the same step, through the job's store and through the folder, for
-every one of 20 requests (4 jobs with staggered starts and random poll phases, 5 requests
-each, made at random moments of the listener threads' polls); a slow rank and its
+every one of 20 requests (2 jobs side by side, 10 requests each, made at random moments
+of the listener threads' polls); a slow rank and its
 reference rank capture the same later step.
 
 Every job listens with two roles: ``trainer`` on the job's store, each rank writing to a
 folder of its own (node-local disks: the command reads the answers on the store), and
-``probe`` on the ``triggers/`` folder of one shared output folder. Jobs run two at a time.
+``probe`` on the ``triggers/`` folder of one shared output folder. The two jobs run at once.
 """
 
 from __future__ import annotations
@@ -34,8 +34,8 @@ pytestmark = pytest.mark.slow
 
 REPO = Path(__file__).resolve().parents[1]
 WORKER = REPO / "tests" / "dist_scripts" / "channel_worker.py"
-JOBS = 4
-REQUESTS = 5  # per job, one after the other
+JOBS = 2
+REQUESTS = 10  # per job, one after the other
 TIMEOUT = 120
 
 TRAINER = """version: 1
