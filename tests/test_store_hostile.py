@@ -103,6 +103,9 @@ class Job:
                 if all(r.get(k) == v for k, v in match.items())]
 
     def rss(self) -> list[dict[str, int]]:
+        """Each rank's memory as it last wrote it (every 5 steps: waited for at first)."""
+        until(lambda: all((self.folder / f"rss{rank}.json").exists() for rank in (0, 1)),
+              "both ranks' rss files")
         return [json.loads((self.folder / f"rss{rank}.json").read_text()) for rank in (0, 1)]
 
     def stop(self) -> str:
