@@ -23,7 +23,7 @@ INSTALL = "pip install HolisticTraceAnalysis"
 
 def available() -> bool:
     try:
-        import hta.trace_analysis  # type: ignore[import-untyped,unused-ignore]  # noqa: F401
+        import hta.trace_analysis  # type: ignore[import-untyped,import-not-found,unused-ignore]  # noqa: F401
     except ImportError:
         return False
     return True
@@ -39,7 +39,7 @@ def _number(value: Any) -> float | None:
 def run_hta(files: list[str]) -> dict[str, Any]:
     """HTA's temporal breakdown and comm/comp overlap of the traces ``files``."""
     try:
-        from hta.trace_analysis import (  # type: ignore[import-untyped,unused-ignore]
+        from hta.trace_analysis import (  # type: ignore[import-untyped,import-not-found,unused-ignore]
             TraceAnalysis,
         )
     except ImportError:
