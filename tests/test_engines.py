@@ -25,7 +25,7 @@ from policy_engine.backends.engine import files as engine_files
 from policy_engine.backends.vllm import checks as vllm_checks
 from policy_engine.cli.engine_args import build as engine_args
 from policy_engine.cli.main import main
-from policy_engine.integrations.engines import OffEngineProfiler, apply_policy
+from policy_engine.integrations.engines import OffEngineProfiler, apply_engine_policy
 from policy_engine.language.load import load_policy
 from policy_engine.plan.predict import explain
 from policy_engine.plan.topology import Topology
@@ -70,7 +70,7 @@ def test_example_policy_end_to_end(tmp_path: Path) -> None:
     policy = _example(tmp_path)
     out = tmp_path / "out"
     llms = _llms(policy, 4, tensor_parallel_size=2)
-    rollout = apply_policy(llms, role="rollout", policy=policy)
+    rollout = apply_engine_policy(llms, role="rollout", policy=policy)
 
     class Actor:
         def update_actor(self) -> None:
@@ -137,7 +137,7 @@ def test_one_engine_for_every_replica_maps_files_by_dp(tmp_path: Path) -> None:
     policy = _rollout_only(_example(tmp_path), mesh={"dp": 2, "tp": 2}, ranks="all",
                            schedule=None)
     llm = _llms(policy, 1, tensor_parallel_size=2, data_parallel_size=2)[0]
-    prof = apply_policy(llm, policy=policy)
+    prof = apply_engine_policy(llm, policy=policy)
     with prof.training_step(2):
         pass
     traces = _lines(tmp_path / "out", event="trace", role="rollout")
@@ -150,7 +150,7 @@ def test_files_outside_the_mesh_are_reported(tmp_path: Path,
                                              caplog: pytest.LogCaptureFixture) -> None:
     policy = _rollout_only(_example(tmp_path), mesh={"dp": 1, "tp": 2}, ranks="all")
     llm = _llms(policy, 1, tensor_parallel_size=4)[0]  # the engine runs tp=4, not 2
-    with apply_policy(llm, policy=policy).training_step(2):
+    with apply_engine_policy(llm, policy=policy).training_step(2):
         pass
     assert "outside" in caplog.text or "no selected rank" in caplog.text
     traces = _lines(tmp_path / "out", event="trace", role="rollout")
@@ -162,7 +162,7 @@ def test_a_stop_that_hangs_is_bounded_and_recorded_failed(tmp_path: Path,
                                                          ) -> None:
     policy = _example(tmp_path)
     llms = _llms(policy, 4, tensor_parallel_size=2, stop_seconds=600.0)
-    prof = apply_policy(llms, policy=policy, timeout=2.0)
+    prof = apply_engine_policy(llms, policy=policy, timeout=2.0)
     try:
         with prof.training_step(2):
             pass
@@ -186,7 +186,7 @@ def test_on_error_raise(tmp_path: Path) -> None:
     policy = _example(tmp_path)
     policy["roles"]["rollout"]["on_error"] = "raise"
     llms = [fake_vllm.LLM() for _ in range(4)]  # launched without a profiler
-    prof = apply_policy(llms, policy=policy)
+    prof = apply_engine_policy(llms, policy=policy)
     with pytest.raises(ProfilingError, match="Profiling is not enabled"), \
             prof.training_step(2):
         pass
@@ -198,7 +198,7 @@ def test_async_engine_awaited_on_its_loop(tmp_path: Path) -> None:
     config["ignore_frontend"] = False
     engines = [fake_vllm.AsyncLLM(profiler_config=config, tensor_parallel_size=2)
                for _ in range(4)]
-    prof = apply_policy(engines, policy=policy)
+    prof = apply_engine_policy(engines, policy=policy)
 
     async def loop() -> None:
         for step in (1, 2, 3):
@@ -220,7 +220,7 @@ def test_blocking_calls_reach_an_engine_loop_in_another_thread(tmp_path: Path) -
     thread.start()
     try:
         asyncio.run_coroutine_threadsafe(engine.generate("bind"), loop).result(10)
-        prof = apply_policy(engine, policy=policy, replica=0, loop=loop)
+        prof = apply_engine_policy(engine, policy=policy, replica=0, loop=loop)
         with prof.training_step(2):
             pass
     finally:
@@ -236,7 +236,7 @@ def test_a_blocking_call_inside_the_engine_loop_is_refused(tmp_path: Path,
     policy = _example(tmp_path)
     config = engine_args(load_policy(policy), "rollout")["profiler_config"]
     engine = fake_vllm.AsyncLLM(profiler_config=config, tensor_parallel_size=2)
-    prof = apply_policy(engine, policy=policy, replica=0)
+    prof = apply_engine_policy(engine, policy=policy, replica=0)
 
     async def inside() -> None:
         with prof.training_step(2):  # a blocking call here would deadlock the loop
@@ -260,7 +260,7 @@ def test_sglang_engine_by_stage_stops_itself(tmp_path: Path) -> None:
                             schedule={"active": 3, "repeat": 1},
                             sglang={"profile_by_stage": True})
     engines = [fake_sglang.Engine(tp_size=2) for _ in range(2)]
-    prof = apply_policy(engines, policy=policy)
+    prof = apply_engine_policy(engines, policy=policy)
     for step in (1, 2):
         with prof.training_step(step):
             engines[1].generate(["p"] * 5)  # num_steps=3: the engine stops by itself
@@ -285,7 +285,7 @@ def test_sglang_memory_snapshots_join_the_layout(tmp_path: Path) -> None:
     policy = _sglang_policy(tmp_path, mesh={"tp": 2}, ranks="all",
                             sglang={"activities": ["CPU", "GPU", "MEM"]})
     engine = fake_sglang.Engine(tp_size=2)
-    with apply_policy(engine, policy=policy).training_step(2):
+    with apply_engine_policy(engine, policy=policy).training_step(2):
         pass
     traces = _lines(tmp_path / "out", event="trace", role="rollout")
     kinds = sorted((t["rank"], t["extra"]["kind"]) for t in traces)
@@ -297,13 +297,29 @@ def test_sglang_memory_snapshots_join_the_layout(tmp_path: Path) -> None:
 def test_role_off_and_wrong_backend(tmp_path: Path) -> None:
     policy = _example(tmp_path)
     policy["roles"]["rollout"]["enabled"] = False
-    assert isinstance(apply_policy(fake_vllm.LLM(), policy=policy), OffEngineProfiler)
+    assert isinstance(apply_engine_policy(fake_vllm.LLM(), policy=policy), OffEngineProfiler)
     with pytest.raises(ValueError, match="not an engine"):
-        apply_policy(fake_vllm.LLM(), role="actor", policy=_example(tmp_path))
+        apply_engine_policy(fake_vllm.LLM(), role="actor", policy=_example(tmp_path))
     with pytest.raises(ValueError, match="one engine per replica"):
-        apply_policy([fake_vllm.LLM()], policy=_example(tmp_path))
+        apply_engine_policy([fake_vllm.LLM()], policy=_example(tmp_path))
     with pytest.raises(TypeError, match="start_profile"):
-        apply_policy(object(), policy=_example(tmp_path))
+        apply_engine_policy(object(), policy=_example(tmp_path))
+
+
+def test_the_former_name_still_drives_and_warns(tmp_path: Path) -> None:
+    from policy_engine.integrations import engines
+
+    policy = _rollout_only(_example(tmp_path), mesh={"tp": 2}, ranks="all", schedule=None,
+                           steps=[2])
+    llm = _llms(policy, 1, tensor_parallel_size=2)[0]
+    with pytest.warns(DeprecationWarning, match="now apply_engine_policy"):
+        prof = engines.apply_policy(llm, policy=policy)
+    assert isinstance(prof, engines.EngineProfiler)
+    with prof.training_step(2):
+        pass
+    assert [what for what, _ in llm.workers.calls] == ["start", "stop"]
+    traces = _lines(tmp_path / "out", event="trace", role="rollout")
+    assert [t["status"] for t in traces] == ["complete", "complete"]  # one per tp rank
 
 
 def test_worker_apply_policy_names_the_driver(tmp_path: Path,
@@ -330,7 +346,7 @@ def test_merged_steps_keep_one_session_and_an_exception_leaves_it_partial(
     policy = _rollout_only(_example(tmp_path), mesh={"tp": 2}, ranks="all", schedule=None,
                            steps=[2, 3, 5], merge_steps=True)
     llm = _llms(policy, 1, tensor_parallel_size=2)[0]
-    prof = apply_policy(llm, policy=policy)
+    prof = apply_engine_policy(llm, policy=policy)
     for step in (1, 2, 3, 4):
         with prof.training_step(step):
             pass
@@ -351,7 +367,7 @@ def test_an_engine_launched_with_other_settings_is_named(tmp_path: Path,
     engines = [fake_vllm.AsyncLLM(profiler_config=stale, tensor_parallel_size=2)]
     engines += [fake_vllm.AsyncLLM(profiler_config=config, tensor_parallel_size=2)
                 for _ in range(3)]
-    apply_policy(engines, policy=policy)
+    apply_engine_policy(engines, policy=policy)
     assert "warmup_iterations=0 (the policy: 2)" in caplog.text
     assert "torch_profiler_record_shapes=False (the policy: True)" in caplog.text
 
@@ -360,7 +376,7 @@ def test_a_merged_window_the_loop_leaves_ends_and_close_ends_the_last(tmp_path: 
     policy = _rollout_only(_example(tmp_path), mesh={"tp": 2}, ranks="all", schedule=None,
                            steps=["2-3", 6, 7], merge_steps=True)
     llm = _llms(policy, 1, tensor_parallel_size=2)[0]
-    prof = apply_policy(llm, policy=policy)
+    prof = apply_engine_policy(llm, policy=policy)
     for step in (1, 2, 4, 6):  # step 3 never comes; the loop ends inside 6-7
         with prof.training_step(step):
             pass
@@ -375,7 +391,7 @@ def test_an_awaited_stop_that_hangs_is_bounded(tmp_path: Path) -> None:
     config = engine_args(load_policy(policy), "rollout")["profiler_config"]
     engine = fake_vllm.AsyncLLM(profiler_config=config, tensor_parallel_size=2,
                                 stop_seconds=600.0)
-    prof = apply_policy(engine, policy=policy, replica=0, timeout=1.0)
+    prof = apply_engine_policy(engine, policy=policy, replica=0, timeout=1.0)
 
     async def loop() -> int:
         try:
@@ -393,7 +409,7 @@ def test_an_awaited_stop_that_hangs_is_bounded(tmp_path: Path) -> None:
 def test_a_profiler_folder_linked_out_is_recorded_and_the_loop_goes_on(
         tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     policy = _example(tmp_path)
-    prof = apply_policy(_llms(policy, 4, tensor_parallel_size=2), policy=policy)
+    prof = apply_engine_policy(_llms(policy, 4, tensor_parallel_size=2), policy=policy)
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     staging = tmp_path / "out" / "rollout" / ".engine"
@@ -414,7 +430,7 @@ def test_a_profiler_folder_linked_out_is_recorded_and_the_loop_goes_on(
     warned = [r for r in caplog.records if why in r.getMessage()]
     assert len(warned) == 1
     policy["roles"]["rollout"]["on_error"] = "raise"
-    strict = apply_policy(_llms(policy, 4, tensor_parallel_size=2), policy=policy)
+    strict = apply_engine_policy(_llms(policy, 4, tensor_parallel_size=2), policy=policy)
     from policy_engine.errors import ProfilingError
     with pytest.raises(ProfilingError, match="profiler folder cannot be used"), \
             strict.training_step(2):
@@ -431,7 +447,7 @@ def test_an_engine_launched_with_another_folder_is_said_once_not_waited_for(
     ours, other = config["torch_profiler_dir"], str(tmp_path / "elsewhere")
     llms = [fake_vllm.LLM(profiler_config={**config, "torch_profiler_dir": other},
                           tensor_parallel_size=2) for _ in range(4)]
-    prof = apply_policy(llms, role="rollout", policy=policy, files_timeout=30.0)
+    prof = apply_engine_policy(llms, role="rollout", policy=policy, files_timeout=30.0)
     waits: list[float] = []
     wait_for = engine_files.wait_for
 
@@ -457,7 +473,7 @@ def _steps_both_ways(tmp_path: Path, mode: str) -> tuple[list[str], list[tuple[A
     """Steps 1-4 of the example, step 3 failing, then close: blocking or awaited."""
     policy = _example(tmp_path / mode)
     llms = _llms(policy, 4, tensor_parallel_size=2)
-    prof = apply_policy(llms, role="rollout", policy=policy)
+    prof = apply_engine_policy(llms, role="rollout", policy=policy)
     if mode == "sync":
         for step in (1, 2, 3, 4):
             with contextlib.suppress(KeyError), prof.training_step(step):

@@ -16,7 +16,7 @@ from fake_engines.server import serving
 
 from policy_engine.analysis.manifests import scan_manifests
 from policy_engine.cli.engine_args import build as engine_args
-from policy_engine.integrations.engines import apply_policy
+from policy_engine.integrations.engines import apply_engine_policy
 from policy_engine.language.load import load_policy
 
 
@@ -42,7 +42,7 @@ def test_vllm_servers_one_per_replica(tmp_path: Path) -> None:
     policy = _policy(tmp_path, "vllm", schedule={"skip_first": 3, "active": 5, "repeat": 1})
     first, second = _vllm_engines(policy, 2)
     with serving("vllm", first) as (url0, server0), serving("vllm", second) as (url1, _):
-        prof = apply_policy([url0, url1], policy=policy)
+        prof = apply_engine_policy([url0, url1], policy=policy)
         for step in (1, 2, 3, 4):
             with prof.training_step(step):
                 pass
@@ -61,7 +61,8 @@ def test_vllm_servers_one_per_replica(tmp_path: Path) -> None:
 def test_vllm_server_without_profiler_answers_404(tmp_path: Path) -> None:
     policy = _policy(tmp_path, "vllm", mesh={"tp": 2})
     engine = fake_vllm.AsyncLLM(tensor_parallel_size=2)  # launched without --profiler-config
-    with serving("vllm", engine) as (url, _), apply_policy(url, policy=policy).training_step(2):
+    with serving("vllm", engine) as (url, _), \
+            apply_engine_policy(url, policy=policy).training_step(2):
         pass
     traces = _traces(tmp_path)
     assert {t["status"] for t in traces} == {"failed"}
@@ -76,7 +77,7 @@ def test_vllm_server_busy_answers_409(tmp_path: Path) -> None:
         request = urllib.request.Request(url + "/start_profile", data=b"{}", method="POST",
                                          headers={"Content-Type": "application/json"})
         urllib.request.urlopen(request, timeout=30).read()
-        with apply_policy(url, policy=policy).training_step(2):
+        with apply_engine_policy(url, policy=policy).training_step(2):
             pass
     traces = _traces(tmp_path)
     assert {t["status"] for t in traces} == {"failed"}
@@ -89,7 +90,7 @@ def test_sglang_server_async_driver(tmp_path: Path) -> None:
     engines = [fake_sglang.Engine(tp_size=2) for _ in range(2)]
     with serving("sglang", engines[0]) as (url0, server0), \
             serving("sglang", engines[1]) as (url1, server1):
-        prof = apply_policy([url0, url1], policy=policy)
+        prof = apply_engine_policy([url0, url1], policy=policy)
 
         async def loop() -> None:
             for step in (1, 2):
@@ -122,4 +123,4 @@ def test_sglang_routes_take_get_too(tmp_path: Path) -> None:
 @pytest.mark.parametrize("url", ["127.0.0.1:8000", "ftp://host"])
 def test_a_server_is_a_url(tmp_path: Path, url: str) -> None:
     with pytest.raises(TypeError, match="URL"):
-        apply_policy(url, policy=_policy(tmp_path, "vllm", mesh={"tp": 2}))
+        apply_engine_policy(url, policy=_policy(tmp_path, "vllm", mesh={"tp": 2}))

@@ -2,7 +2,7 @@
 
     from policy_engine.integrations.lightning import PolicyCallback       # Lightning
     from policy_engine.integrations.transformers import PolicyCallback    # Hugging Face
-    from policy_engine.integrations.engines import apply_policy           # vLLM, SGLang
+    from policy_engine.integrations.engines import apply_engine_policy    # vLLM, SGLang
 
 verl needs no import: ``policy_engine.integrations.verl`` is a ``verl.plugins`` entry point
 that ``import verl`` loads, and that acts only when ``PROFILE_POLICY`` is set (docs/verl.md).

@@ -1,8 +1,8 @@
 """Profile a rollout engine (vLLM, SGLang) by the same policy as the trainer.
 
-    from policy_engine.integrations.engines import apply_policy
+    from policy_engine.integrations.engines import apply_engine_policy
 
-    prof = apply_policy(llm, role="rollout")            # LLM, AsyncLLM, sglang Engine, URL
+    prof = apply_engine_policy(llm, role="rollout")     # LLM, AsyncLLM, sglang Engine, URL
     for step in range(1, steps + 1):
         with prof.training_step(step):                  # starts/stops the engine's profiler
             outputs = llm.generate(prompts)
@@ -17,6 +17,10 @@ capture; at the step's end it stops it (bounded by ``timeout``), finds the files
 engine wrote, checks their coordinates against the mesh, moves them into the policy's
 per-window layout and records each rank's capture in the manifest. A failure never stops
 the loop unless the role says ``on_error: raise``.
+
+``apply_policy`` is this module's former name for :func:`apply_engine_policy` (it shared
+its name with :func:`policy_engine.apply_policy`, which takes a worker): it still works and
+warns once (DeprecationWarning).
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ import functools
 import importlib
 import logging
 import os
+import warnings
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -311,7 +316,7 @@ def _targets(engine: Any, replica: int | None, loop: Any, count: int) -> tuple[d
     return {0: Target(engine, loop=loop)}, count > 1
 
 
-def apply_policy(engine: Any, role: str = "rollout", policy: PolicyArg = None, *,
+def apply_engine_policy(engine: Any, role: str = "rollout", policy: PolicyArg = None, *,
                  replica: int | None = None, loop: asyncio.AbstractEventLoop | None = None,
                  timeout: float = DEFAULT_TIMEOUT,
                  files_timeout: float = DEFAULT_FILES_TIMEOUT,
@@ -349,3 +354,17 @@ def apply_policy(engine: Any, role: str = "rollout", policy: PolicyArg = None, *
     return EngineProfiler(kind, plans, targets, spanning, mesh, timeout=timeout,
                           files_timeout=files_timeout, policy_sources=loaded.sources,
                           elsewhere=elsewhere)
+
+
+def apply_policy(engine: Any, role: str = "rollout", policy: PolicyArg = None, *,
+                 replica: int | None = None, loop: asyncio.AbstractEventLoop | None = None,
+                 timeout: float = DEFAULT_TIMEOUT,
+                 files_timeout: float = DEFAULT_FILES_TIMEOUT,
+                 ) -> EngineProfiler | OffEngineProfiler:
+    """Deprecated: :func:`apply_engine_policy`, under the name the top-level call for
+    workers also has."""
+    warnings.warn("policy_engine.integrations.engines.apply_policy is now "
+                  "apply_engine_policy (policy_engine.apply_policy is the call for workers)",
+                  DeprecationWarning, stacklevel=2)
+    return apply_engine_policy(engine, role, policy, replica=replica, loop=loop,
+                               timeout=timeout, files_timeout=files_timeout)

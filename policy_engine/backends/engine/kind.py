@@ -58,4 +58,4 @@ class EngineBackend:
         raise BackendUnavailable(
             f"role {info.role!r} profiles inside a {self.name} engine, whose processes this "
             "worker cannot reach: pass the engine (or its server URL) to "
-            "policy_engine.integrations.engines.apply_policy(engine, role=...)")
+            "policy_engine.integrations.engines.apply_engine_policy(engine, role=...)")

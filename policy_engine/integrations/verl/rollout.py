@@ -10,7 +10,7 @@ patched server:
 - profiles the replicas the role's ``ranks`` select (``_should_profile``), launched with
   the profiler configuration ``policy-engine engine-args`` prints for the role
   (``build_vllm_profiler_args``), whatever verl's own rollout profiler block says;
-- drives its engine with :func:`policy_engine.integrations.engines.apply_policy`
+- drives its engine with :func:`policy_engine.integrations.engines.apply_engine_policy`
   (``replica=`` the server's replica): ``start_profile`` enters ``atraining_step(n)``,
   ``stop_profile`` leaves it, so the role's ``steps`` decide which rollouts record and the
   engine's files land in the per-window layout and manifest. ``n`` is the step verl passes
@@ -33,7 +33,11 @@ from typing import Any
 
 from policy_engine.backends.engine.kind import staging_folder
 from policy_engine.backends.vllm.checks import launch_config
-from policy_engine.integrations.engines import EngineProfiler, OffEngineProfiler, apply_policy
+from policy_engine.integrations.engines import (
+    EngineProfiler,
+    OffEngineProfiler,
+    apply_engine_policy,
+)
 from policy_engine.integrations.verl import roles as verl_roles
 from policy_engine.language.model import Policy
 from policy_engine.language.rules import engine_layout as layout
@@ -103,7 +107,7 @@ class _Rollout:
             await self.stop()
         try:
             if self.driver is None:
-                self.driver = apply_policy(server.engine, self.role, replica=self.replica)
+                self.driver = apply_engine_policy(server.engine, self.role, replica=self.replica)
             window = self.driver.atraining_step(n)
             await window.__aenter__()
         except Exception as err:
@@ -202,4 +206,5 @@ def patch_sglang_server(module: ModuleType) -> None:
         warn_once(("verl-sglang",),
                   "policy-engine: verl's SGLang rollout servers are not driven by the policy "
                   "(role %r): profile SGLang engines with policy_engine.integrations.engines."
-                  "apply_policy, or profile the rollout with vLLM", engine_role(policy, "sglang"))
+                  "apply_engine_policy, or profile the rollout with vLLM",
+                  engine_role(policy, "sglang"))
