@@ -23,7 +23,13 @@ from policy_engine import Topology, apply_policy
 from policy_engine.analysis.manifests import scan_manifests
 from policy_engine.cli.main import main
 from policy_engine.runtime.process.state import STATE
-from policy_engine.runtime.triggers.channel import PREFIX, JobChannel, StoreKV, agreed_step
+from policy_engine.runtime.triggers.channel import (
+    PREFIX,
+    JobChannel,
+    StoreKV,
+    agreed_step,
+    connect_store,
+)
 from policy_engine.runtime.triggers.folder import read_advert
 from policy_engine.runtime.triggers.requests import request_body, write_request
 from policy_engine.testing import recording_backend
@@ -363,6 +369,38 @@ def test_counts_come_from_the_keys_that_exist_in_a_few_calls(store: Served) -> N
     assert job.agree(2000, 42) == 42 and job.agree(2000, 43) == 42
     kv.set(f"{PREFIX}step/2001", b"soon")
     assert job.agree(2001, 44) is None
+
+
+def test_listeners_starting_together_each_get_a_slot() -> None:
+    """Many processes registering at once (a large job's ranks start together): each gets
+    a slot of its own, however many lose a race for a key on the way, and the count is
+    theirs. Threads stand in for the processes."""
+    count = 192
+    slots: list[int] = []
+    errors: list[BaseException] = []
+    gate = threading.Barrier(count)
+    store = Served()
+    # a few client connections, each shared by many threads (a TCPStore client is
+    # thread-safe): a race for a key is between the calls of two threads, whatever
+    # connection they use
+    clients = [connect_store("127.0.0.1", store.port) for _ in range(8)]
+    jobs = [JobChannel(clients[i % len(clients)], "actor") for i in range(count)]
+
+    def join(index: int) -> None:
+        try:
+            gate.wait()
+            slots.append(jobs[index].register(f'{{"n": {index}}}'.encode()))
+        except BaseException as err:
+            errors.append(err)
+
+    threads = [threading.Thread(target=join, args=(i,)) for i in range(count)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert errors == []
+    assert sorted(slots) == list(range(count))
+    assert JobChannel(store.kv, "actor").listeners() == count
 
 
 @pytest.mark.parametrize("on_demand", [False, True])

@@ -35,9 +35,11 @@ from __future__ import annotations
 import json
 import math
 import os
+import random
 import re
 import secrets
 import sys
+import time
 from collections.abc import Callable, Iterable
 from datetime import timedelta
 from typing import Any, Protocol
@@ -54,8 +56,9 @@ PREFIX = "policy_engine/triggers/v1/"
 MAX_LISTENERS = 1 << 16
 #: Indices a search for a list's end goes past its start, at most (2**40).
 MAX_SCAN = 1 << 40
-#: Keys tried one after another to claim a free one.
+#: Keys tried to claim a free one, and the longest pause between two tries (seconds).
 CLAIM_TRIES = 64
+CLAIM_PAUSE = 0.5
 #: Keys fetched by one call when reading many (progress reports, answers).
 BATCH = 64
 #: Steps added past the estimate of the fastest rank.
@@ -240,12 +243,17 @@ class JobChannel:
 
     def _claim(self, key_of: Callable[[int], str], start: int, body: bytes) -> int:
         """The first free index from ``start`` taken for ``body`` (compare-and-set on the
-        index's own key: two writers never take the same one)."""
+        index's own key: two writers never take the same one). A writer that loses a key
+        to another looks for the end again, past every key taken meanwhile, after a
+        random pause that doubles with each loss (up to :data:`CLAIM_PAUSE` seconds), so
+        that many writers starting together (a large job's ranks) spread out instead of
+        racing for the same next key."""
         index = self.end(key_of, start)
-        for _ in range(CLAIM_TRIES):
+        for tries in range(CLAIM_TRIES):
             if self.kv.compare_set(key_of(index), b"", body) == body:
                 return index
-            index += 1
+            time.sleep(random.uniform(0, min(CLAIM_PAUSE, 0.001 * 2 ** tries)))
+            index = self.end(key_of, index + 1)
         raise RuntimeError(f"no free key after {key_of(index)} in {CLAIM_TRIES} tries")
 
     # -- listeners ----------------------------------------------------------------
