@@ -26,16 +26,17 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
 
-from policy_engine.analysis.compare import compare_runs
 from policy_engine.analysis.errors import AnalysisError
-from policy_engine.analysis.manifests import ManifestProblem, scan_manifests
-from policy_engine.analysis.run import analyze as _analyze
-from policy_engine.analysis.summary import summarize
-from policy_engine.analysis.windows import describe, from_manifests
+
+# The readers and the figures are imported when first used, not with the package: a
+# command that only needs AnalysisError (every command imports it) starts without them.
+if TYPE_CHECKING:
+    from policy_engine.analysis.manifests import ManifestProblem
+    from policy_engine.analysis.summary import summarize
 
 __all__ = ["AnalysisError", "RankAnalysis", "RunAnalysis", "RunComparison", "RunScan",
            "StepFigures", "WindowAnalysis", "WindowScan", "analyze", "compare", "scan",
@@ -125,6 +126,8 @@ def analyze(path: str, *, role: str | None = None, step: int | None = None,
     and ``step`` choose, reading traces over ``jobs`` processes where their ranks wrote no
     summary (every trace when ``from_traces``). AnalysisError when nothing can be
     chosen."""
+    from policy_engine.analysis.run import analyze as _analyze
+
     doc = _analyze(path, role=role, step=step, jobs=jobs, from_traces=from_traces)
     return RunAnalysis(root=doc["root"], windows=tuple(_window(w) for w in doc["windows"]),
                        notes=tuple(doc["notes"]), problems=tuple(doc["problems"]),
@@ -154,6 +157,8 @@ def compare(base: str, new: str, *, role: str | None = None,
     """Every window of the run under ``base`` matched in the one under ``new`` (by role,
     region and order; ``steps``: the base's step and the new run's), compared.
     AnalysisError, naming the run, when either has nothing to compare."""
+    from policy_engine.analysis.compare import compare_runs
+
     doc = compare_runs(base, new, role=role, steps=steps, jobs=jobs, from_traces=from_traces)
     return RunComparison(base=doc["base"], new=doc["new"], windows=tuple(doc["windows"]),
                          unmatched={k: tuple(v) for k, v in doc["unmatched"].items()},
@@ -197,6 +202,9 @@ def _ranks(found: Any) -> tuple[int | None, ...]:
 def scan(path: str) -> RunScan:
     """The windows and records of the manifests under ``path`` (an empty scan where there
     are none; unreadable lines are in ``problems``, never raised)."""
+    from policy_engine.analysis.manifests import scan_manifests
+    from policy_engine.analysis.windows import describe, from_manifests
+
     found = scan_manifests(path)
     windows, _problems, _notes = from_manifests(path, scan=found)
     return RunScan(
@@ -208,3 +216,11 @@ def scan(path: str) -> RunScan:
             skipped=tuple(w["skipped"]), dropped=tuple(w["dropped"])) for w in windows),
         records=found.records, problems=found.problems)
 
+
+def __getattr__(name: str) -> Any:
+    """``summarize``, imported when first asked for (see the imports above)."""
+    if name == "summarize":
+        from policy_engine.analysis.summary import summarize
+
+        return summarize
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

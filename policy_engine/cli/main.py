@@ -7,6 +7,7 @@ import contextlib
 import importlib
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 from policy_engine.analysis.errors import AnalysisError
 from policy_engine.cli.usage import UsageError
@@ -42,7 +43,8 @@ def build_parser(argv: Sequence[str]) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="policy-engine",
         description="Validate, explain and run declarative profiling policies.")
-    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
+    parser.add_argument("--version", action=_Version, nargs=0,
+                        help="show the installed version and exit")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     chosen = next((arg for arg in argv if not arg.startswith("-")), None)
     for name, (module, help) in COMMANDS.items():
@@ -51,6 +53,16 @@ def build_parser(argv: Sequence[str]) -> argparse.ArgumentParser:
         else:
             sub.add_parser(name, help=help)
     return parser
+
+
+class _Version(argparse.Action):
+    """``--version``: the version is looked up when asked for, not for every command (the
+    distribution's metadata takes longer to read than most commands take to run)."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+                 values: Any, option_string: str | None = None) -> None:
+        print(f"{parser.prog} {_version()}")
+        parser.exit()
 
 
 def _version() -> str:
