@@ -80,6 +80,25 @@ print(codes, sorted(m for m in sys.modules if m.split(".")[0] == "jsonschema"))
     assert done.stdout.strip() == "[0, 1] []"
 
 
+def test_validate_leaves_the_readers_and_the_version_unread() -> None:
+    """Every command imports AnalysisError; validate reads no trace or manifest and prints
+    no version, so neither the reading side's modules nor the distribution's metadata are
+    imported (they were a third of validate's start-up)."""
+    script = """
+import contextlib, io, sys
+from policy_engine.cli.main import main
+with contextlib.redirect_stdout(io.StringIO()):
+    code = main(["validate", "policies/verl_ppo.yaml"])
+readers = ("policy_engine.analysis.run", "policy_engine.analysis.compare",
+           "policy_engine.analysis.manifests", "importlib.metadata")
+print(code, sorted(m for m in readers if m in sys.modules))
+"""
+    done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "0 []"
+
+
 def test_importtime_shows_no_torch() -> None:
     done = subprocess.run(
         [sys.executable, "-X", "importtime", "-m", "policy_engine", "validate",

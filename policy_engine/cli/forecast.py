@@ -19,7 +19,6 @@ from typing import Any
 import attrs
 
 from policy_engine.analysis.format import size_cell
-from policy_engine.analysis.manifests import scan_manifests
 from policy_engine.cli.usage import UsageError
 from policy_engine.language.model import Policy, RoleSpec
 from policy_engine.plan.captures import count_ranges
@@ -62,6 +61,8 @@ def add_sizes_option(parser: argparse.ArgumentParser, what: str) -> None:
 def read_sizes(folder: str) -> Sizes:
     """The sizes of every complete trace under ``folder``'s manifests (UsageError when
     there is none to go by)."""
+    from policy_engine.analysis.manifests import scan_manifests  # with --sizes-from only
+
     scan = scan_manifests(folder)
     files: dict[tuple[str, str], list[int]] = defaultdict(list)
     for record in scan.records:
