@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from dist_scripts.ray_start import start_ray
 
 from policy_engine import Topology, apply_policy
 from policy_engine.analysis.manifests import scan_manifests
@@ -65,25 +66,11 @@ def _listen(make_policy: Any, out: Path) -> None:
     assert note["status"] == "accepted" and note["rank"] == 1
 
 
-def _start_ray(namespace: str, tries: int = 3) -> None:
-    """A local cluster. Ray gives its raylet a fixed 30 s to register, which a loaded
-    machine can miss: that failure of Ray's own start-up is tried again."""
-    for attempt in range(1, tries + 1):
-        try:
-            ray.init(num_cpus=1, namespace=namespace, include_dashboard=False,
-                     log_to_driver=False)
-            return
-        except Exception as err:
-            ray.shutdown()
-            if "timed out during startup" not in str(err) or attempt == tries:
-                raise
-
-
 def test_the_named_actor_carries_requests_progress_and_answers(make_policy: Any,
                                                                tmp_path: Path) -> None:
     from policy_engine.runtime.triggers.ray_actor import NAMESPACE, actor_kv
 
-    _start_ray(NAMESPACE)
+    start_ray(num_cpus=1, namespace=NAMESPACE, include_dashboard=False, log_to_driver=False)
     try:
         _listen(make_policy, tmp_path / "out")
         first, second = JobChannel(actor_kv(), "kv"), JobChannel(actor_kv(), "kv")

@@ -19,8 +19,8 @@ per-window layout and records each rank's capture in the manifest. A failure nev
 the loop unless the role says ``on_error: raise``.
 
 ``apply_policy`` is this module's former name for :func:`apply_engine_policy` (it shared
-its name with :func:`policy_engine.apply_policy`, which takes a worker): it still works and
-warns once (DeprecationWarning).
+its name with :func:`policy_engine.apply_policy`, which takes a worker): it still works,
+with a DeprecationWarning.
 """
 
 from __future__ import annotations

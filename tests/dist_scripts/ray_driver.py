@@ -15,6 +15,7 @@ import sys
 from typing import Any
 
 import ray
+from ray_start import start_ray  # this folder: the script's own
 
 ROLES = {"actor": 2, "rollout": 2}  # role -> world size of its worker group
 
@@ -53,29 +54,11 @@ class Worker:
                 "profiled": plan.enabled, "pid": os.getpid()}  # fmt: skip
 
 
-def start_ray(tries: int = 3) -> None:
-    """A local cluster. Ray gives its raylet a fixed 30 s to register, which a loaded
-    machine can miss: that failure of Ray's own start-up is retried."""
-    for attempt in range(1, tries + 1):
-        try:
-            ray.init(
-                num_cpus=2,
-                include_dashboard=False,
-                _node_ip_address="127.0.0.1",  # loopback only
-                log_to_driver=False,
-                configure_logging=False,
-            )
-            return
-        except Exception as err:
-            if "timed out during startup" not in str(err) or attempt == tries:
-                raise
-            print(f"ray.init: {err} (try {attempt} of {tries})", file=sys.stderr)
-            ray.shutdown()
-
-
 def main() -> None:
     policy, report_file = sys.argv[1:3]
-    start_ray()
+    start_ray(num_cpus=2, include_dashboard=False,
+              _node_ip_address="127.0.0.1",  # loopback only
+              log_to_driver=False, configure_logging=False)
     try:
         workers = [
             Worker.remote(role, rank, world, policy)  # type: ignore[attr-defined]

@@ -56,8 +56,9 @@ PREFIX = "policy_engine/triggers/v1/"
 MAX_LISTENERS = 1 << 16
 #: Indices a search for a list's end goes past its start, at most (2**40).
 MAX_SCAN = 1 << 40
-#: Keys tried to claim a free one, and the longest pause between two tries (seconds).
+#: Keys tried to claim a free one.
 CLAIM_TRIES = 64
+#: The longest pause (seconds) between two tries of a claim that lost its key to another.
 CLAIM_PAUSE = 0.5
 #: Keys fetched by one call when reading many (progress reports, answers).
 BATCH = 64
