@@ -73,6 +73,9 @@ def test_the_named_actor_carries_requests_progress_and_answers(make_policy: Any,
     start_ray(num_cpus=1, namespace=NAMESPACE, include_dashboard=False, log_to_driver=False)
     try:
         _listen(make_policy, tmp_path / "out")
+        # the actor outlives the listener that created it (Ray would remove it with the
+        # creator's handle): the ended listener's slot is still there
+        assert JobChannel(actor_kv(), "actor").listeners() == 1
         first, second = JobChannel(actor_kv(), "kv"), JobChannel(actor_kv(), "kv")
         slots = [first.register(b'{"who": 1}'), second.register(b'{"who": 2}')]
         assert slots == [0, 1] and second.listeners() == 2  # one actor, found by name

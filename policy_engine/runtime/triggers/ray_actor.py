@@ -3,10 +3,17 @@ c10d store would (:mod:`policy_engine.runtime.triggers.channel`), with the same 
 
 Every listener of the job gets the same actor by name (created by the first one); calls
 go from listener threads only, each waiting at most :data:`TIMEOUT` seconds.
+
+Ray removes an actor once its creator holds no handle to it (a handle found by name does
+not count), so the process that creates it keeps one until it exits: the actor then lives
+as long as that process, not as long as the listener that happened to come first. After
+that process is gone a listener may still be handed the dying actor by name for a moment,
+so :func:`actor_kv` asks again until it gets one that answers.
 """
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 __all__ = ["ACTOR", "NAMESPACE", "RayKV", "actor_kv"]
@@ -14,6 +21,11 @@ __all__ = ["ACTOR", "NAMESPACE", "RayKV", "actor_kv"]
 ACTOR = "policy_engine_triggers"
 NAMESPACE = "policy_engine"
 TIMEOUT = 10.0
+FIND_PAUSE = 0.2  # seconds between asking for the actor again while a dying one is found
+
+# the first handle this process got to each actor it reached (the creating one among them),
+# kept until the process exits
+_held: dict[Any, Any] = {}
 
 
 class _Keys:
@@ -72,9 +84,19 @@ def actor_kv(address: str | None = None) -> RayKV:
     """The job's channel actor (created by the first caller). ``address``: connect to a
     running Ray cluster first (``policy-engine trigger`` from outside the job)."""
     import ray
+    from ray.exceptions import RayActorError
 
     if not ray.is_initialized():
         ray.init(address=address or "auto", namespace=NAMESPACE, log_to_driver=False)
-    actor = ray.remote(num_cpus=0)(_Keys).options(
-        name=ACTOR, namespace=NAMESPACE, get_if_exists=True).remote()
-    return RayKV(actor)
+    deadline = time.monotonic() + TIMEOUT
+    while True:
+        kv = RayKV(ray.remote(num_cpus=0)(_Keys).options(
+            name=ACTOR, namespace=NAMESPACE, get_if_exists=True).remote())
+        try:
+            kv.has("")
+            _held.setdefault(kv.actor._actor_id, kv.actor)
+            return kv
+        except RayActorError:  # its creator let go of it: Ray is removing it and its name
+            if time.monotonic() + FIND_PAUSE > deadline:
+                raise
+            time.sleep(FIND_PAUSE)
