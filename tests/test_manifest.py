@@ -256,8 +256,8 @@ def test_close_lines_old_and_new_read_back(out: Path) -> None:
 
 def test_an_endless_merged_capture_closes_with_a_small_line(make_policy: Any,
                                                             out: Path) -> None:
-    """Merged steps that go on as long as the run: the close line gives the first and last
-    step and how many, not every step; the readers take both forms."""
+    """Merged steps that go on as long as the run: the close and trace lines give the first
+    and last step and how many, not every step; the readers take both forms."""
     from policy_engine import Topology, apply_policy
     from policy_engine.analysis.listing import collect
     from policy_engine.analysis.manifests import closed_steps
@@ -275,6 +275,13 @@ def test_an_endless_merged_capture_closes_with_a_small_line(make_policy: Any,
         prof.close()
     [close] = [line for line in lines_of(out) if b'"close"' in line]
     assert len(close) < 400, close
+    [trace] = [line for line in lines_of(out) if b'"trace"' in line]
+    assert len(trace) < 1000 and b'"step_count":5000' in trace.replace(b" ", b""), trace
+    [traced] = [r for r in scan_manifests(str(out)).records if r["event"] == "trace"]
+    assert traced["steps"] == list(range(1, 5001)) and "step_count" not in traced
+    huge = manifests.parse_line(b'{"event": "trace", "capture": "1-1", "status": "complete", '
+                                b'"steps": [0, 999999999999], "step_count": 1000000000000}')
+    assert huge["steps"] == [0, 999999999999]  # past LISTED_MOST: as written, not listed
     [record] = [r for r in scan_manifests(str(out)).records if r["event"] == "close"]
     assert (record["steps"], record["step_count"]) == ([1, 5000], 5000)
     assert closed_steps(record) == range(1, 5001)

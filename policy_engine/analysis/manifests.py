@@ -9,7 +9,9 @@ record of one kind (the ``event`` key), declared with its fields in
 - ``open``: written when a capture opens, before the backend is touched, so a capture
   that never closes (SIGKILL, a crash) is still known;
 - ``trace``: one per trace file the capture wrote, or failed to write (lines written
-  before ``event`` existed have no ``event`` key and are trace lines);
+  before ``event`` existed have no ``event`` key and are trace lines); past 64
+  consecutive steps it gives the first and last and ``step_count`` as a close line does,
+  and is read with its steps listed (up to :data:`LISTED_MOST`);
 - ``close``: written when the capture ends, with its status and how many traces it wrote;
   a capture of more than 64 consecutive steps gives its first and last step and
   ``step_count`` (:func:`closed_steps` reads both forms);
@@ -97,6 +99,11 @@ def parse_line(raw: bytes) -> dict[str, Any]:
     if not isinstance(parsed, dict):
         raise ValueError(f"not a JSON object (a {type(parsed).__name__})")
     record = from_json(parsed).to_json()
+    if record["event"] == "trace" and "step_count" in record:
+        steps = closed_steps(record)
+        if isinstance(steps, range) and len(steps) <= LISTED_MOST:
+            record["steps"] = list(steps)
+            del record["step_count"]
     if _UNCLEAN.search(text) is None:
         return record
     try:
@@ -104,6 +111,11 @@ def parse_line(raw: bytes) -> dict[str, Any]:
     except RecursionError:
         raise ValueError("nested too deeply") from None
     return cleaned
+
+
+#: A trace line's first-and-last steps are read as the list of every step up to this many
+#: (a million steps merged into one trace); past it they stay as written.
+LISTED_MOST = 1 << 20
 
 
 def closed_steps(record: Mapping[str, Any]) -> Sequence[int]:

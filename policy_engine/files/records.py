@@ -48,9 +48,9 @@ CLOSE_STATUSES = ("complete", "partial", "failed", "interrupted")
 SUMMARY_STATUSES = ("complete", "failed", "cut")
 
 Record = dict[str, Any]
-#: Steps a close line lists, at most. A capture that covered more (merged steps, which
-#: follow each other, go on as long as the run when the steps do) gives its first and
-#: last step in ``steps`` and how many it covered in ``step_count``.
+#: Steps a close or trace line lists, at most. A capture that covered more (merged steps,
+#: which follow each other, go on as long as the run when the steps do) gives its first
+#: and last step in ``steps`` and how many it covered in ``step_count``.
 LISTED_STEPS = 64
 
 
@@ -348,7 +348,8 @@ def close_line(*, capture: str, status: str, **fields: Any) -> Record:
 
 
 def covered_steps(steps: list[int]) -> Record:
-    """The close line's ``steps`` for a capture that covered ``steps``: the list, or past
+    """The ``steps`` of a close or trace line for a capture (or cycle) that covered
+    ``steps``: the list, or past
     :data:`LISTED_STEPS` consecutive steps their first and last with ``step_count``, so
     that the line of an endless merged capture stays small."""
     if len(steps) <= LISTED_STEPS or steps[-1] - steps[0] + 1 != len(steps):

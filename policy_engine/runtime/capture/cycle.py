@@ -11,6 +11,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from policy_engine.files.records import covered_steps
 from policy_engine.runtime.capture.lines import timestamp
 
 Namer = Callable[..., str]  # name(cycle=, timestamp=, at=): a cycle's file stem
@@ -86,4 +87,4 @@ class Cycle:
         its lines later, from this snapshot)."""
         return {"cycle": 0 if self.number is None else self.number,
                 "inner_steps": list(self.inner_steps), "start": self.started,
-                "steps": steps[self.first:], "joined": list(joined)}
+                **covered_steps(steps[self.first:]), "joined": list(joined)}
