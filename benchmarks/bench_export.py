@@ -24,7 +24,7 @@ import time
 from typing import Any
 
 from policy_engine import Topology, profile_session
-from policy_engine.runtime.process import export
+from policy_engine.runtime.process import export, summaries
 
 
 def policy(out: str, mode: str, device: str, shapes: bool) -> dict[str, Any]:
@@ -77,6 +77,7 @@ def main() -> int:
                         stalls[mode].append(took)
             for prof in profs.values():
                 prof.close()
+            summaries.wait(60)  # the traces' summaries, before their folder goes
         sync, background = (statistics.median(stalls[m]) for m in ("sync", "background"))
         print(f"  {label}: sync {sync * 1000:.1f} ms, background {background * 1000:.1f} ms, "
               f"background / sync {background / sync:.2f}x (target <= 0.5x)")

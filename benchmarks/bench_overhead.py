@@ -21,7 +21,7 @@ from collections.abc import Callable
 from typing import Any
 
 from policy_engine import Topology, apply_policy, profile_session
-from policy_engine.runtime.process import export
+from policy_engine.runtime.process import export, summaries
 
 N = 200_000
 
@@ -184,6 +184,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as out:
         results = {**off_rank(out), **on_rank_idle(out), **triggers_idle(out),
                    **capture_vs_raw(out)}
+        summaries.wait(60)  # the traces' summaries, before their folder goes
     width = max(map(len, results))
     for name, ratio in results.items():
         print(f"{name.ljust(width)}  {ratio:8.2f}x")

@@ -94,7 +94,8 @@ def actor_kv(address: str | None = None) -> RayKV:
             name=ACTOR, namespace=NAMESPACE, get_if_exists=True).remote())
         try:
             kv.has("")
-            _held.setdefault(kv.actor._actor_id, kv.actor)
+            # (by the actor's id where Ray's handle shows it, else the first handle kept)
+            _held.setdefault(getattr(kv.actor, "_actor_id", ACTOR), kv.actor)
             return kv
         except RayActorError:  # its creator let go of it: Ray is removing it and its name
             if time.monotonic() + FIND_PAUSE > deadline:
