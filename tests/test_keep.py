@@ -159,3 +159,18 @@ def test_the_plan_and_explain_say_it(make_policy: Any) -> None:
     assert entry["keep"] == "summaries"
     assert "keep" not in explain(load_policy(make_policy(steps=[1])), "actor",
                                  world=1)["ranks"][0]
+
+
+def test_explain_text_says_traces_are_removed(tmp_path: Path,
+                                              capsys: pytest.CaptureFixture[str]) -> None:
+    from policy_engine.cli.main import main
+
+    path = tmp_path / "p.yaml"
+    path.write_text("version: 1\nroles:\n  actor:\n    enabled: true\n    steps: [1]\n"
+                    "    keep: summaries\n")
+    assert main(["explain", str(path), "--role", "actor", "--world", "1"]) == 0
+    assert "keep: summaries (each torch trace listed is removed once its rank has " \
+           "summarised it" in capsys.readouterr().out
+    path.write_text("version: 1\nroles:\n  actor:\n    enabled: true\n    steps: [1]\n")
+    assert main(["explain", str(path), "--role", "actor", "--world", "1"]) == 0
+    assert "keep:" not in capsys.readouterr().out

@@ -213,7 +213,8 @@ def _steps(steps: list[int]) -> str:
 
 
 def _beyond_plan(entry: dict[str, Any]) -> list[str]:
-    """The lines on triggers and limits: captures the step list does not show."""
+    """The lines on triggers, limits and what is kept: what the step list does not
+    show."""
     out = []
     found = entry.get("triggers")
     if found:
@@ -230,6 +231,9 @@ def _beyond_plan(entry: dict[str, Any]) -> list[str]:
                  size_cell(limits["bytes"]) if limits["bytes"] else ""]
         out.append("limits: at most " + " and ".join(p for p in parts if p) +
                    " per process (traces past them are not listed)")
+    if entry.get("keep") == "summaries":
+        out.append("keep: summaries (each torch trace listed is removed once its rank has "
+                   "summarised it; its figures stay in the manifest)")
     return out
 
 
