@@ -279,12 +279,30 @@ def test_an_endless_merged_capture_closes_with_a_small_line(make_policy: Any,
     assert len(trace) < 1000 and b'"step_count":5000' in trace.replace(b" ", b""), trace
     [traced] = [r for r in scan_manifests(str(out)).records if r["event"] == "trace"]
     assert traced["steps"] == list(range(1, 5001)) and "step_count" not in traced
-    huge = manifests.parse_line(b'{"event": "trace", "capture": "1-1", "status": "complete", '
-                                b'"steps": [0, 999999999999], "step_count": 1000000000000}')
-    assert huge["steps"] == [0, 999999999999]  # past LISTED_MOST: as written, not listed
     [record] = [r for r in scan_manifests(str(out)).records if r["event"] == "close"]
     assert (record["steps"], record["step_count"]) == ([1, 5000], 5000)
     assert closed_steps(record) == range(1, 5001)
     assert closed_steps({"steps": [3, 4]}) == [3, 4]  # a short capture lists its steps
     listed = collect(str(out))
     assert listed["interrupted"] == [] and len(listed["traces"]) == 1
+
+
+def test_steps_listed_again_count_towards_what_a_scan_reads(tmp_path: Path) -> None:
+    """A trace line's first-and-last steps are listed when read, each step counted as if
+    written out: short lines with huge counts cannot make a reader hold more than the
+    scan's byte limit allows, and a count past LISTED_MOST stays as written."""
+    def line(n: int, first: int, count: int) -> bytes:
+        return json.dumps({"event": "trace", "capture": f"1-{n}", "status": "complete",
+                           "steps": [first, first + count - 1], "step_count": count}
+                          ).encode() + b"\n"
+    write_manifest(tmp_path, line(0, 0, 10**12), name="a")
+    write_manifest(tmp_path, *(line(n, 0, manifests.LISTED_MOST) for n in range(1, 40)),
+                   name="b")
+    scan = scan_manifests(str(tmp_path))
+    huge, *listed = scan.records
+    assert huge["steps"] == [0, 10**12 - 1] and huge["step_count"] == 10**12
+    per_file = manifests.MAX_MANIFEST_BYTES // (manifests.LISTED_MOST * manifests.STEP_BYTES)
+    assert len(listed) == per_file  # the next line is past the file's limit
+    assert all(len(r["steps"]) == manifests.LISTED_MOST for r in listed)
+    [problem] = scan.problems
+    assert problem.line == per_file + 1 and "more than 16 MiB" in problem.why

@@ -99,11 +99,6 @@ def parse_line(raw: bytes) -> dict[str, Any]:
     if not isinstance(parsed, dict):
         raise ValueError(f"not a JSON object (a {type(parsed).__name__})")
     record = from_json(parsed).to_json()
-    if record["event"] == "trace" and "step_count" in record:
-        steps = closed_steps(record)
-        if isinstance(steps, range) and len(steps) <= LISTED_MOST:
-            record["steps"] = list(steps)
-            del record["step_count"]
     if _UNCLEAN.search(text) is None:
         return record
     try:
@@ -114,8 +109,23 @@ def parse_line(raw: bytes) -> dict[str, Any]:
 
 
 #: A trace line's first-and-last steps are read as the list of every step up to this many
-#: (a million steps merged into one trace); past it they stay as written.
+#: (a million steps merged into one trace); past it they stay as written. Each step listed
+#: counts :data:`STEP_BYTES` towards the bytes a scan reads, as if the line had listed it.
 LISTED_MOST = 1 << 20
+STEP_BYTES = 8
+
+
+def _list_steps(record: dict[str, Any]) -> int:
+    """A trace line's steps given as the first, the last and ``step_count``, listed (the
+    readers of trace lines take lists); how many steps were listed."""
+    if record["event"] != "trace" or "step_count" not in record:
+        return 0
+    steps = closed_steps(record)
+    if not isinstance(steps, range) or len(steps) > LISTED_MOST:
+        return 0
+    record["steps"] = list(steps)
+    del record["step_count"]
+    return len(steps)
 
 
 def closed_steps(record: Mapping[str, Any]) -> Sequence[int]:
@@ -158,9 +168,10 @@ def _read_file(path: str, records: list[dict[str, Any]], problems: list[Manifest
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             problems.append(ManifestProblem(path, None, "not a regular file"))
             return 0
+        listed = 0  # bytes the steps listed again would have taken (_list_steps)
         try:
             for number, (raw, ended) in enumerate(_lines(f), 1):
-                stop = _stop(number, f.tell(), room, left)
+                stop = _stop(number, f.tell() + listed, room, left)
                 if stop:
                     problems.append(ManifestProblem(path, number, stop))
                     break
@@ -178,13 +189,14 @@ def _read_file(path: str, records: list[dict[str, Any]], problems: list[Manifest
                         why = f"half a line at the end of the file (no newline): {why}"
                     problems.append(ManifestProblem(path, number, why))
                     continue
+                listed += _list_steps(record) * STEP_BYTES
                 record["_manifest"] = path
                 record["_line"] = number
                 records.append(record)
                 room -= 1
         except OSError as err:
             problems.append(ManifestProblem(path, None, f"read failed: {err.strerror or err}"))
-        return f.tell()
+        return f.tell() + listed
 
 
 def scan_manifests(output_dir: str) -> Scan:
