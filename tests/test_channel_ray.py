@@ -95,3 +95,39 @@ def test_the_named_actor_carries_requests_progress_and_answers(make_policy: Any,
         assert first.answers(rid, 2) == {1: {"status": "accepted", "rank": 1}}
     finally:
         ray.shutdown()
+
+
+_CREATOR = """
+import sys
+from policy_engine.runtime.triggers.channel import JobChannel
+from policy_engine.runtime.triggers.ray_actor import actor_kv
+kv = actor_kv()  # joins the test's cluster and creates the actor
+JobChannel(kv, "solo").register(b'{"who": "creator"}')
+del kv  # its listener ends; the process goes on
+print("ready", flush=True)
+sys.stdin.read()  # until the test lets it exit
+"""
+
+
+def test_the_actor_lives_as_long_as_the_process_that_created_it(tmp_path: Path) -> None:
+    """Across real processes: another process creates the actor and lets go of its
+    listener; the actor stays while that process runs, and once it exits the next
+    listener gets a new actor instead of the dying one."""
+    import subprocess
+    import sys
+
+    from policy_engine.runtime.triggers.ray_actor import NAMESPACE, actor_kv
+
+    start_ray(num_cpus=1, namespace=NAMESPACE, include_dashboard=False, log_to_driver=False)
+    creator = subprocess.Popen([sys.executable, "-c", _CREATOR], stdin=subprocess.PIPE,
+                               stdout=subprocess.PIPE, text=True, cwd=tmp_path)
+    try:
+        assert creator.stdout is not None and creator.stdout.readline() == "ready\n"
+        assert JobChannel(actor_kv(), "solo").listeners() == 1  # still there
+        assert creator.stdin is not None
+        creator.stdin.close()
+        assert creator.wait(60) == 0
+        assert JobChannel(actor_kv(), "solo").listeners() == 0  # a new one
+    finally:
+        creator.kill()
+        ray.shutdown()

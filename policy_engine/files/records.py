@@ -349,9 +349,8 @@ def close_line(*, capture: str, status: str, **fields: Any) -> Record:
 
 def covered_steps(steps: list[int]) -> Record:
     """The ``steps`` of a close or trace line for a capture (or cycle) that covered
-    ``steps``: the list, or past
-    :data:`LISTED_STEPS` consecutive steps their first and last with ``step_count``, so
-    that the line of an endless merged capture stays small."""
+    ``steps``: the list, or past :data:`LISTED_STEPS` consecutive steps their first and
+    last with ``step_count``, so that the lines of an endless merged capture stay small."""
     if len(steps) <= LISTED_STEPS or steps[-1] - steps[0] + 1 != len(steps):
         return {"steps": list(steps)}
     return {"steps": [steps[0], steps[-1]], "step_count": len(steps)}
