@@ -19,7 +19,7 @@ from typing import Any
 
 def _names(value: Any) -> list[str]:
     """A manifest's list of role names (anything else, from a damaged line: none)."""
-    return [str(v) for v in value] if isinstance(value, list) else []
+    return [str(v) for v in value] if isinstance(value, (list, tuple)) else []
 
 
 def participants(record: Mapping[str, Any]) -> tuple[str, ...]:
