@@ -39,7 +39,7 @@ import json
 import os
 import re
 import stat
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
 from typing import IO, Any
 
 import attrs
@@ -274,7 +274,7 @@ def manifest_files(output_dir: str, problems: list[ManifestProblem]) -> list[tup
 
 
 def read_lines(output_dir: str, problems: list[ManifestProblem], *,
-               wanted: Callable[[bytes], bool] | None = None) -> Iterator[Found]:
+               wanted: Callable[[bytes], bool] | None = None) -> Generator[Found, None, None]:
     """Every line of every manifest under ``output_dir``, checked, one at a time (each
     process's files in order); what cannot be read goes to ``problems``, never raised.
     ``wanted``: lines (raw bytes) for which it is false are skipped unparsed."""
@@ -288,7 +288,7 @@ def read_lines(output_dir: str, problems: list[ManifestProblem], *,
 
 
 def _read_file(path: str, process: str, problems: list[ManifestProblem], left: int,
-               wanted: Callable[[bytes], bool] | None) -> Iterator[Found]:
+               wanted: Callable[[bytes], bool] | None) -> Generator[Found, None, int]:
     """The records of one manifest file; returns the bytes read (``left`` at most)."""
     try:
         # Not through a link, and never blocking on a FIFO planted under the name.

@@ -15,10 +15,10 @@ import html
 from collections.abc import Iterable
 from typing import Any
 
+from policy_engine.analysis.answers import WindowAnalysis
 from policy_engine.analysis.errors import AnalysisError
 from policy_engine.analysis.format import rank_spans
 from policy_engine.analysis.manifests import Scan
-from policy_engine.analysis.answers import WindowAnalysis
 from policy_engine.analysis.run import analyze_run
 from policy_engine.analysis.text import ms, notes, rank_rows, why
 from policy_engine.errors import printable

@@ -197,7 +197,7 @@ class _Window:
                 pending.append((index, entry))  # the trace is there: read it instead
             else:
                 self.add(entry, index, {"error": f"{found}, and the trace is not there"})
-        files = [e.file for _i, e in pending]
+        files = [str(e.file) for _i, e in pending]
         for (index, entry), summary in zip(pending, readers.map(files), strict=True):
             self.add(entry, index, summary)
         for s in self.w["skipped"]:

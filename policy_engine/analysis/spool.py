@@ -33,6 +33,16 @@ def dumps(value: Any) -> bytes:
     return json.dumps(value, separators=(",", ":")).encode("utf-8")
 
 
+def dumps_sorted(value: Any) -> str:
+    """``value`` as JSON text with its keys sorted (one text for one value)."""
+    if orjson is not None:
+        try:
+            return orjson.dumps(value, option=orjson.OPT_SORT_KEYS).decode("utf-8")
+        except (TypeError, ValueError):
+            pass
+    return json.dumps(value, sort_keys=True, default=str)
+
+
 def loads(data: bytes) -> Any:
     return orjson.loads(data) if orjson is not None else json.loads(data)
 

@@ -19,23 +19,25 @@ window is analysed.
 
 from __future__ import annotations
 
+import json
 import os
 from typing import Any, NamedTuple
 
 from policy_engine.analysis.manifests import (
-    Found,
     ManifestProblem,
     Place,
     Scan,
     process_of,
     read_lines,
 )
+from policy_engine.analysis.spool import dumps_sorted
 from policy_engine.analysis.window_roles import (
     TORCH_SUFFIXES,
     is_torch,
     participants,
     window_keys,
 )
+from policy_engine.files.records import ABSENT, Line, SummaryLine, from_json
 
 _ALSO = 16  # ranks listed whose capture has another trigger than the window's first
 #: The notes kept from all the manifests (limits reached, trigger requests missed...);
@@ -52,7 +54,7 @@ class Entry(NamedTuple):
     path: str | None
     file: str | None
     status: Any
-    summary: Place | None
+    summary: Place | dict[str, Any] | None
 
 
 class _Trace(NamedTuple):
@@ -105,11 +107,18 @@ def _why(first: _Trace, notes: list[dict[str, Any]]) -> dict[str, Any]:
     if trigger == "slow_step":
         steps = set(first.steps or ())
         slow = [n for n in notes if n.get("note") == "slow_step"
-                and steps & set(_hashable(n.get("captures")) or ())]
+                and steps & _ints(n.get("captures"))]
         why["slow"] = [{"rank": n.get("rank"), "step": n.get("step"),
                         "seconds": n.get("seconds"), "median": n.get("median")}
                        for n in sorted(slow, key=lambda n: str(n.get("rank")))]
     return why
+
+
+def _ints(value: Any) -> set[int]:
+    """The integers of a list read from a manifest (anything else: none)."""
+    if not isinstance(value, list):
+        return set()
+    return {v for v in value if isinstance(v, int)}
 
 
 #: What a trace line says of how it was recorded, gathered per window for the comparison
@@ -117,50 +126,61 @@ def _why(first: _Trace, notes: list[dict[str, Any]]) -> dict[str, Any]:
 IDENTITY = ("policy_hash", "torch", "recorded", "coords")
 
 
-def _hashable(value: Any) -> Any:
-    """A JSON value as a hashable one (lists as tuples, objects as sorted item tuples)."""
-    if isinstance(value, list):
-        return tuple(_hashable(v) for v in value)
-    if isinstance(value, dict):
-        return ("{}", *sorted((str(k), _hashable(v)) for k, v in value.items()))
+def _json_key(value: Any) -> Any:
+    """A JSON value as a hashable key: itself, or a list or object as its JSON text."""
+    if isinstance(value, (list, dict)):
+        return ("json", dumps_sorted(value))
     return value
 
 
-def _plain(value: Any) -> Any:
-    """:func:`_hashable` undone: the JSON value again."""
-    if isinstance(value, tuple):
-        if value[:1] == ("{}",):
-            return {k: _plain(v) for k, v in value[1:]}
-        return [_plain(v) for v in value]
-    return value
+def _from_key(key: Any) -> Any:
+    """:func:`_json_key` undone: the JSON value again."""
+    if isinstance(key, tuple) and key[:1] == ("json",):
+        return json.loads(key[1])
+    return key
 
 
 class _Shared:
     """Values seen before, handed out again: 100,000 ranks' lines name the same roles,
-    steps and policy, and hold them once."""
+    steps and policy, and hold them once. Lists come back as tuples."""
 
     def __init__(self) -> None:
         self._seen: dict[Any, Any] = {}
 
     def __call__(self, value: Any) -> Any:
-        if isinstance(value, (list, dict)):
-            value = _hashable(value)
-        try:
-            return self._seen.setdefault(value, value)
-        except TypeError:  # pragma: no cover - JSON values are hashable once converted
+        if isinstance(value, list):
+            try:
+                value = tuple(value)
+                return self._seen.setdefault(value, value)
+            except TypeError:  # a list of objects, from a damaged line: not shared
+                return value
+        if isinstance(value, dict):
             return value
+        return self._seen.setdefault(value, value)
+
+    def key(self, value: Any) -> Any:
+        """``value`` as a shared hashable key (:func:`_json_key`)."""
+        key = _json_key(value)
+        return self._seen.setdefault(key, key)
 
 
-def _compact(r: dict[str, Any], manifest: str, share: _Shared) -> _Trace:
+def _compact(line: Line, manifest: str, share: _Shared) -> _Trace:
+    more = line.more
     return _Trace(
-        manifest=manifest, capture=r.get("capture"), role=share(r.get("role")),
-        roles=share(r.get("roles")), joined=share(r.get("joined")),
-        region=share(r.get("region")), steps=share(r.get("steps")), cycle=r.get("cycle"),
-        rank=r.get("rank"), world=r.get("world"), backend=share(r.get("backend")),
-        path=r.get("path"), status=share(r.get("status")), error=r.get("error"),
-        start=r.get("start"), trigger=share(r.get("trigger")),
-        request=r.get("request"),
-        identity=share(tuple(share(r.get(k)) for k in IDENTITY)))
+        manifest=manifest, capture=_get(line.capture), role=share(_get(line.role)),
+        roles=share(_get(line.roles)), joined=share(_get(line.joined)),
+        region=share(_get(line.region)), steps=share(_get(line.steps)),
+        cycle=_get(line.cycle), rank=_get(line.rank), world=_get(line.world),
+        backend=share(more.get("backend")), path=_get(line.path),
+        status=share(_get(getattr(line, "status", None))), error=_get(line.error),
+        start=_get(line.start),
+        trigger=share(_get(line.trigger)), request=_get(line.request),
+        identity=share(tuple(share.key(more.get(k) if k != "coords" else _get(line.coords))
+                             for k in IDENTITY)))
+
+
+def _get(value: Any) -> Any:
+    return None if value is ABSENT else value
 
 
 class Index:
@@ -171,41 +191,37 @@ class Index:
         self.share = _Shared()
         self.traces: list[_Trace] = []
         self.limits: dict[tuple[str, str], str] = {}  # a close line's limit, by capture
-        self.summaries: dict[tuple[str, Any], Place | dict[str, Any]] = {}
+        self.summaries: dict[tuple[str, Any], Place | dict[str, Any] | None] = {}
         self.notes: dict[str, list[dict[str, Any]]] = {}
         self.notes_left_out = 0
+        self.notes_kept = 0
 
-    def add(self, r: dict[str, Any], manifest: str, place: Place | None) -> None:
-        """One record (a manifest line as a dict; ``place``: where it lies)."""
-        event = r["event"]
-        if event == "trace":
-            self.traces.append(_compact(r, manifest, self.share))
-        elif event == "close":
-            if isinstance(r.get("limit"), str):
-                self.limits[(manifest, str(r.get("capture")))] = r["limit"]
-        elif event == "summary" and not self.from_traces:
-            if r.get("status") == "complete":  # else the trace is read, if it is there
-                self.summaries[(manifest, r.get("path"))] = place if place else r["summary"]
+    def add(self, line: Line, manifest: str, place: Place | None) -> None:
+        """One line of the manifest ``manifest`` (``place``: where it lies)."""
+        if line.EVENT == "trace":
+            self.traces.append(_compact(line, manifest, self.share))
+        elif isinstance(line, SummaryLine):
+            if self.from_traces:
+                return
+            key = (manifest, line.path)
+            if line.status == "complete":  # else the trace is read, if it is there
+                self.summaries[key] = place if place is not None else _get(line.summary)
             else:
-                self.summaries.pop((manifest, r.get("path")), None)
-        elif event == "note":
-            if sum(map(len, self.notes.values())) < MAX_NOTES:
-                kept = {k: v for k, v in r.items() if not k.startswith("_")}
-                self.notes.setdefault(str(r.get("role")), []).append(kept)
+                self.summaries.pop(key, None)
+        elif line.EVENT == "close":
+            limit = line.more.get("limit")
+            if isinstance(limit, str):
+                self.limits[(manifest, str(line.capture))] = limit
+        elif line.EVENT == "note":
+            if self.notes_kept < MAX_NOTES:
+                self.notes_kept += 1
+                self.notes.setdefault(str(_get(line.role)), []).append(line.to_json())
             else:
                 self.notes_left_out += 1
 
     def read(self, root: str, problems: list[ManifestProblem]) -> None:
         for found in read_lines(root, problems):
-            self.add(_record(found), found.manifest, found.place)
-
-
-def _record(found: Found) -> dict[str, Any]:
-    line = found.line
-    if line.EVENT == "summary":  # its figures are read again when needed, by its place
-        return {"event": "summary", "path": line.path, "status": line.status,
-                "summary": None}
-    return line.to_json()
+            self.add(found.line, found.manifest, found.place)
 
 
 def from_manifests(root: str, *, from_traces: bool = False, scan: Scan | None = None
@@ -221,30 +237,31 @@ def from_manifests(root: str, *, from_traces: bool = False, scan: Scan | None = 
         index.read(root, found_problems)
     else:
         for r in scan.records:
-            index.add(r, r["_manifest"], None)
+            index.add(from_json({k: v for k, v in r.items() if not k.startswith("_")}),
+                      r["_manifest"], None)
         found_problems = list(scan.problems)
     problems = [f"manifest {p.path}{f':{p.line}' if p.line else ''}: {p.why}"
                 for p in found_problems]
-    traces = index.traces
+    traces: list[_Trace] = index.traces
     traces.sort(key=lambda r: r.start if isinstance(r.start, (int, float)) else 0)
     found: dict[tuple[Any, ...], dict[str, Any]] = {}
     notes = index.notes
-    for r, wkey in zip(traces, window_keys(traces), strict=True):
+    for t, wkey in zip(traces, window_keys(traces), strict=True):
         name, _region, steps, _cycle, nth = wkey
         window = found.get(wkey)
         if window is None:
             role_notes = [n for role in name.split("+") for n in notes.get(role, [])]
             window = found[wkey] = {
-                "role": name, "region": r.region, "steps": list(steps),
-                "cycle": r.cycle, "capture": nth, "world": r.world,
-                "why": _why(r, role_notes), "traces": [], "skipped": [], "limits": [],
+                "role": name, "region": t.region, "steps": list(steps),
+                "cycle": t.cycle, "capture": nth, "world": t.world,
+                "why": _why(t, role_notes), "traces": [], "skipped": [], "limits": [],
                 "dropped": [], "other": [], "holds": [], "holders": {}}
         # Who took part, per rank (internal: --role and the ranks a window should have).
-        taking_part = participants(r)
+        taking_part = participants(t)
         window["holds"].extend(x for x in taking_part if x not in window["holds"])
-        if isinstance(r.rank, int):
-            window["holders"].setdefault(r.rank, set()).update(taking_part)
-        _place(window, r, root, index)
+        if isinstance(t.rank, int):
+            window["holders"].setdefault(t.rank, set()).update(taking_part)
+        _place(window, t, root, index)
     loose = [{"role": n.get("role"), "rank": n.get("rank"), "note": n.get("note"),
               "message": _loose(n)} for role in sorted(notes) for n in notes[role]
              if n.get("note") == "limit" or (n.get("note") == "trigger"
@@ -272,7 +289,9 @@ def _place(window: dict[str, Any], r: _Trace, root: str, index: Index) -> None:
     rank = r.rank
     if isinstance(r.world, int):
         window["world"] = max(window["world"] or 0, r.world)
-    _identify(window.setdefault("identity", {}), r)
+    if r.identity not in window.setdefault("identities", set()):  # not as another rank's
+        window["identities"].add(r.identity)
+        _identify(window.setdefault("identity", {}), r)
     why = window["why"]
     trigger = str(r.trigger or "plan")
     if (trigger, r.request) != (why["trigger"], why.get("request")):
@@ -289,15 +308,11 @@ def _place(window: dict[str, Any], r: _Trace, root: str, index: Index) -> None:
                                   "why": r.error or "no file written"})
     elif not is_torch(r):
         window["other"].append({"rank": rank, "backend": r.backend, "path": rel})
-    elif not _inside(full, root):
-        # never read; its summary may still be used (the figures are in the manifest)
-        if summary is not None:
-            window["traces"].append(Entry(rank, rel, None, r.status, summary))
-        else:
-            window["skipped"].append({"rank": rank, "path": rel,
-                                      "why": "outside the folder analysed: not read"})
-    elif summary is not None:
+    elif summary is not None:  # the trace is read only if the summary cannot be used
         window["traces"].append(Entry(rank, rel, full, r.status, summary))
+    elif not _inside(full, root):
+        window["skipped"].append({"rank": rank, "path": rel,
+                                  "why": "outside the folder analysed: not read"})
     elif not os.path.isfile(full):
         window["skipped"].append({"rank": rank, "path": rel, "why": _absent(full)})
     else:
@@ -307,11 +322,11 @@ def _place(window: dict[str, Any], r: _Trace, root: str, index: Index) -> None:
 def _identify(identity: dict[str, Any], r: _Trace) -> None:
     for key, value in zip(IDENTITY[:-1], r.identity[:-1], strict=True):
         if value is not None:
-            value = _plain(value)
+            value = _from_key(value)
             seen = identity.setdefault(key, [])
             if value not in seen and len(seen) < _ALSO:
                 seen.append(value)
-    coords = _plain(r.identity[-1])
+    coords = _from_key(r.identity[-1])
     if isinstance(coords, dict):  # the mesh, as far as the ranks' coordinates show it
         mesh = identity.setdefault("mesh", {})
         for dim, at in coords.items():
