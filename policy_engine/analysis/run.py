@@ -30,6 +30,7 @@ from policy_engine.analysis.windows import (
     describe,
     from_folders,
     from_manifests,
+    inside,
 )
 from policy_engine.errors import did_you_mean
 
@@ -141,8 +142,9 @@ def _wanted(expected: dict[tuple[Any, Any], dict[str, set[int]]],
     return set().union(*(by_role.get(role, set()) for role in w.get("holds") or (w["role"],)))
 
 
-def _from_summary(entry: Entry) -> dict[str, Any] | str:
-    """The figures of ``entry``'s summary line, or why they cannot be used."""
+def _from_summary(entry: Entry, detail: bool) -> dict[str, Any] | str:
+    """The figures of ``entry``'s summary line, or why they cannot be used (``detail``:
+    with its operators, checked; else without them)."""
     place = entry.summary
     if isinstance(place, Place):
         try:
@@ -154,10 +156,13 @@ def _from_summary(entry: Entry) -> dict[str, Any] | str:
         found: Any = line.summary
     else:
         found = place
-    why = problem(found)
+    why = problem(found, ops=detail)
     if why is not None:
         return f"its summary line is not a summary: {why}"
-    return dict(found)
+    figures: dict[str, Any] = dict(found)
+    if not detail:
+        figures.pop("ops", None)
+    return figures
 
 
 class _Window:
@@ -184,19 +189,22 @@ class _Window:
             doc.pop("ops", None)
         self.places.append((doc["rank"], *self.spool.add(doc)))
 
-    def run(self, readers: _Readers, from_traces: bool) -> None:
+    def run(self, readers: _Readers, root: str) -> None:
         pending: list[tuple[int, Entry]] = []
         for index, entry in enumerate(self.w["traces"]):
-            if entry.summary is None or from_traces:
+            if entry.summary is None:
                 pending.append((index, entry))
                 continue
-            found = _from_summary(entry)
+            found = _from_summary(entry, self.detail)
             if isinstance(found, dict):
                 self.add(entry, index, found)
-            elif entry.file is not None and os.path.isfile(entry.file):
-                pending.append((index, entry))  # the trace is there: read it instead
+                continue
+            file = os.path.join(root, entry.path) if entry.path else ""
+            if file and inside(file, root) and os.path.isfile(file):
+                pending.append((index, entry._replace(file=file)))  # read the trace instead
             else:
-                self.add(entry, index, {"error": f"{found}, and the trace is not there"})
+                self.add(entry, index, {"error": f"{found}, and the trace is not there to "
+                                                 "be read instead"})
         files = [str(e.file) for _i, e in pending]
         for (index, entry), summary in zip(pending, readers.map(files), strict=True):
             self.add(entry, index, summary)
@@ -252,7 +260,7 @@ def analyze_run(root: str, *, role: str | None = None, step: int | None = None,
         for w in windows:
             want = _wanted(expected, w) if manifests else set()
             one = _Window(w, want, spool, manifests=manifests, detail=detail)
-            one.run(readers, from_traces)
+            one.run(readers, root)
             out.append(one.finish())
     return RunAnalysis(version=VERSION, root=os.path.abspath(root), windows=tuple(out),
                        notes=tuple(notes), problems=tuple(problems), spool=spool)

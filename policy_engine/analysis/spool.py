@@ -64,7 +64,9 @@ class Spool:
         data = dumps(doc)
         with self._lock:
             if self._file is None:
-                self._file = tempfile.TemporaryFile(prefix="policy-engine-analysis-")
+                # held open for the analysis's life: close() ends it
+                self._file = tempfile.TemporaryFile(  # noqa: SIM115
+                    prefix="policy-engine-analysis-")
             self._file.seek(self._end)
             self._file.write(data)
             offset, self._end = self._end, self._end + len(data)

@@ -304,10 +304,24 @@ def _step_problem(i: int, row: Any) -> str | None:
     return None
 
 
-def problem(summary: Any) -> str | None:
+def _ops_problem(ops: Any) -> str | None:
+    if type(ops) is not dict or not _count(ops.get("left_out")):
+        return "its operators are not an object with a count"
+    top = ops.get("top")
+    if type(top) is not list or len(top) > MAX_OPS:
+        return "its operators are not names, counts and times"
+    for o in top:
+        if not (type(o) is dict and type(o.get("name")) is str and type(o.get("cat")) is str
+                and _count(o.get("calls")) and _number(o.get("time_us"))):
+            return "its operators are not names, counts and times"
+    return None
+
+
+def problem(summary: Any, *, ops: bool = True) -> str | None:
     """Why ``summary`` (read from a manifest, so untrusted) is not what :func:`summarize`
     returns, or None when every figure the analyses use is there with its type and within
-    its range (times from 0, a step's parts within its span, counts from 0)."""
+    its range (times from 0, a step's parts within its span, counts from 0). ``ops``:
+    check the operators too (a reader that drops them need not)."""
     if type(summary) is not dict:
         return "it is not an object"
     if summary.get("basis") not in ("cpu", "gpu"):
@@ -329,16 +343,10 @@ def problem(summary: Any) -> str | None:
     for v in regions.values():
         if not (type(v) is dict and _count(v.get("count")) and _number(v.get("time_us"))):
             return "its regions are not counts and times"
-    ops = summary.get("ops", {"top": [], "left_out": 0})
-    if type(ops) is not dict or not _count(ops.get("left_out")):
-        return "its operators are not an object with a count"
-    top = ops.get("top")
-    if type(top) is not list or len(top) > MAX_OPS:
-        return "its operators are not names, counts and times"
-    for o in top:
-        if not (type(o) is dict and type(o.get("name")) is str and type(o.get("cat")) is str
-                and _count(o.get("calls")) and _number(o.get("time_us"))):
-            return "its operators are not names, counts and times"
+    if ops:
+        why = _ops_problem(summary.get("ops", {"top": [], "left_out": 0}))
+        if why is not None:
+            return why
     facts = summary.get("facts")
     if type(facts) is not dict:
         return "its facts lack a count"

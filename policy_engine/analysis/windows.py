@@ -195,6 +195,7 @@ class Index:
         self.notes: dict[str, list[dict[str, Any]]] = {}
         self.notes_left_out = 0
         self.notes_kept = 0
+        self.folders: dict[str, str] = {}
 
     def add(self, line: Line, manifest: str, place: Place | None) -> None:
         """One line of the manifest ``manifest`` (``place``: where it lies)."""
@@ -219,9 +220,28 @@ class Index:
             else:
                 self.notes_left_out += 1
 
+    def folder_of(self, manifest: str, root: str) -> str:
+        """The output folder of the manifest ``manifest``, relative to ``root``."""
+        found = self.folders.get(manifest)
+        if found is None:
+            found = self.folders[manifest] = os.path.relpath(
+                os.path.dirname(os.path.dirname(manifest)), root)
+        return found
+
     def read(self, root: str, problems: list[ManifestProblem]) -> None:
-        for found in read_lines(root, problems):
+        for found in read_lines(root, problems, wanted=_not_open):
             self.add(found.line, found.manifest, found.place)
+
+
+#: An open line, as the writer spells its kind. Those quotes cannot stand unescaped inside
+#: a string, so only a line whose object holds that key and value has these bytes: an
+#: open line (or a forged one, which is then left out like any open line).
+_OPEN = b'"event": "open"'
+
+
+def _not_open(raw: bytes) -> bool:
+    """Whether a line may be anything but an open line (the windows need none)."""
+    return _OPEN not in raw
 
 
 def from_manifests(root: str, *, from_traces: bool = False, scan: Scan | None = None
@@ -257,10 +277,17 @@ def from_manifests(root: str, *, from_traces: bool = False, scan: Scan | None = 
                 "why": _why(t, role_notes), "traces": [], "skipped": [], "limits": [],
                 "dropped": [], "other": [], "holds": [], "holders": {}}
         # Who took part, per rank (internal: --role and the ranks a window should have).
-        taking_part = participants(t)
-        window["holds"].extend(x for x in taking_part if x not in window["holds"])
+        taking_part = index.share(participants(t))
+        if taking_part is not window.get("_last"):  # as the rank before's, nearly always
+            window["_last"] = taking_part
+            window["holds"].extend(x for x in taking_part if x not in window["holds"])
         if isinstance(t.rank, int):
-            window["holders"].setdefault(t.rank, set()).update(taking_part)
+            held = window["holders"].get(t.rank)
+            if held is None:
+                window["holders"][t.rank] = taking_part  # shared: made a set when joined
+            elif held is not taking_part:
+                window["holders"][t.rank] = index.share(tuple(dict.fromkeys(
+                    (*held, *taking_part))))
         _place(window, t, root, index)
     loose = [{"role": n.get("role"), "rank": n.get("rank"), "note": n.get("note"),
               "message": _loose(n)} for role in sorted(notes) for n in notes[role]
@@ -269,6 +296,9 @@ def from_manifests(root: str, *, from_traces: bool = False, scan: Scan | None = 
     if index.notes_left_out:
         problems.append(f"the manifests hold more than {MAX_NOTES} notes: "
                         f"{index.notes_left_out} more were not read")
+    for window in found.values():
+        window.pop("_last", None)
+        window.pop("identities", None)
     return list(found.values()), problems, loose
 
 
@@ -281,11 +311,10 @@ def _loose(note: dict[str, Any]) -> str:
 def _place(window: dict[str, Any], r: _Trace, root: str, index: Index) -> None:
     """One trace line into its window: a trace to read (or its summary, read later), or
     a note saying why not."""
-    base = os.path.dirname(os.path.dirname(r.manifest))
     path = r.path
-    full = os.path.normpath(os.path.join(base, path)) if isinstance(path, str) and path \
-        else None
-    rel = os.path.relpath(full, root) if full else None
+    rel = os.path.normpath(os.path.join(index.folder_of(r.manifest, root), path)) \
+        if isinstance(path, str) and path else None
+    full = os.path.join(root, rel) if rel is not None else None
     rank = r.rank
     if isinstance(r.world, int):
         window["world"] = max(window["world"] or 0, r.world)
@@ -309,8 +338,8 @@ def _place(window: dict[str, Any], r: _Trace, root: str, index: Index) -> None:
     elif not is_torch(r):
         window["other"].append({"rank": rank, "backend": r.backend, "path": rel})
     elif summary is not None:  # the trace is read only if the summary cannot be used
-        window["traces"].append(Entry(rank, rel, full, r.status, summary))
-    elif not _inside(full, root):
+        window["traces"].append(Entry(rank, rel, None, r.status, summary))
+    elif not inside(full, root):
         window["skipped"].append({"rank": rank, "path": rel,
                                   "why": "outside the folder analysed: not read"})
     elif not os.path.isfile(full):
@@ -341,7 +370,7 @@ def _absent(path: str) -> str:
     return "not a regular file (a folder, a FIFO or a device where the trace should be)"
 
 
-def _inside(path: str, root: str) -> bool:
+def inside(path: str, root: str) -> bool:
     """Whether ``path`` (links resolved) lies under ``root``: a manifest is untrusted, and
     a trace it names elsewhere is not read."""
     top = os.path.realpath(root)
