@@ -195,7 +195,7 @@ def test_choosing_windows(tmp_path: Path) -> None:
     code, _, err = cli(str(tmp_path), "--role", "trainr")
     assert code == 2 and "no role 'trainr'" in err and "trainer" in err
     code, _, err = cli(str(tmp_path), "--step", "9")
-    assert code == 2 and "the steps captured are 1, 2, 3" in err
+    assert code == 2 and "the steps captured are 1-3" in err
     code, _, err = cli(str(tmp_path / "nowhere"))
     assert code == 2 and "not a folder" in err
 

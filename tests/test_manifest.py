@@ -49,7 +49,7 @@ def test_records_are_appended_as_lines_and_read_back(out: Path) -> None:
     assert os.path.basename(path).startswith(f"{host}_pid{os.getpid()}_")
     scan = scan_manifests(str(out))
     assert scan.problems == ()
-    assert [{k: v for k, v in r.items() if k not in ("_manifest", "_line")}
+    assert [{k: v for k, v in r.items() if k not in ("_manifest", "_file", "_line")}
             for r in scan.records] == [OPEN, TRACE, CLOSE]
     assert [(r["_manifest"], r["_line"]) for r in scan.records] == [
         (path, 1), (path, 2), (path, 3)]
@@ -60,7 +60,8 @@ def test_read_manifests_gives_trace_records_old_and_new(out: Path) -> None:
     path = write_manifest(out, *(json.dumps(r).encode() + b"\n" for r in (old, OPEN, TRACE, CLOSE)))
     rows = read_manifests(str(out))
     assert [r["event"] for r in rows] == ["trace", "trace"]
-    assert all(r["_manifest"] == str(path) and "_line" not in r for r in rows)
+    assert all(r["_manifest"] == str(path) and "_line" not in r and "_file" not in r
+               for r in rows)
 
 
 def test_a_short_write_is_cut_back_off(out: Path, monkeypatch: Any) -> None:

@@ -35,6 +35,12 @@ from policy_engine.analysis.errors import AnalysisError
 # The readers and the figures are imported when first used, not with the package: a
 # command that only needs AnalysisError (every command imports it) starts without them.
 if TYPE_CHECKING:
+    from policy_engine.analysis.answers import (
+        RankAnalysis,
+        RunAnalysis,
+        StepFigures,
+        WindowAnalysis,
+    )
     from policy_engine.analysis.manifests import ManifestProblem
     from policy_engine.analysis.summary import summarize
 
@@ -42,96 +48,15 @@ __all__ = ["AnalysisError", "RankAnalysis", "RunAnalysis", "RunComparison", "Run
            "StepFigures", "WindowAnalysis", "WindowScan", "analyze", "compare", "scan",
            "summarize"]
 
-_PARTS = ("time_us", "span_us", "compute_us", "comm_us", "overlap_us", "other_us", "idle_us")
-
-
-@attrs.frozen
-class StepFigures:
-    """One ``ProfilerStep`` of one rank (``step`` None: the whole trace, which has none),
-    in microseconds."""
-
-    step: int | None
-    time_us: float
-    span_us: float
-    compute_us: float
-    comm_us: float
-    overlap_us: float
-    other_us: float
-    idle_us: float
-
-
-@attrs.frozen
-class RankAnalysis:
-    """One rank of a window: its figures, or ``error`` saying why there are none."""
-
-    rank: int | None
-    path: str | None
-    status: str | None
-    error: str | None
-    basis: str | None  # "gpu" (kernels) or "cpu"
-    steps: tuple[StepFigures, ...]
-    total: Mapping[str, float] | None
-
-
-@attrs.frozen
-class WindowAnalysis:
-    """One capture window compared across its ranks."""
-
-    title: str
-    role: str
-    region: str | None
-    steps: tuple[Any, ...]
-    cycle: int | None
-    capture: int
-    world: int | None
-    ranks: tuple[RankAnalysis, ...]
-    straggler: Mapping[str, Any] | None
-    readiness: tuple[Mapping[str, Any], ...]
-
-
-@attrs.frozen
-class RunAnalysis:
-    """Every window analysed under ``root``, with the notes and manifest problems met."""
-
-    root: str
-    windows: tuple[WindowAnalysis, ...]
-    notes: tuple[Mapping[str, Any], ...]
-    problems: tuple[str, ...]
-    _document: Mapping[str, Any] = attrs.field(repr=False, eq=False, alias="document")
-
-    def to_json(self) -> dict[str, Any]:
-        """The JSON document of the analysis (its ``version`` says which), a fresh copy."""
-        return copy.deepcopy(dict(self._document))
-
-
-def _rank(doc: Mapping[str, Any]) -> RankAnalysis:
-    steps = tuple(StepFigures(row.get("step"), *(row[k] for k in _PARTS))
-                  for row in doc.get("steps") or ())
-    return RankAnalysis(rank=doc.get("rank"), path=doc.get("path"), status=doc.get("status"),
-                        error=doc.get("error"), basis=doc.get("basis"), steps=steps,
-                        total=doc.get("total"))
-
-
-def _window(doc: Mapping[str, Any]) -> WindowAnalysis:
-    return WindowAnalysis(
-        title=doc["title"], role=doc["role"], region=doc["region"], steps=tuple(doc["steps"]),
-        cycle=doc["cycle"], capture=doc["capture"], world=doc["world"],
-        ranks=tuple(_rank(r) for r in doc["ranks"]), straggler=doc["straggler"],
-        readiness=tuple(doc["readiness"]))
-
-
 def analyze(path: str, *, role: str | None = None, step: int | None = None,
             jobs: int = 1, from_traces: bool = False) -> RunAnalysis:
     """The analysis of every capture window under the run folder ``path`` that ``role``
     and ``step`` choose, reading traces over ``jobs`` processes where their ranks wrote no
     summary (every trace when ``from_traces``). AnalysisError when nothing can be
     chosen."""
-    from policy_engine.analysis.run import analyze as _analyze
+    from policy_engine.analysis.run import analyze_run
 
-    doc = _analyze(path, role=role, step=step, jobs=jobs, from_traces=from_traces)
-    return RunAnalysis(root=doc["root"], windows=tuple(_window(w) for w in doc["windows"]),
-                       notes=tuple(doc["notes"]), problems=tuple(doc["problems"]),
-                       document=doc)
+    return analyze_run(path, role=role, step=step, jobs=jobs, from_traces=from_traces)
 
 
 @attrs.frozen
@@ -211,16 +136,21 @@ def scan(path: str) -> RunScan:
         windows=tuple(WindowScan(
             title=describe(w), role=w["role"], region=w["region"], steps=tuple(w["steps"]),
             cycle=w["cycle"], capture=w["capture"], world=w["world"],
-            ranks=_ranks(t["rank"] for t in w["traces"]),
-            summarised=_ranks(t["rank"] for t in w["traces"] if t.get("summary") is not None),
+            ranks=_ranks(t.rank for t in w["traces"]),
+            summarised=_ranks(t.rank for t in w["traces"] if t.summary is not None),
             skipped=tuple(w["skipped"]), dropped=tuple(w["dropped"])) for w in windows),
         records=found.records, problems=found.problems)
 
 
-def __getattr__(name: str) -> Any:
-    """``summarize``, imported when first asked for (see the imports above)."""
-    if name == "summarize":
-        from policy_engine.analysis.summary import summarize
+_LATER = {"summarize": "summary", "RankAnalysis": "answers", "RunAnalysis": "answers",
+          "StepFigures": "answers", "WindowAnalysis": "answers"}
 
-        return summarize
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+def __getattr__(name: str) -> Any:
+    """The names above that are imported when first asked for (see the imports above)."""
+    module = _LATER.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib
+
+    return getattr(importlib.import_module(f"{__name__}.{module}"), name)

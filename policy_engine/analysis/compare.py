@@ -39,12 +39,12 @@ from __future__ import annotations
 import math
 import os
 import statistics
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
+from policy_engine.analysis.answers import WindowAnalysis
 from policy_engine.analysis.errors import AnalysisError
-from policy_engine.analysis.run import analyze
-from policy_engine.analysis.window import without_trailing
+from policy_engine.analysis.run import analyze_run
 
 VERSION = 1
 #: The rank-sum test's significance level. Two runs of one unchanged 4-rank job on a
@@ -157,61 +157,15 @@ def verdict(base: Sequence[float], new: Sequence[float],
 
 # -- one pair of windows ------------------------------------------------------------------
 
-def _read(window: dict[str, Any]) -> list[dict[str, Any]]:
-    """The ranks with steps to compare, each with the steps it compares by (less the
-    first, where there are more) and ``counted``, the steps its regions' and operators'
-    totals cover (they are summed over the whole capture)."""
-    out = []
-    for r in window["ranks"]:
-        if not r.get("error") and r.get("steps"):
-            steps = without_trailing(r["steps"])
-            out.append({**r, "steps": steps[1:] if len(steps) >= 2 else steps,
-                        "counted": len(steps)})
-    return out
+def _compared(window: WindowAnalysis) -> Any:
+    """What the window's figures gathered for the comparison (``detail``)."""
+    assert window.figures is not None and window.figures.compared is not None
+    return window.figures.compared
 
 
-def _samples(ranks: Iterable[dict[str, Any]]) -> list[float]:
+def _samples(window: WindowAnalysis) -> list[float]:
     """One time per step of the window: the median over the ranks of their n-th step."""
-    columns: list[list[float]] = []
-    for r in ranks:
-        for i, row in enumerate(r["steps"]):
-            if i == len(columns):
-                columns.append([])
-            columns[i].append(row["time_us"])
-    return [statistics.median(column) for column in columns]
-
-
-def _means(ranks: list[dict[str, Any]]) -> dict[str, float]:
-    """The mean step over every (rank, step): its span and the span's parts."""
-    rows = [row for r in ranks for row in r["steps"]]
-    if not rows:
-        return {}
-    out = {"span_us": statistics.fmean(row["span_us"] for row in rows),
-           "compute_us": statistics.fmean(row["compute_us"] for row in rows),
-           "exposed_comm_us": statistics.fmean(row["comm_us"] - row["overlap_us"]
-                                               for row in rows),
-           "other_us": statistics.fmean(row["other_us"] for row in rows),
-           "idle_us": statistics.fmean(row["idle_us"] for row in rows)}
-    return out
-
-
-def _per_step(ranks: list[dict[str, Any]], items: Any) -> dict[tuple[str, str], float]:
-    """Mean over ranks of each name's time per step: ``items(rank)`` yields (key, µs)."""
-    totals: dict[tuple[str, str], float] = {}
-    for r in ranks:
-        steps = max(r["counted"], 1)
-        for key, time_us in items(r):
-            totals[key] = totals.get(key, 0.0) + time_us / steps
-    return {k: v / max(len(ranks), 1) for k, v in totals.items()}
-
-
-def _regions(r: dict[str, Any]) -> Iterable[tuple[tuple[str, str], float]]:
-    return (((name, "region"), v["time_us"]) for name, v in (r.get("regions") or {}).items())
-
-
-def _ops(r: dict[str, Any]) -> Iterable[tuple[tuple[str, str], float]]:
-    return (((o["name"], o["cat"]), o["time_us"])
-            for o in ((r.get("ops") or {}).get("top") or ()))
+    return list(_compared(window).samples())
 
 
 def _moved(base: dict[tuple[str, str], float], new: dict[tuple[str, str], float],
@@ -228,7 +182,7 @@ def _moved(base: dict[tuple[str, str], float], new: dict[tuple[str, str], float]
     return rows[:TOP]
 
 
-def _differences(base: dict[str, Any], new: dict[str, Any]) -> list[dict[str, Any]]:
+def _differences(base: WindowAnalysis, new: WindowAnalysis) -> list[dict[str, Any]]:
     out = []
 
     def say(what: str, b: Any, n: Any, message: str) -> None:
@@ -236,12 +190,12 @@ def _differences(base: dict[str, Any], new: dict[str, Any]) -> list[dict[str, An
             out.append({"what": what, "base": b, "new": n, "blocks": what in BLOCKING,
                         "message": message})
 
-    say("world", base["world"], new["world"],
-        f"world size {base['world']} -> {new['world']}: the ranks do different work")
-    bi, ni = base.get("identity") or {}, new.get("identity") or {}
+    say("world", base.world, new.world,
+        f"world size {base.world} -> {new.world}: the ranks do different work")
+    bi, ni = base.identity or {}, new.identity or {}
     say("mesh", bi.get("mesh") or None, ni.get("mesh") or None,
         f"mesh {bi.get('mesh')} -> {ni.get('mesh')} (from the ranks' coordinates)")
-    basis = [sorted({str(r.get("basis")) for r in _read(w)}) for w in (base, new)]
+    basis = [sorted(_compared(w).basis) for w in (base, new)]
     say("basis", basis[0], basis[1], f"measured on {'/'.join(basis[0]) or 'nothing'} -> "
         f"{'/'.join(basis[1]) or 'nothing'}: GPU kernels and CPU operators are not the "
         "same time")
@@ -256,15 +210,15 @@ def _differences(base: dict[str, Any], new: dict[str, Any]) -> list[dict[str, An
     return out
 
 
-def _straggler(window: dict[str, Any]) -> int | None:
-    s = window.get("straggler")
+def _straggler(window: WindowAnalysis) -> int | None:
+    s = window.straggler
     return s.get("rank") if isinstance(s, dict) else None
 
 
-def drift(windows: Sequence[dict[str, Any]]) -> float | None:
+def drift(windows: Sequence[WindowAnalysis]) -> float | None:
     """How far apart the median steps of one run's windows (of one role and region) lie:
     (largest - smallest) / smallest; None with fewer than two windows to tell."""
-    medians = [statistics.median(s) for w in windows if (s := _samples(_read(w)))]
+    medians = [statistics.median(s) for w in windows if (s := _samples(w))]
     if len(medians) < 2 or min(medians) <= 0:
         return None
     return (max(medians) - min(medians)) / min(medians)
@@ -286,26 +240,29 @@ def agree(pairs: Sequence[dict[str, Any]]) -> None:
                         f"{others}: a change in some windows only is the machine's)")
 
 
-def pair(base: dict[str, Any], new: dict[str, Any],
+def pair(base: WindowAnalysis, new: WindowAnalysis,
          spread: float | None = None) -> dict[str, Any]:
     """The comparison of one window of the base run with one of the new run (windows as
-    :func:`~policy_engine.analysis.run.analyze` returns them, with ``detail``)."""
-    rb, rn = _read(base), _read(new)
+    :func:`~policy_engine.analysis.run.analyze_run` returns them, with ``detail``)."""
+    cb, cn = _compared(base), _compared(new)
     differences = _differences(base, new)
-    sb, sn = _samples(rb), _samples(rn)
-    mb, mn = _means(rb), _means(rn)
+    sb, sn = cb.samples(), cn.samples()
+    mb, mn = cb.means(), cn.means()
     out: dict[str, Any] = {
-        "role": base["role"], "region": base["region"],
-        "base": {k: base[k] for k in ("title", "steps", "cycle", "capture")},
-        "new": {k: new[k] for k in ("title", "steps", "cycle", "capture")},
+        "role": base.role, "region": base.region,
+        "base": {"title": base.title, "steps": list(base.steps), "cycle": base.cycle,
+                 "capture": base.capture},
+        "new": {"title": new.title, "steps": list(new.steps), "cycle": new.cycle,
+                "capture": new.capture},
         "differences": differences,
-        "comparable": not any(d["blocks"] for d in differences) and bool(rb and rn),
+        "comparable": not any(d["blocks"] for d in differences) and bool(cb.ranks
+                                                                         and cn.ranks),
         "step_time": None, "parts": None, "ranks": [], "regions": [], "operators": [],
         "straggler": {"base": _straggler(base), "new": _straggler(new),
                       "changed": _straggler(base) != _straggler(new)},
     }
-    if not (rb and rn):
-        side = "base" if not rb else "new"
+    if not (cb.ranks and cn.ranks):
+        side = "base" if not cb.ranks else "new"
         out.update(verdict=None, why=f"the {side} run has no readable step in this window",
                    test=None)
         return out
@@ -314,18 +271,16 @@ def pair(base: dict[str, Any], new: dict[str, Any],
                         "base_mean_us": _r(mb["span_us"]), "new_mean_us": _r(mn["span_us"]),
                         "change_us": _r(mn["span_us"] - mb["span_us"])}
     out["parts"] = {key: _r(mn[key] - mb[key]) for key, _ in PARTS}
-    by_rank = {r["rank"]: r for r in rn}
     ranks = []
-    for r in rb:
-        other = by_rank.get(r["rank"])
-        if other is not None:
-            b, n = statistics.fmean(_samples([r])), statistics.fmean(_samples([other]))
-            ranks.append({"rank": r["rank"], "base_us": _r(b), "new_us": _r(n),
+    for rank, b in cb.rank_means.items():
+        n = cn.rank_means.get(rank)
+        if n is not None:
+            ranks.append({"rank": rank, "base_us": _r(b), "new_us": _r(n),
                           "change_us": _r(n - b)})
     ranks.sort(key=lambda row: (-abs(row["change_us"]), str(row["rank"])))
     out["ranks"] = ranks[:TOP]
-    out["regions"] = _moved(_per_step(rb, _regions), _per_step(rn, _regions), "regions")
-    out["operators"] = _moved(_per_step(rb, _ops), _per_step(rn, _ops), "ops")
+    out["regions"] = _moved(cb.per_step(cb.regions), cn.per_step(cn.regions), "regions")
+    out["operators"] = _moved(cb.per_step(cb.ops), cn.per_step(cn.ops), "ops")
     if out["comparable"]:
         out.update(verdict(sb, sn, spread))
     else:
@@ -337,13 +292,14 @@ def pair(base: dict[str, Any], new: dict[str, Any],
 # -- two runs -------------------------------------------------------------------------------
 
 def _side(path: str, which: str, role: str | None, step: int | None, jobs: int,
-          from_traces: bool) -> list[dict[str, Any]]:
+          from_traces: bool) -> list[WindowAnalysis]:
     try:
-        result = analyze(path, role=role, step=step, jobs=jobs, from_traces=from_traces,
-                         detail=True)
+        result = analyze_run(path, role=role, step=step, jobs=jobs, from_traces=from_traces,
+                             detail=True)
     except AnalysisError as err:
         raise AnalysisError(f"{which}: {err}") from None
-    return [w for w in result["windows"] if "not_analysed" not in w]
+    result.close()  # the ranks themselves are not read again: their figures are gathered
+    return [w for w in result.windows if w.not_analysed is None]
 
 
 def compare_runs(base: str, new: str, *, role: str | None = None,
@@ -354,22 +310,22 @@ def compare_runs(base: str, new: str, *, role: str | None = None,
     AnalysisError, naming the run, when either has nothing to compare."""
     a = _side(base, "BASE", role, steps[0] if steps else None, jobs, from_traces)
     b = _side(new, "NEW", role, steps[1] if steps else None, jobs, from_traces)
-    groups: dict[tuple[Any, Any], list[list[dict[str, Any]]]] = {}
+    groups: dict[tuple[Any, Any], list[list[WindowAnalysis]]] = {}
     for index, side in enumerate((a, b)):
         for w in side:
-            groups.setdefault((w["role"], w["region"]), [[], []])[index].append(w)
+            groups.setdefault((w.role, w.region), [[], []])[index].append(w)
     windows, only_base, only_new = [], [], []
     for (_role, _region), (left, right) in groups.items():
         known = [d for d in (drift(left), drift(right)) if d is not None]
         for x, y in zip(left, right, strict=False):
             windows.append(pair(x, y, max(known) if known else None))
-        only_base += [w["title"] for w in left[len(right):]]
-        only_new += [w["title"] for w in right[len(left):]]
+        only_base += [w.title for w in left[len(right):]]
+        only_new += [w.title for w in right[len(left):]]
         agree(windows[len(windows) - min(len(left), len(right)):])
     if not windows:
         raise AnalysisError(f"no window of BASE matches one of NEW by role and region: "
-                            f"BASE holds {', '.join(sorted({w['title'] for w in a}))}; NEW "
-                            f"holds {', '.join(sorted({w['title'] for w in b}))}")
+                            f"BASE holds {', '.join(sorted({w.title for w in a}))}; NEW "
+                            f"holds {', '.join(sorted({w.title for w in b}))}")
     return {"version": VERSION, "base": os.path.abspath(base), "new": os.path.abspath(new),
             "windows": windows,
             "unmatched": {"base": only_base, "new": only_new}}

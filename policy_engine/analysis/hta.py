@@ -16,6 +16,9 @@ import tempfile
 import warnings
 from typing import Any
 
+import attrs
+
+from policy_engine.analysis.answers import RunAnalysis
 from policy_engine.analysis.format import rank_spans
 
 INSTALL = "pip install HolisticTraceAnalysis"
@@ -75,17 +78,24 @@ def run_hta(files: list[str]) -> dict[str, Any]:
     return {"error": None, "ranks": sorted(ranks, key=lambda r: r["rank"])}
 
 
-def attach(windows: list[dict[str, Any]], root: str) -> None:
-    """HTA's numbers into each window that holds GPU kernels (others say why not)."""
-    for w in windows:
-        readable = [r for r in w["ranks"] if not r.get("error")]
-        if not any(r["facts"]["kernels"] for r in readable):
-            w["hta"] = {"error": "not run: the window holds no GPU kernels", "ranks": []}
-            continue
-        files = [os.path.join(root, r["path"]) for r in readable]
-        gone = [r["rank"] for r, f in zip(readable, files, strict=True) if not os.path.isfile(f)]
-        if gone:  # summarised by their ranks, and the traces not kept (or not copied here)
-            w["hta"] = {"error": f"not run: the traces of rank(s) {rank_spans(gone)} are not "
-                                 "here (only their summaries)", "ranks": []}
-            continue
-        w["hta"] = run_hta(files)
+def attach(result: RunAnalysis, root: str) -> RunAnalysis:
+    """``result`` with HTA's numbers in each window that holds GPU kernels (the others say
+    why not)."""
+    windows = []
+    for w in result.windows:
+        readable = [(d["rank"], d.get("path"), d["facts"]["kernels"])
+                    for d in w.docs if not d.get("error")]
+        windows.append(attrs.evolve(w, hta=_one(readable, root)))
+    return attrs.evolve(result, windows=tuple(windows))
+
+
+def _one(readable: list[tuple[Any, Any, int]], root: str) -> dict[str, Any]:
+    if not any(kernels for _rank, _path, kernels in readable):
+        return {"error": "not run: the window holds no GPU kernels", "ranks": []}
+    files = [os.path.join(root, str(path)) for _rank, path, _kernels in readable]
+    gone = [rank for (rank, _p, _k), f in zip(readable, files, strict=True)
+            if not os.path.isfile(f)]
+    if gone:  # summarised by their ranks, and the traces not kept (or not copied here)
+        return {"error": f"not run: the traces of rank(s) {rank_spans(gone)} are not "
+                         "here (only their summaries)", "ranks": []}
+    return run_hta(files)

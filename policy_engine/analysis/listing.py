@@ -171,7 +171,7 @@ def collect(root: str, scan: Scan | None = None) -> dict[str, Any]:
             try:  # a path out of DIR is reported, never looked at
                 full = file_of(r, record["path"])
             except ValueError as err:
-                refused.append({"manifest": _text(r["_manifest"]), "line": r["_line"],
+                refused.append({"manifest": _text(r["_file"]), "line": r["_line"],
                                 "why": str(err)})
                 record["path"] = None
             else:

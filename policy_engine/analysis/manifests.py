@@ -1,9 +1,11 @@
 """Reading the per-process manifests (``runtime.process.manifest`` writes them): one JSON line per
 event of a capture.
 
-Each process appends to its own file under ``<output_dir>/manifests/``. Each line is a
-record of one kind (the ``event`` key), declared with its fields in
-:mod:`policy_engine.files.records` and checked here through those classes
+Each process appends to its own file under ``<output_dir>/manifests/``, and starts a new
+one (``<name>.2.manifest.jsonl``, ``.3``...) before the current one passes what a reader
+reads of one file; the files of one process are read as one manifest, in order
+(:func:`process_of`). Each line is a record of one kind (the ``event`` key), declared with
+its fields in :mod:`policy_engine.files.records` and checked here through those classes
 (:func:`parse_line`):
 
 - ``open``: written when a capture opens, before the backend is touched, so a capture
@@ -22,6 +24,12 @@ record of one kind (the ``event`` key), declared with its fields in
 A line is written whole or not at all: one ``write`` on an ``O_APPEND`` descriptor, and a
 short write is cut back off. Reading never raises on what it reads: each damaged line is
 reported with its file and line number, and skipped.
+
+Two ways to read. :func:`read_lines` hands out the lines one at a time, each with where it
+lies, so that a reader holds only what it keeps (``analyze`` keeps a summary's place, not
+the summary, and reads it again when it needs it: :func:`load_summary`); its memory does
+not grow with what the files hold. :func:`scan_manifests` keeps every record, as a dict,
+up to :data:`MAX_RECORDS`.
 """
 
 from __future__ import annotations
@@ -31,22 +39,38 @@ import json
 import os
 import re
 import stat
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
 from typing import IO, Any
 
 import attrs
 
 from policy_engine.files.layout import MANIFEST_SUFFIX
-from policy_engine.files.records import clean_value, from_json, quoted
+from policy_engine.files.records import (
+    ABSENT,
+    Line,
+    SummaryLine,
+    clean_value,
+    from_json,
+    quoted,
+)
+
+try:  # orjson reads a line several times faster; the standard library reads what it cannot
+    import orjson
+except ImportError:  # pragma: no cover - the package depends on it; the reader still works
+    orjson = None  # type: ignore[assignment]
 
 #: The longest line read; a longer one is reported, not loaded.
 MAX_LINE_BYTES = 1 << 20
-#: The most lines, and bytes, read of one manifest, and records held from all of them: a
-#: reader's memory stays bounded whatever the files hold (the rest is reported, not read).
+#: The most lines, and bytes, read of one manifest file (a process starts a new file well
+#: before either: ``runtime.process.manifest``); the rest of a longer one is reported, not
+#: read.
 MAX_MANIFEST_LINES = 20_000
 MAX_MANIFEST_BYTES = 16 << 20
+#: The most records :func:`scan_manifests` holds from all the files together, and the most
+#: bytes any reading of a folder reads: a reader's memory and time stay bounded whatever the
+#: files hold (the rest is reported, not read). :func:`read_lines` holds no record itself.
 MAX_RECORDS = 200_000
-MAX_SCAN_BYTES = 256 << 20
+MAX_SCAN_BYTES = 16 << 30
 
 # -- reading ---------------------------------------------------------------------------
 
@@ -64,12 +88,33 @@ class ManifestProblem:
 class Scan:
     """Every record of every manifest under a folder, and every problem met.
 
-    Each record carries ``event`` (``trace`` for old lines), ``_manifest`` (its file) and
-    ``_line`` (1-based).
+    Each record carries ``event`` (``trace`` for old lines), ``_manifest`` (its process's
+    manifest: the first file's path, for every file of the process), ``_file`` (the file
+    the line is in) and ``_line`` (1-based, in that file).
     """
 
     records: tuple[dict[str, Any], ...]
     problems: tuple[ManifestProblem, ...]
+
+
+@attrs.frozen
+class Place:
+    """Where a line lies: its file, its line number (1-based), and its bytes."""
+
+    file: str
+    line: int
+    offset: int
+    length: int
+
+
+@attrs.frozen
+class Found:
+    """One line read: its record (checked), its process's manifest (:func:`process_of`)
+    and where it lies."""
+
+    line: Line
+    manifest: str
+    place: Place
 
 
 def _reject_constant(name: str) -> Any:
@@ -80,32 +125,68 @@ def _reject_constant(name: str) -> Any:
 #: escape, or a number that may not fit a float (an exponent, or hundreds of digits). A
 #: line without any is taken as parsed (the common case: a scan of 10,000 summaries).
 _UNCLEAN = re.compile(r"\\u[dD][89a-fA-F]|[0-9.][eE][+-]?[0-9]|[0-9.]{300}")
+# A run of 19 digits or more: an integer orjson would read as a float (the standard
+# library keeps it an integer, and a check may refuse it as too large).
+_DIGITS, _LONG = bytes.maketrans(b"123456789", b"000000000"), b"0" * 19
+
+
+def _loads(raw: bytes) -> Any:
+    """A line's JSON value: orjson's where it reads it exactly as the standard library
+    would (it refuses NaN, infinities and lone surrogates, which the slow path then reads
+    and reports or cleans); None when the slow path must read it."""
+    if orjson is None or _LONG in raw.translate(_DIGITS):
+        return None
+    try:
+        return orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return None
+
+
+def _parse(raw: bytes) -> tuple[Line, bool]:
+    """A line's record, and whether its values may need :func:`clean_value`."""
+    parsed = _loads(raw)
+    fast = parsed is not None
+    if not fast:
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as err:
+            raise ValueError(
+                f"not UTF-8 (byte {raw[err.start]:#04x} at column {err.start + 1})") from None
+        try:
+            parsed = json.loads(text, parse_constant=_reject_constant)
+        except RecursionError:
+            raise ValueError("not JSON: nested too deeply") from None
+        except ValueError as err:
+            raise ValueError(f"not JSON: {err}") from None
+    if not isinstance(parsed, dict):
+        raise ValueError(f"not a JSON object (a {type(parsed).__name__})")
+    return from_json(parsed), not fast and _UNCLEAN.search(raw.decode("utf-8")) is not None
 
 
 def parse_line(raw: bytes) -> dict[str, Any]:
     """One manifest line as a record (``event`` filled in), read through its kind's class
     (:func:`policy_engine.files.records.from_json`); ValueError says what is wrong."""
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as err:
-        raise ValueError(
-            f"not UTF-8 (byte {raw[err.start]:#04x} at column {err.start + 1})") from None
-    try:
-        parsed = json.loads(text, parse_constant=_reject_constant)
-    except RecursionError:
-        raise ValueError("not JSON: nested too deeply") from None
-    except ValueError as err:
-        raise ValueError(f"not JSON: {err}") from None
-    if not isinstance(parsed, dict):
-        raise ValueError(f"not a JSON object (a {type(parsed).__name__})")
-    record = from_json(parsed).to_json()
-    if _UNCLEAN.search(text) is None:
+    line, unclean = _parse(raw)
+    record = line.to_json()
+    if not unclean:
         return record
     try:
         cleaned: dict[str, Any] = clean_value(record)
     except RecursionError:
         raise ValueError("nested too deeply") from None
     return cleaned
+
+
+def parse_record(raw: bytes) -> Line:
+    """One manifest line as its kind's checked record (values cleaned as
+    :func:`parse_line` cleans them); ValueError says what is wrong."""
+    line, unclean = _parse(raw)
+    if not unclean:
+        return line
+    try:
+        return from_json(clean_value(line.to_json()))
+    except RecursionError:
+        raise ValueError("nested too deeply") from None
 
 
 #: A trace line's first-and-last steps are read as the list of every step up to this many
@@ -115,17 +196,16 @@ LISTED_MOST = 1 << 20
 STEP_BYTES = 8
 
 
-def _list_steps(record: dict[str, Any]) -> int:
-    """A trace line's steps given as the first, the last and ``step_count``, listed (the
-    readers of trace lines take lists); how many steps were listed."""
-    if record["event"] != "trace" or "step_count" not in record:
-        return 0
-    steps = closed_steps(record)
+def _listed(line: Line) -> tuple[Line, int]:
+    """A trace line whose steps are given as the first, the last and ``step_count``, with
+    them listed (the readers of trace lines take lists), and how many were listed; other
+    lines as they are."""
+    if line.EVENT != "trace" or not isinstance(line.step_count, int):
+        return line, 0
+    steps = closed_steps({"steps": line.steps, "step_count": line.step_count})
     if not isinstance(steps, range) or len(steps) > LISTED_MOST:
-        return 0
-    record["steps"] = list(steps)
-    del record["step_count"]
-    return len(steps)
+        return line, 0
+    return attrs.evolve(line, steps=list(steps), step_count=ABSENT), len(steps)
 
 
 def closed_steps(record: Mapping[str, Any]) -> Sequence[int]:
@@ -139,8 +219,10 @@ def closed_steps(record: Mapping[str, Any]) -> Sequence[int]:
     return steps
 
 
-def _lines(f: IO[bytes]) -> Iterator[tuple[bytes | None, bool]]:
-    """(line without its newline, whether it ended with one); None for a line too long."""
+def _lines(f: IO[bytes]) -> Iterator[tuple[bytes | None, bool, int]]:
+    """(line without its newline, whether it ended with one, its offset); None for a line
+    too long."""
+    offset = f.tell()
     while True:
         raw = f.readline(MAX_LINE_BYTES + 1)
         if not raw:
@@ -148,16 +230,66 @@ def _lines(f: IO[bytes]) -> Iterator[tuple[bytes | None, bool]]:
         if len(raw) > MAX_LINE_BYTES and not raw.endswith(b"\n"):
             while raw and not raw.endswith(b"\n"):  # skip the rest of it
                 raw = f.readline(MAX_LINE_BYTES)
-            yield None, bool(raw)
+            yield None, bool(raw), offset
+            offset = f.tell()
             continue
         ended = raw.endswith(b"\n")
-        yield (raw[:-1] if ended else raw), ended
+        yield (raw[:-1] if ended else raw), ended, offset
+        offset += len(raw)
 
 
-def _read_file(path: str, records: list[dict[str, Any]], problems: list[ManifestProblem],
-               room: int, left: int) -> int:
-    """The records of one manifest into ``records``, at most ``room`` of them and
-    ``left`` bytes; the bytes read."""
+#: ``<name>.<k>.manifest.jsonl``: the k-th file of the process whose first file is
+#: ``<name>.manifest.jsonl`` (k from 2).
+_ROTATED = re.compile(r"^(.+)\.([1-9][0-9]{0,8})" + re.escape(MANIFEST_SUFFIX) + "$")
+
+
+def process_of(path: str) -> tuple[str, int]:
+    """The manifest of the process that wrote the file at ``path`` (its first file's path,
+    which names every file of the process), and which of its files this is (1, 2...)."""
+    folder, name = os.path.split(path)
+    match = _ROTATED.match(name)
+    if match is None:
+        return path, 1
+    return os.path.join(folder, match.group(1) + MANIFEST_SUFFIX), int(match.group(2))
+
+
+def manifest_files(output_dir: str, problems: list[ManifestProblem]) -> list[tuple[str, str]]:
+    """(file, its process's manifest) for every manifest file under ``output_dir``
+    (recursively), each process's files together and in the order it wrote them."""
+    found: list[tuple[str, int, str]] = []
+
+    def unreadable(err: OSError) -> None:
+        problems.append(ManifestProblem(str(err.filename or output_dir), None,
+                                        f"cannot list this folder: {err.strerror or err}"))
+
+    for root, dirs, files in os.walk(output_dir, onerror=unreadable):
+        dirs.sort()
+        for name in files:
+            if name.endswith(MANIFEST_SUFFIX):
+                path = os.path.join(root, name)
+                process, k = process_of(path)
+                found.append((process, k, path))
+    found.sort()
+    return [(path, process) for process, _k, path in found]
+
+
+def read_lines(output_dir: str, problems: list[ManifestProblem], *,
+               wanted: Callable[[bytes], bool] | None = None) -> Generator[Found, None, None]:
+    """Every line of every manifest under ``output_dir``, checked, one at a time (each
+    process's files in order); what cannot be read goes to ``problems``, never raised.
+    ``wanted``: lines (raw bytes) for which it is false are skipped unparsed."""
+    _real.cache_clear()  # folders resolved by file_of: as they are now
+    left = MAX_SCAN_BYTES
+    for path, process in manifest_files(output_dir, problems):
+        used = yield from _read_file(path, process, problems, left, wanted)
+        left -= used
+        if left <= 0:
+            break
+
+
+def _read_file(path: str, process: str, problems: list[ManifestProblem], left: int,
+               wanted: Callable[[bytes], bool] | None) -> Generator[Found, None, int]:
+    """The records of one manifest file; returns the bytes read (``left`` at most)."""
     try:
         # Not through a link, and never blocking on a FIFO planted under the name.
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
@@ -168,73 +300,93 @@ def _read_file(path: str, records: list[dict[str, Any]], problems: list[Manifest
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             problems.append(ManifestProblem(path, None, "not a regular file"))
             return 0
-        listed = 0  # bytes the steps listed again would have taken (_list_steps)
+        listed = 0  # bytes the steps listed again would have taken (_listed)
         try:
-            for number, (raw, ended) in enumerate(_lines(f), 1):
-                stop = _stop(number, f.tell() + listed, room, left)
+            for number, (raw, ended, offset) in enumerate(_lines(f), 1):
+                stop = _stop(number, f.tell() + listed, left)
                 if stop:
                     problems.append(ManifestProblem(path, number, stop))
                     break
                 if raw is None:
                     problems.append(ManifestProblem(path, number,
-                                            f"longer than {MAX_LINE_BYTES} bytes"))
+                                                    f"longer than {MAX_LINE_BYTES} bytes"))
                     continue
-                if not raw.strip():
+                if not raw.strip() or (wanted is not None and not wanted(raw)):
                     continue
                 try:
-                    record = parse_line(raw)
+                    line, count = _listed(parse_record(raw))
                 except ValueError as err:
                     why = str(err)
                     if not ended:
                         why = f"half a line at the end of the file (no newline): {why}"
                     problems.append(ManifestProblem(path, number, why))
                     continue
-                listed += _list_steps(record) * STEP_BYTES
-                record["_manifest"] = path
-                record["_line"] = number
-                records.append(record)
-                room -= 1
+                listed += count * STEP_BYTES
+                yield Found(line, process, Place(path, number, offset, len(raw)))
         except OSError as err:
             problems.append(ManifestProblem(path, None, f"read failed: {err.strerror or err}"))
         return f.tell() + listed
 
 
-def scan_manifests(output_dir: str) -> Scan:
-    """Every record of every manifest under ``output_dir`` (recursively), and every
-    problem: never raises on what it finds."""
-    records: list[dict[str, Any]] = []
-    problems: list[ManifestProblem] = []
-    _real.cache_clear()  # folders resolved by file_of: as they are now
-
-    def unreadable(err: OSError) -> None:
-        problems.append(ManifestProblem(str(err.filename or output_dir), None,
-                                f"cannot list this folder: {err.strerror or err}"))
-
-    used = 0
-    for root, dirs, files in os.walk(output_dir, onerror=unreadable):
-        dirs.sort()
-        for name in sorted(files):
-            if name.endswith(MANIFEST_SUFFIX):
-                used += _read_file(os.path.join(root, name), records, problems,
-                                   MAX_RECORDS - len(records), MAX_SCAN_BYTES - used)
-    return Scan(tuple(records), tuple(problems))
-
-
-def _stop(line: int, read: int, room: int, left: int) -> str | None:
-    """Why reading a manifest stops before ``line`` (``read`` bytes into it), or None."""
+def _stop(line: int, read: int, left: int) -> str | None:
+    """Why reading a manifest file stops before ``line`` (``read`` bytes into it), or
+    None."""
     if line > MAX_MANIFEST_LINES:
         return (f"more than {MAX_MANIFEST_LINES} lines: this line and the rest are not "
                 "read")
     if read > MAX_MANIFEST_BYTES:
         return (f"more than {MAX_MANIFEST_BYTES >> 20} MiB: this line and the rest are "
                 "not read")
-    if room <= 0:
-        return (f"the manifests hold more than {MAX_RECORDS} records together: this line "
-                "and the rest are not read")
     if read > left:
         return (f"the manifests hold more than {MAX_SCAN_BYTES >> 20} MiB together: this "
                 "line and the rest are not read")
     return None
+
+
+def record_of(found: Found) -> dict[str, Any]:
+    """A line read, as the dict :func:`scan_manifests` holds."""
+    record = found.line.to_json()
+    record["_manifest"] = found.manifest
+    record["_file"] = found.place.file
+    record["_line"] = found.place.line
+    return record
+
+
+def scan_manifests(output_dir: str) -> Scan:
+    """Every record of every manifest under ``output_dir`` (recursively), and every
+    problem: never raises on what it finds. At most :data:`MAX_RECORDS` records are held;
+    the rest are reported."""
+    records: list[dict[str, Any]] = []
+    problems: list[ManifestProblem] = []
+    for found in read_lines(output_dir, problems):
+        if len(records) >= MAX_RECORDS:
+            problems.append(ManifestProblem(
+                found.place.file, found.place.line, f"the manifests hold more than "
+                f"{MAX_RECORDS} records together: this line and the rest are not read"))
+            break
+        records.append(record_of(found))
+    return Scan(tuple(records), tuple(problems))
+
+
+def load_summary(place: Place) -> SummaryLine:
+    """The summary line at ``place``, read again (a reader that kept only its place);
+    ValueError says why it cannot be (the file changed since, or the line is not one)."""
+    try:
+        fd = os.open(place.file, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as err:
+        raise ValueError(f"cannot read it again: {err.strerror or err}") from None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise ValueError("not a regular file any more")
+        raw = os.pread(fd, place.length, place.offset)
+    except OSError as err:
+        raise ValueError(f"cannot read it again: {err.strerror or err}") from None
+    finally:
+        os.close(fd)
+    line = parse_record(raw)
+    if not isinstance(line, SummaryLine):
+        raise ValueError("the file changed since it was read: no summary line there")
+    return line
 
 
 def file_of(record: Mapping[str, Any], rel: Any) -> str:
@@ -242,7 +394,12 @@ def file_of(record: Mapping[str, Any], rel: Any) -> str:
     its output folder (the folder above its manifest's ``manifests/``). A manifest is
     untrusted, so ValueError, saying why, for a name that is absolute or climbs out of
     that folder, or reaches outside it through a link: a reader never follows it."""
-    base = os.path.dirname(os.path.dirname(str(record["_manifest"])))
+    return path_in(str(record["_manifest"]), rel)
+
+
+def path_in(manifest: str, rel: Any) -> str:
+    """:func:`file_of` for a record of the manifest ``manifest``."""
+    base = os.path.dirname(os.path.dirname(manifest))
     if not isinstance(rel, str) or not rel or "\0" in rel:
         raise ValueError(f"{quoted(rel)} is not a file name")
     shown = json.dumps(clean_value(rel) if len(rel) <= 200 else clean_value(rel[:197]) + "...")
@@ -271,11 +428,12 @@ def _real(folder: str) -> str:
 
 def read_manifests(output_dir: str) -> list[dict[str, Any]]:
     """The trace records of every manifest under ``output_dir``, each with ``_manifest``
-    (its file); damaged lines and open/close records are left out (see scan_manifests)."""
+    (its process's manifest); damaged lines and open/close records are left out (see
+    scan_manifests)."""
     out = []
     for record in scan_manifests(output_dir).records:
         if record["event"] == "trace":
             record = dict(record)
-            del record["_line"]
+            del record["_line"], record["_file"]
             out.append(record)
     return out

@@ -12,13 +12,15 @@ drawn, and what is left out is counted.
 from __future__ import annotations
 
 import html
+from collections.abc import Iterable
 from typing import Any
 
+from policy_engine.analysis.answers import WindowAnalysis
 from policy_engine.analysis.errors import AnalysisError
 from policy_engine.analysis.format import rank_spans
 from policy_engine.analysis.manifests import Scan
-from policy_engine.analysis.run import analyze
-from policy_engine.analysis.text import ms, notes, why
+from policy_engine.analysis.run import analyze_run
+from policy_engine.analysis.text import ms, notes, rank_rows, why
 from policy_engine.errors import printable
 
 #: (key, label, colour) of a bar's parts, left to right.
@@ -42,10 +44,16 @@ def _parts(total: dict[str, float]) -> dict[str, float]:
             "other": total["other_us"], "idle": total["idle_us"]}
 
 
-def _bars(ranks: list[dict[str, Any]], straggler: Any) -> list[tuple[list[Any], dict[str, float]]]:
-    """(ranks, parts) per bar: one per rank, or ranks that look alike grouped."""
-    read = [r for r in ranks if r.get("total")]
-    rows = [([r["rank"]], _parts(r["total"])) for r in read]
+def _bars(ranks: Iterable[Any], straggler: Any) -> list[tuple[list[Any], dict[str, float]]]:
+    """(ranks, parts) per bar: one per rank, or ranks that look alike grouped. ``ranks``:
+    each rank's JSON object (with ``total``), or (rank, basis, totals)."""
+    rows = []
+    for r in ranks:
+        if isinstance(r, dict):
+            if r.get("total"):
+                rows.append(([r["rank"]], _parts(r["total"])))
+        else:
+            rows.append(([r[0]], _parts(r[2])))
     if len(rows) <= MAX_BARS:
         return rows
     longest = max((sum(p.values()) for _, p in rows), default=0.0) or 1.0
@@ -59,7 +67,7 @@ def _bars(ranks: list[dict[str, Any]], straggler: Any) -> list[tuple[list[Any], 
     return [(groups[k], parts[k]) for k in order[:MAX_BARS]]
 
 
-def svg(ranks: list[dict[str, Any]], straggler: Any) -> str:
+def svg(ranks: Iterable[Any], straggler: Any) -> str:
     """Per-rank stacked bars of one window."""
     bars = _bars(ranks, straggler)
     if not bars:
@@ -117,10 +125,11 @@ def _steps_table(w: dict[str, Any]) -> str:
             f'<th>max ms</th><th>straggler</th></tr>{"".join(body)}{more}</table>')
 
 
-def window_html(w: dict[str, Any]) -> str:
+def window_html(window: WindowAnalysis) -> str:
+    w = {**window.head(), **window.tail()}
     s = w.get("straggler")
     head = [f'<h3>{_esc(w["title"])}</h3>',
-            f'<p class="why">Captured because of {_esc(why(w))}; {len(w["ranks"])} '
+            f'<p class="why">Captured because of {_esc(why(w))}; {len(window.docs)} '
             f'rank(s){", world " + _esc(w["world"]) if w.get("world") else ""}.</p>']
     head += [f'<p class="note">{_esc(n)}</p>' for n in notes(w)]
     if w.get("not_analysed"):
@@ -144,7 +153,8 @@ def window_html(w: dict[str, Any]) -> str:
     regions = "".join(f'<li>{_esc(r["name"])}: {ms(r["time_us"]["min"])} / '
                       f'{ms(r["time_us"]["median"])} / {ms(r["time_us"]["max"])} ms</li>'
                       for r in w["regions"][:5])
-    return ('<div class="window">' + "".join(head) + svg(w["ranks"], s["rank"] if s else None)
+    return ('<div class="window">' + "".join(head)
+            + svg(rank_rows(window), s["rank"] if s else None)
             + _steps_table(w)
             + (f"<p>Regions (min / median / max across ranks):</p><ul>{regions}</ul>"
                if regions else "")
@@ -167,18 +177,19 @@ def section(root: str, *, jobs: int = 1, max_traces: int = MAX_TRACES,
     first, while their traces fit in ``max_traces`` (the page stays quick to write);
     ``scan``: the manifests, when the report read them already."""
     try:
-        result = analyze(root, jobs=jobs, max_traces=max_traces, scan=scan)
+        result = analyze_run(root, jobs=jobs, max_traces=max_traces, scan=scan)
     except AnalysisError as err:
         return (f'<section class="analysis"><h2>Analysis</h2><p class="note">'
                 f"{_esc(err)}</p></section>")
-    windows = result["windows"]
-    named = sum(1 for w in windows if w.get("straggler"))
+    result.close()  # the ranks' own objects are not read here: their figures are gathered
+    windows = result.windows
+    named = sum(1 for w in windows if w.straggler)
     body = "".join(window_html(w) for w in windows[:MAX_WINDOWS])
     more = (f'<p class="note">{len(windows) - MAX_WINDOWS} more windows are not drawn '
             "(policy-engine analyze DIR lists every one).</p>") if len(windows) > MAX_WINDOWS \
         else ""
     loose = "".join(f'<p class="note">{_esc(n["role"])} rank {_esc(n["rank"])}: '
-                    f'{_esc(n["message"])}</p>' for n in result["notes"][:MAX_STEPS])
+                    f'{_esc(n["message"])}</p>' for n in result.notes[:MAX_STEPS])
     return (f'<section class="analysis">{_STYLE}<h2>Analysis</h2><p>{len(windows)} capture '
             f"window(s); {named} name a straggler. Bars: each rank's profiled steps, "
             f"summed. {_legend()}</p>{loose}{body}{more}</section>")

@@ -1,26 +1,57 @@
-"""The analysis of a run folder: every window chosen, every trace summed up in a process
-pool, every window compared across its ranks.
+"""The analysis of a run folder: every window chosen, every rank's summary read (or its
+trace summed up in a process pool) and added to its window's figures one at a time.
 
-:func:`analyze` returns the document ``policy-engine analyze --format json`` prints
-(``schemas/analysis.schema.json`` describes it). Each trace is read by one worker, once,
-as a stream; a worker hands back a summary of a few kilobytes, so memory per worker
-stays bounded by one trace's merged intervals, whatever the number of ranks.
+:func:`analyze_run` returns the :class:`~policy_engine.analysis.answers.RunAnalysis`;
+:func:`analyze` the document ``policy-engine analyze --format json`` prints
+(``schemas/analysis.schema.json`` describes it), which
+:meth:`~policy_engine.analysis.answers.RunAnalysis.write_json` also writes as a stream.
+Each trace is read by one worker, once, as a stream; a worker hands back a summary of a
+few kilobytes. Each rank's summary is added to its window's figures and written aside
+(:mod:`~policy_engine.analysis.spool`), never held: memory grows with the windows, not
+with the ranks.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import os
+from collections.abc import Iterator
 from typing import Any
 
+from policy_engine.analysis.answers import RunAnalysis, WindowAnalysis
 from policy_engine.analysis.errors import AnalysisError
-from policy_engine.analysis.manifests import Scan
-from policy_engine.analysis.summary import summarize
-from policy_engine.analysis.window import compare
-from policy_engine.analysis.windows import describe, from_folders, from_manifests
+from policy_engine.analysis.manifests import Place, Scan, load_summary
+from policy_engine.analysis.spool import RankView, Spool
+from policy_engine.analysis.summary import problem, summarize
+from policy_engine.analysis.window import Figures
+from policy_engine.analysis.windows import (
+    Entry,
+    describe,
+    from_folders,
+    from_manifests,
+    inside,
+)
 from policy_engine.errors import did_you_mean
 
 VERSION = 1
+#: Steps listed in a message about the steps a run captured; the rest are counted.
+LISTED_STEPS = 32
+
+
+def _steps_said(steps: list[int]) -> str:
+    """The captured steps for a message: runs joined (``1-40, 45``), at most
+    :data:`LISTED_STEPS` of them, the rest counted."""
+    runs: list[tuple[int, int]] = []
+    for s in steps:
+        if runs and s == runs[-1][1] + 1:
+            runs[-1] = (runs[-1][0], s)
+        else:
+            runs.append((s, s))
+    said = [str(a) if a == b else f"{a}-{b}" for a, b in runs[:LISTED_STEPS]]
+    if len(runs) > LISTED_STEPS:
+        said.append(f"... ({len(runs) - LISTED_STEPS} more runs, to step {steps[-1]})")
+    return ", ".join(said)
 
 
 def _chosen(windows: list[dict[str, Any]], role: str | None, step: int | None,
@@ -33,26 +64,57 @@ def _chosen(windows: list[dict[str, Any]], role: str | None, step: int | None,
             part in (w.get("holds") or w["role"].split("+")) for part in role.split("+"))]
         if not windows:
             raise AnalysisError(f"no role {role!r} under {root}: it holds "
-                             f"{', '.join(roles) or 'no traces'}{did_you_mean(role, roles)}")
+                                f"{', '.join(roles) or 'no traces'}"
+                                f"{did_you_mean(role, roles)}")
     if step is not None:
         every = windows
         windows = [w for w in windows if step in w["steps"]]
         if not windows:
             steps = sorted({s for w in every for s in w["steps"] if isinstance(s, int)})
-            raise AnalysisError(f"no capture window covers step {step}; the steps captured are "
-                             f"{', '.join(map(str, steps)) or 'none (whole sessions)'}")
+            raise AnalysisError(f"no capture window covers step {step}; the steps captured "
+                                f"are {_steps_said(steps) or 'none (whole sessions)'}")
     return windows
+
+
+def _summary(path: str) -> dict[str, Any]:
+    """:func:`summarize`, with anything it did not expect said as the trace's error: one
+    trace no rule foresaw makes one rank unreadable, not the whole analysis."""
+    try:
+        return summarize(path)
+    except MemoryError:
+        return {"error": "out of memory while reading it"}
+    except Exception as err:
+        return {"error": f"it could not be summarised: {type(err).__name__}: {err}"}
 
 
 def summaries(files: list[str], jobs: int) -> list[dict[str, Any]]:
     """:func:`summarize` of every file, in order, over ``jobs`` worker processes."""
-    if jobs <= 1 or len(files) <= 1:
-        return [summarize(f) for f in files]
-    jobs = min(jobs, len(files))
-    # Small traces go to workers in batches: 4,096 ranks cost a few round trips each.
-    chunk = max(1, min(64, len(files) // (jobs * 4)))
-    with concurrent.futures.ProcessPoolExecutor(max_workers=jobs) as pool:
-        return list(pool.map(summarize, files, chunksize=chunk))
+    with _Readers(jobs) as readers:
+        return list(readers.map(files))
+
+
+class _Readers:
+    """Traces summed up over ``jobs`` worker processes (started when first needed)."""
+
+    def __init__(self, jobs: int) -> None:
+        self.jobs = jobs
+        self.pool: concurrent.futures.ProcessPoolExecutor | None = None
+
+    def __enter__(self) -> _Readers:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.pool is not None:
+            self.pool.shutdown(cancel_futures=True)
+
+    def map(self, files: list[str]) -> Iterator[dict[str, Any]]:
+        if self.jobs <= 1 or len(files) <= 1:
+            return map(_summary, files)
+        if self.pool is None:
+            self.pool = concurrent.futures.ProcessPoolExecutor(max_workers=self.jobs)
+        # Small traces go to workers in batches: 4,096 ranks cost a few round trips each.
+        chunk = max(1, min(64, len(files) // (self.jobs * 4)))
+        return self.pool.map(_summary, files, chunksize=chunk)
 
 
 def _expected(windows: list[dict[str, Any]]) -> dict[tuple[Any, Any], dict[str, set[int]]]:
@@ -65,8 +127,9 @@ def _expected(windows: list[dict[str, Any]]) -> dict[tuple[Any, Any], dict[str, 
         by_role = seen.setdefault((w["role"], w["region"]), {})
         holders = w.get("holders") or {}
         torch_failed = [d for d in w["dropped"] if d.get("backend") in (None, "torch")]
-        for item in (*w["traces"], *w["skipped"], *torch_failed):
-            rank = item.get("rank")
+        ranks = [e.rank for e in w["traces"]] + [
+            item.get("rank") for item in (*w["skipped"], *torch_failed)]
+        for rank in ranks:
             if isinstance(rank, int):
                 for role in holders.get(rank) or (w["role"],):
                     by_role.setdefault(role, set()).add(rank)
@@ -79,18 +142,98 @@ def _wanted(expected: dict[tuple[Any, Any], dict[str, set[int]]],
     return set().union(*(by_role.get(role, set()) for role in w.get("holds") or (w["role"],)))
 
 
-def analyze(root: str, *, role: str | None = None, step: int | None = None,
-            jobs: int = 1, max_traces: int | None = None, from_traces: bool = False,
-            scan: Scan | None = None, detail: bool = False) -> dict[str, Any]:
+def _from_summary(entry: Entry, detail: bool) -> dict[str, Any] | str:
+    """The figures of ``entry``'s summary line, or why they cannot be used (``detail``:
+    with its operators, checked; else without them)."""
+    place = entry.summary
+    if isinstance(place, Place):
+        try:
+            line = load_summary(place)
+        except ValueError as err:
+            return f"its summary line could not be read again: {err}"
+        if line.status != "complete":
+            return f"its summary line now says {line.status}"
+        found: Any = line.summary
+    else:
+        found = place
+    why = problem(found, ops=detail)
+    if why is not None:
+        return f"its summary line is not a summary: {why}"
+    figures: dict[str, Any] = dict(found)
+    if not detail:
+        figures.pop("ops", None)
+    return figures
+
+
+class _Window:
+    """One window analysed: its ranks read, added to its figures and spooled."""
+
+    def __init__(self, w: dict[str, Any], want: set[int], spool: Spool, *, manifests: bool,
+                 detail: bool) -> None:
+        self.w = w
+        self.spool = spool
+        self.manifests = manifests
+        self.detail = detail
+        self.figures = Figures(w, want, detail=detail)
+        self.places: list[tuple[Any, int, int]] = []
+
+    def add(self, entry: Entry, index: int, summary: dict[str, Any]) -> None:
+        rank = entry.rank
+        info = (summary.get("facts") or {}).get("distributed_info") or {}
+        if rank is None and not self.manifests:  # no manifest: the trace says its rank
+            rank = info.get("rank") if isinstance(info.get("rank"), int) else index
+            self.w["world"] = self.w["world"] or info.get("world_size")
+        doc = {"rank": rank, "path": entry.path, "status": entry.status, **summary}
+        doc = self.figures.add(doc)
+        if not self.detail:  # the comparison of two runs reads them; analyze shows none
+            doc.pop("ops", None)
+        self.places.append((doc["rank"], *self.spool.add(doc)))
+
+    def run(self, readers: _Readers, root: str) -> None:
+        pending: list[tuple[int, Entry]] = []
+        for index, entry in enumerate(self.w["traces"]):
+            if entry.summary is None:
+                pending.append((index, entry))
+                continue
+            found = _from_summary(entry, self.detail)
+            if isinstance(found, dict):
+                self.add(entry, index, found)
+                continue
+            file = os.path.join(root, entry.path) if entry.path else ""
+            if file and inside(file, root) and os.path.isfile(file):
+                pending.append((index, entry._replace(file=file)))  # read the trace instead
+            else:
+                self.add(entry, index, {"error": f"{found}, and the trace is not there to "
+                                                 "be read instead"})
+        files = [str(e.file) for _i, e in pending]
+        for (index, entry), summary in zip(pending, readers.map(files), strict=True):
+            self.add(entry, index, summary)
+        for s in self.w["skipped"]:
+            self.add(Entry(s["rank"], s["path"], None, None, None), -1, {"error": s["why"]})
+
+    def finish(self) -> WindowAnalysis:
+        w = self.w
+        figures = self.figures.finish()
+        return WindowAnalysis(
+            title=describe(w), role=w["role"], region=w["region"], steps=tuple(w["steps"]),
+            cycle=w["cycle"], capture=w["capture"], world=w["world"], why=w["why"],
+            limits=tuple(w["limits"]), dropped=tuple(w["dropped"]), other=tuple(w["other"]),
+            docs=RankView(self.spool, self.places), figures=self.figures, **figures,
+            not_analysed=w.get("not_analysed"),
+            identity=(w.get("identity") or {}) if self.detail else None)
+
+
+def analyze_run(root: str, *, role: str | None = None, step: int | None = None,
+                jobs: int = 1, max_traces: int | None = None, from_traces: bool = False,
+                scan: Scan | None = None, detail: bool = False) -> RunAnalysis:
     """The analysis of every capture window under ``root`` that ``role`` and ``step``
     choose. AnalysisError when nothing is chosen. ``max_traces``: read whole windows, oldest
     first, while their traces fit in it (the first one always); the others say only why
     they exist, with ``not_analysed`` saying why not more. A trace whose rank summarised
     it (a ``summary`` line in its manifest) is not read, unless ``from_traces``: its
     figures are the summary's, and the trace need not be there. ``scan``: the manifests
-    under ``root``, when the caller read them already; ``detail``: each rank keeps the
-    operators of its summary (``ops``) and each window how it was recorded
-    (``identity``), which the comparison of two runs reads."""
+    under ``root``, when the caller read them already; ``detail``: each window keeps what
+    the comparison of two runs reads (operators, how it was recorded)."""
     if not os.path.isdir(root):
         raise AnalysisError(f"{root} is not a folder")
     windows, problems, notes = from_manifests(root, from_traces=from_traces, scan=scan)
@@ -99,8 +242,8 @@ def analyze(root: str, *, role: str | None = None, step: int | None = None,
         windows = from_folders(root)
     if not windows:
         raise AnalysisError(f"no traces under {root} (a policy-engine output folder has "
-                         "manifests/*.manifest.jsonl; a torch.profiler folder has "
-                         "*.pt.trace.json[.gz] files)")
+                            "manifests/*.manifest.jsonl; a torch.profiler folder has "
+                            "*.pt.trace.json[.gz] files)")
     expected = _expected(windows)
     windows = _chosen(windows, role, step, root)
     left = max_traces
@@ -111,35 +254,21 @@ def analyze(root: str, *, role: str | None = None, step: int | None = None,
             w["traces"], w["skipped"], left = [], [], 0
         elif left is not None:
             left -= len(w["traces"])
-    files = [t["file"] for w in windows for t in w["traces"] if t.get("summary") is None]
-    found = iter(summaries(files, jobs))
+    spool = Spool()
     out = []
-    for w in windows:
-        ranks = []
-        for index, t in enumerate(w["traces"]):
-            summary = t.get("summary")
-            if summary is None:
-                summary = next(found)
-            summary = dict(summary)  # the comparison adds to it
-            rank = t["rank"]
-            info = (summary.get("facts") or {}).get("distributed_info") or {}
-            if rank is None:  # a folder without manifests: the trace says its rank
-                rank = info.get("rank") if isinstance(info.get("rank"), int) else index
-                w["world"] = w["world"] or info.get("world_size")
-            if not detail:  # the comparison of two runs reads them; analyze shows none
-                summary.pop("ops", None)
-            ranks.append({"rank": rank, "path": t["path"], "status": t["status"], **summary})
-        for s in w["skipped"]:
-            ranks.append({"rank": s["rank"], "path": s["path"], "status": None,
-                          "error": s["why"]})
-        ranks.sort(key=lambda r: (not isinstance(r["rank"], int), r["rank"] or 0))
-        want = _wanted(expected, w) if manifests else set()
-        out.append({
-            "title": describe(w),
-            **{k: w[k] for k in ("role", "region", "steps", "cycle", "capture", "world",
-                                 "why", "limits", "dropped", "other")},
-            "ranks": ranks, **compare(w, ranks, want), "hta": None,
-            **({"not_analysed": w["not_analysed"]} if "not_analysed" in w else {}),
-            **({"identity": w.get("identity") or {}} if detail else {})})
-    return {"version": VERSION, "root": os.path.abspath(root), "windows": out,
-            "notes": notes, "problems": problems}
+    with _Readers(jobs) as readers:
+        for w in windows:
+            want = _wanted(expected, w) if manifests else set()
+            one = _Window(w, want, spool, manifests=manifests, detail=detail)
+            one.run(readers, root)
+            out.append(one.finish())
+    return RunAnalysis(version=VERSION, root=os.path.abspath(root), windows=tuple(out),
+                       notes=tuple(notes), problems=tuple(problems), spool=spool)
+
+
+
+def analyze(root: str, **options: Any) -> dict[str, Any]:
+    """The document of :func:`analyze_run` (``policy-engine analyze --format json``)."""
+    result = analyze_run(root, **options)
+    with contextlib.closing(result):
+        return result.to_json()

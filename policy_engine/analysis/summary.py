@@ -257,64 +257,106 @@ def summarize(path: str) -> dict[str, Any]:
 
 _STEP_KEYS = ("time_us", "span_us", "compute_us", "comm_us", "overlap_us", "other_us",
               "idle_us")
+#: The parts of a step that lie within its span (its ``time_us`` is the host's own).
+_SPAN_PARTS = ("compute_us", "comm_us", "overlap_us", "other_us", "idle_us")
 _COUNTS = ("events", "profiler_steps", "kernels", "comm_kernels", "cpu_comm_ops",
            "regions_left_out")
 #: A summary read from a manifest holds at most this many steps and names.
 MAX_STEPS = 100_000
+#: Rounding the figures may carry (they are written to the nanosecond): a part may pass
+#: its span by this much, in microseconds, plus a millionth of the span.
+_SLACK = 0.01
+_INT, _FLOAT = int, float
 
 
 def _number(v: Any) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and abs(v) < _HUGE
+    """A figure: a finite number, not negative, below :data:`_HUGE`."""
+    t = type(v)
+    return (t is _FLOAT or t is _INT) and 0 <= v < _HUGE
 
 
 def _count(v: Any) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 1 << 63
+    return type(v) is _INT and 0 <= v < 1 << 63
 
 
 def _names(v: Any) -> bool:
     return isinstance(v, list) and len(v) <= MAX_STEPS and all(isinstance(x, str) for x in v)
 
 
-def problem(summary: Any) -> str | None:
+def _step_problem(i: int, row: Any) -> str | None:
+    if type(row) is not dict:
+        return f"step {i} is not an object"
+    for key in _STEP_KEYS:
+        value = row.get(key)
+        if not _number(value):
+            return (f"step {i} lacks {key}" if value is None else
+                    f"step {i}'s {key} is not a time (a number from 0): {value!r:.40}")
+    span = row["span_us"]
+    most = span + _SLACK + span * 1e-6
+    for key in _SPAN_PARTS:
+        if row[key] > most:
+            return f"step {i}'s {key} ({row[key]}) is longer than its span ({span})"
+    if row["overlap_us"] > min(row["compute_us"], row["comm_us"]) + _SLACK + span * 1e-6:
+        return f"step {i}'s overlap is longer than its compute or its communication"
+    number = row.get("step")
+    if number is not None and not _count(number):
+        return f"step {i} has no step number"
+    return None
+
+
+def _ops_problem(ops: Any) -> str | None:
+    if type(ops) is not dict or not _count(ops.get("left_out")):
+        return "its operators are not an object with a count"
+    top = ops.get("top")
+    if type(top) is not list or len(top) > MAX_OPS:
+        return "its operators are not names, counts and times"
+    for o in top:
+        if not (type(o) is dict and type(o.get("name")) is str and type(o.get("cat")) is str
+                and _count(o.get("calls")) and _number(o.get("time_us"))):
+            return "its operators are not names, counts and times"
+    return None
+
+
+def problem(summary: Any, *, ops: bool = True) -> str | None:
     """Why ``summary`` (read from a manifest, so untrusted) is not what :func:`summarize`
-    returns, or None when every figure the analyses use is there with its type."""
-    if not isinstance(summary, dict):
+    returns, or None when every figure the analyses use is there with its type and within
+    its range (times from 0, a step's parts within its span, counts from 0). ``ops``:
+    check the operators too (a reader that drops them need not)."""
+    if type(summary) is not dict:
         return "it is not an object"
     if summary.get("basis") not in ("cpu", "gpu"):
         return "its basis is neither cpu nor gpu"
     steps = summary.get("steps")
-    if not isinstance(steps, list) or len(steps) > MAX_STEPS:
+    if type(steps) is not list or len(steps) > MAX_STEPS:
         return "its steps are not a list"
     for i, row in enumerate(steps):
-        if not isinstance(row, dict) or not all(_number(row.get(k)) for k in _STEP_KEYS):
-            return f"step {i} lacks a figure"
-        if row.get("step") is not None and not _count(row.get("step")):
-            return f"step {i} has no step number"
+        why = _step_problem(i, row)
+        if why is not None:
+            return why
     device = summary.get("device")
-    if device is not None and not (isinstance(device, dict)
+    if device is not None and not (type(device) is dict
                                    and all(_number(v) for v in device.values())):
-        return "its device breakdown is not numbers"
+        return "its device breakdown is not times"
     regions = summary.get("regions")
-    if not isinstance(regions, dict) or len(regions) > MAX_REGIONS or not all(
-            isinstance(v, dict) and _count(v.get("count")) and _number(v.get("time_us"))
-            for v in regions.values()):
+    if type(regions) is not dict or len(regions) > MAX_REGIONS:
         return "its regions are not counts and times"
-    ops = summary.get("ops", {"top": [], "left_out": 0})
-    if not isinstance(ops, dict) or not _count(ops.get("left_out")):
-        return "its operators are not an object with a count"
-    ops = ops.get("top")
-    if not isinstance(ops, list) or len(ops) > MAX_OPS or not all(
-            isinstance(o, dict) and isinstance(o.get("name"), str)
-            and isinstance(o.get("cat"), str) and _count(o.get("calls"))
-            and _number(o.get("time_us")) for o in ops):
-        return "its operators are not names, counts and times"
+    for v in regions.values():
+        if not (type(v) is dict and _count(v.get("count")) and _number(v.get("time_us"))):
+            return "its regions are not counts and times"
+    if ops:
+        why = _ops_problem(summary.get("ops", {"top": [], "left_out": 0}))
+        if why is not None:
+            return why
     facts = summary.get("facts")
-    if not isinstance(facts, dict) or not all(_count(facts.get(k)) for k in _COUNTS):
+    if type(facts) is not dict:
         return "its facts lack a count"
+    for key in _COUNTS:
+        if not _count(facts.get(key)):
+            return "its facts lack a count"
     info = facts.get("distributed_info")
-    if info is not None and not isinstance(info, dict):
+    if info is not None and type(info) is not dict:
         return "its distributed_info is not an object"
-    if not all(_names(facts.get(k)) for k in ("hta_unrecognised", "looks_like_comm")):
+    if not (_names(facts.get("hta_unrecognised")) and _names(facts.get("looks_like_comm"))):
         return "its facts' names are not lists of strings"
     if summary.get("bytes") is not None and not _count(summary.get("bytes")):
         return "its size is not a byte count"

@@ -6,9 +6,13 @@ ranks and the slowest ranks, so the text stays short at thousands of ranks.
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
 
 from policy_engine.errors import printable
+
+if TYPE_CHECKING:
+    from policy_engine.analysis.answers import RunAnalysis, WindowAnalysis
 
 RANK_ROWS = 16
 SLOWEST = 5
@@ -73,15 +77,21 @@ def _ranks(ranks: list[Any]) -> str:
     return ", ".join(map(str, ints)) or "?"
 
 
-def _rank_rows(ranks: list[dict[str, Any]], straggler: Any) -> list[str]:
-    read = [r for r in ranks if r.get("total")]
-    rows = sorted(read, key=lambda r: -r["total"]["compute_us"])[:SLOWEST] \
-        if len(read) > RANK_ROWS else read
+def rank_rows(w: WindowAnalysis) -> list[tuple[Any, str, dict[str, float]]]:
+    """(rank, basis, totals) of the readable ranks, in rank order."""
+    if w.figures is None:
+        return []
+    return sorted(w.figures.rows(), key=lambda r: (not isinstance(r[0], int), r[0] or 0))
+
+
+def _rank_rows(read: list[tuple[Any, str, dict[str, float]]], straggler: Any) -> list[str]:
+    rows: Iterable[tuple[Any, str, dict[str, float]]] = read
+    if len(read) > RANK_ROWS:
+        rows = sorted(read, key=lambda r: -r[2]["compute_us"])[:SLOWEST]
     lines = ["  rank   basis  time ms    compute   comm      overlap   idle"]
-    for r in rows:
-        t = r["total"]
-        mark = "  <- straggler" if r["rank"] == straggler else ""
-        lines.append(f"  {r['rank']!s:<6} {r['basis']:<6} {ms(t['time_us']):<10} "
+    for rank, basis, t in rows:
+        mark = "  <- straggler" if rank == straggler else ""
+        lines.append(f"  {rank!s:<6} {basis:<6} {ms(t['time_us']):<10} "
                      f"{ms(t['compute_us']):<9} {ms(t['comm_us']):<9} "
                      f"{ms(t['overlap_us']):<9} {ms(t['idle_us'])}{mark}")
     if len(read) > RANK_ROWS:
@@ -89,8 +99,9 @@ def _rank_rows(ranks: list[dict[str, Any]], straggler: Any) -> list[str]:
     return lines
 
 
-def window_text(w: dict[str, Any]) -> list[str]:
-    lines = [f"== {w['title']}: {len(w['ranks'])} rank(s); captured because of {why(w)}"]
+def window_text(window: WindowAnalysis) -> list[str]:
+    w = {**window.head(), **window.tail()}
+    lines = [f"== {w['title']}: {len(window.docs)} rank(s); captured because of {why(w)}"]
     lines += [f"  note: {n}" for n in notes(w)]
     s = w.get("straggler")
     if s:
@@ -112,10 +123,11 @@ def window_text(w: dict[str, Any]) -> list[str]:
             comm = step["comm_us"]["median"] if step["comm_us"] else None
             lines.append(f"  {name:<15} {_spread(step['time_us']):<31} {ms(comm):<16} {late}")
     b = w.get("breakdown")
-    if b and len(w["ranks"]) > RANK_ROWS:
+    read = rank_rows(window)
+    if b and len(read) > RANK_ROWS:
         for key in ("compute_us", "comm_us", "idle_us"):
             lines.append(f"  {key[:-3]:<8} across ranks (ms): {_spread(b[key])}")
-    lines += _rank_rows(w["ranks"], s["rank"] if s else None)
+    lines += _rank_rows(read, s["rank"] if s else None)
     for region in w["regions"][:5]:
         lines.append(f"  region {region['name']}: {_spread(region['time_us'])} ms "
                      f"over {region['ranks']} rank(s)")
@@ -140,16 +152,16 @@ def hta_text(hta: dict[str, Any]) -> list[str]:
     return lines
 
 
-def render(result: dict[str, Any]) -> str:
+def render(result: RunAnalysis) -> str:
     lines: list[str] = []
-    for w in result["windows"]:
+    for w in result.windows:
         lines += window_text(w)
         lines.append("")
-    for n in result["notes"]:
+    for n in result.notes:
         lines.append(f"note: {n['role']} rank {n['rank']}: {n['message']}")
-    for p in result["problems"]:
+    for p in result.problems:
         lines.append(f"warning: {p}")
-    named = sum(1 for w in result["windows"] if w.get("straggler"))
-    lines.append(f"{len(result['windows'])} window(s) analysed; {named} name a straggler")
+    named = sum(1 for w in result.windows if w.straggler)
+    lines.append(f"{len(result.windows)} window(s) analysed; {named} name a straggler")
     # Each line printable: manifest text is untrusted, no escape sequence reaches the terminal.
     return "\n".join(map(printable, lines))

@@ -1,5 +1,9 @@
 """One window across its ranks: step times, the straggler, and what the window lacks.
 
+The ranks of a window are added one at a time (:class:`Figures`), and only what the
+window's figures need is kept of each: a few numbers per rank and step, in arrays, never
+the rank's summary. So a window of 100,000 ranks is analysed in tens of megabytes.
+
 **The straggler.** In a step bound by collectives every rank leaves the collective
 together, so a rank's time inside collectives is the time it waited for the last one to
 arrive, plus the transfer. The rank the others wait for is the one that waits least while
@@ -17,7 +21,8 @@ same rank is the straggler in more than half of its steps with collectives.
 from __future__ import annotations
 
 import statistics
-from collections.abc import Iterable
+from array import array
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 #: A step's straggler arrives at least this share of the median step time after the
@@ -32,6 +37,14 @@ EXPLAINED = 0.5
 #: the work (``compare`` takes no sample from it either).
 TRAILING = 0.1
 PARTS = ("compute_us", "comm_us", "overlap_us", "other_us", "idle_us", "span_us")
+TOTALS = ("time_us", *PARTS)
+#: Region names, and operator names (for ``compare``), whose times a window gathers;
+#: past it (a hostile summary), new names are counted, not kept.
+MAX_NAMES = 4096
+#: Names of collective kernels HTA does not recognise, listed per window.
+MAX_LISTED = 64
+#: Distinct reasons a rank could not be read, listed per window (the rest are counted).
+MAX_REASONS = 64
 
 
 def spread(values: Iterable[float]) -> dict[str, float] | None:
@@ -44,33 +57,11 @@ def spread(values: Iterable[float]) -> dict[str, float] | None:
 
 def totals(steps: list[dict[str, Any]]) -> dict[str, float]:
     """A rank's steps summed."""
-    out = {"time_us": 0.0, **dict.fromkeys(PARTS, 0.0)}
+    out = dict.fromkeys(TOTALS, 0.0)
     for row in steps:
         for key in out:
             out[key] += row.get(key) or 0.0
     return {k: round(v, 3) for k, v in out.items()}
-
-
-def _step_straggler(rows: dict[int, dict[str, Any]]) -> dict[str, Any]:
-    """The straggler of one step, given each rank's row for it."""
-    waits = {rank: row["comm_us"] for rank, row in rows.items()}
-    if len(rows) < 2 or max(waits.values()) <= 0:
-        return {"straggler": None, "late_us": None}
-    median_wait = statistics.median(waits.values())
-    least = min(waits.values())
-    first = [rank for rank, w in waits.items() if w == least]
-    if len(first) > 1:
-        return {"straggler": None, "late_us": 0.0}
-    rank = first[0]
-    compute = {r: row["compute_us"] for r, row in rows.items()}
-    late = round(median_wait - least, 3)
-    median_time = statistics.median(row["time_us"] for row in rows.values())
-    # Its own work makes it late: a rank descheduled on a busy host arrives late too,
-    # but without the compute to show for it.
-    extra = compute[rank] - statistics.median(compute.values())
-    named = (late >= max(LATE_FLOOR_US, LATE_SHARE * median_time)
-             and extra >= EXPLAINED * late and compute[rank] >= max(compute.values()))
-    return {"straggler": rank if named else None, "late_us": late}
 
 
 def without_trailing(steps: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -84,125 +75,330 @@ def without_trailing(steps: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return steps
 
 
-def _steps(ranks: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    by_step: dict[Any, dict[int, dict[str, Any]]] = {}
-    for r in ranks:
-        for row in without_trailing(r.get("steps") or []):
-            by_step.setdefault(row["step"], {})[r["rank"]] = row
-    out = []
-    for step in sorted(by_step, key=lambda s: (s is None, s if s is not None else 0)):
-        rows = by_step[step]
-        waits = [row["comm_us"] for row in rows.values()]
-        out.append({"step": step, "ranks": len(rows),
-                    "time_us": spread(row["time_us"] for row in rows.values()),
-                    "comm_us": spread(waits), "collectives": max(waits) > 0,
-                    **_step_straggler(rows)})
-    return out
+def compared_steps(steps: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], int]:
+    """The steps ``compare`` takes its samples from (less the trailing one, and the first
+    where there are more: it carries the profiler's start and every first run), and how
+    many steps the rank's region and operator totals cover (its steps less the trailing
+    one)."""
+    steps = without_trailing(steps)
+    return (steps[1:] if len(steps) >= 2 else steps), len(steps)
 
 
-def straggler(steps: list[dict[str, Any]], ranks: list[dict[str, Any]]) -> dict[str, Any] | None:
-    """The window's straggler: the same rank in more than half of the steps that hold
-    collectives, with how late it arrives and how long it and the others wait."""
-    bound = [s for s in steps if s["collectives"]]
-    named = [s["straggler"] for s in bound if s["straggler"] is not None]
-    if not bound or not named:
-        return None
-    rank = statistics.mode(named)
-    mine = [s for s in bound if s["straggler"] == rank]
-    if 2 * len(mine) <= len(bound):
-        return None
-    waits = {r["rank"]: r["total"]["comm_us"] for r in ranks if r.get("total")}
-    others = [w for r, w in waits.items() if r != rank]
-    return {"rank": rank, "steps": [s["step"] for s in mine], "of_steps": len(bound),
-            "late_us": round(statistics.median(s["late_us"] for s in mine), 3),
-            "wait_us": waits.get(rank), "others_wait_us": spread(others)}
+class _Step:
+    """One ProfilerStep across the ranks: each rank's time, wait and compute in it."""
+
+    __slots__ = ("comm", "compute", "ranks", "time")
+
+    def __init__(self) -> None:
+        self.ranks: list[Any] = []
+        self.time, self.comm, self.compute = array("d"), array("d"), array("d")
+
+    def add(self, rank: Any, row: dict[str, Any]) -> None:
+        self.ranks.append(rank)
+        self.time.append(row["time_us"])
+        self.comm.append(row["comm_us"])
+        self.compute.append(row["compute_us"])
+
+    def figures(self, step: Any) -> dict[str, Any]:
+        return {"step": step, "ranks": len(self.ranks), "time_us": spread(self.time),
+                "comm_us": spread(self.comm), "collectives": max(self.comm) > 0,
+                **self.straggler()}
+
+    def straggler(self) -> dict[str, Any]:
+        """The straggler of this step."""
+        waits = self.comm
+        if len(self.ranks) < 2 or max(waits) <= 0:
+            return {"straggler": None, "late_us": None}
+        median_wait = statistics.median(waits)
+        least = min(waits)
+        first = [i for i, w in enumerate(waits) if w == least]
+        if len(first) > 1:
+            return {"straggler": None, "late_us": 0.0}
+        i = first[0]
+        late = round(median_wait - least, 3)
+        median_time = statistics.median(self.time)
+        # Its own work makes it late: a rank descheduled on a busy host arrives late too,
+        # but without the compute to show for it.
+        extra = self.compute[i] - statistics.median(self.compute)
+        named = (late >= max(LATE_FLOOR_US, LATE_SHARE * median_time)
+                 and extra >= EXPLAINED * late and self.compute[i] >= max(self.compute))
+        return {"straggler": self.ranks[i] if named else None, "late_us": late}
 
 
-def _regions(ranks: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    times: dict[str, list[float]] = {}
-    for r in ranks:
-        for name, region in (r.get("regions") or {}).items():
-            times.setdefault(name, []).append(region["time_us"])
-    order = sorted(times, key=lambda name: -statistics.median(times[name]))[:16]
-    return [{"name": name, "ranks": len(times[name]), "time_us": spread(times[name])}
-            for name in order]
+class _Compared:
+    """What ``compare`` reads of a window: one sample per step (the median over the ranks
+    of their n-th step), the mean step and its parts over every (rank, step), each rank's
+    mean step, and each region's and operator's time per step."""
+
+    __slots__ = ("basis", "columns", "names_left_out", "ops", "rank_means", "ranks",
+                 "regions", "rows", "sums")
+
+    def __init__(self) -> None:
+        self.columns: list[array[float]] = []
+        self.sums = dict.fromkeys(("span_us", "compute_us", "exposed_comm_us", "other_us",
+                                   "idle_us"), 0.0)
+        self.rows = 0
+        self.ranks = 0
+        self.rank_means: dict[Any, float] = {}
+        self.regions: dict[tuple[str, str], float] = {}
+        self.ops: dict[tuple[str, str], float] = {}
+        self.names_left_out = 0
+        self.basis: set[str] = set()
+
+    def add(self, doc: dict[str, Any]) -> None:
+        steps, counted = compared_steps(doc["steps"])
+        if not steps:
+            return
+        self.ranks += 1
+        self.basis.add(str(doc.get("basis")))
+        for i, row in enumerate(steps):
+            if i == len(self.columns):
+                self.columns.append(array("d"))
+            self.columns[i].append(row["time_us"])
+            sums = self.sums
+            sums["span_us"] += row["span_us"]
+            sums["compute_us"] += row["compute_us"]
+            sums["exposed_comm_us"] += row["comm_us"] - row["overlap_us"]
+            sums["other_us"] += row["other_us"]
+            sums["idle_us"] += row["idle_us"]
+        self.rows += len(steps)
+        self.rank_means[doc["rank"]] = statistics.fmean(row["time_us"] for row in steps)
+        per = max(counted, 1)
+        for name, region in (doc.get("regions") or {}).items():
+            self._name(self.regions, (name, "region"), region["time_us"] / per)
+        for op in (doc.get("ops") or {}).get("top") or ():
+            self._name(self.ops, (op["name"], op["cat"]), op["time_us"] / per)
+
+    def _name(self, into: dict[tuple[str, str], float], key: tuple[str, str],
+              value: float) -> None:
+        if key in into:
+            into[key] += value
+        elif len(into) < MAX_NAMES:
+            into[key] = value
+        else:
+            self.names_left_out += 1
+
+    def samples(self) -> list[float]:
+        return [statistics.median(column) for column in self.columns]
+
+    def means(self) -> dict[str, float]:
+        if not self.rows:
+            return {}
+        return {k: v / self.rows for k, v in self.sums.items()}
+
+    def per_step(self, which: dict[tuple[str, str], float]) -> dict[tuple[str, str], float]:
+        return {k: v / max(self.ranks, 1) for k, v in which.items()}
 
 
-def readiness(window: dict[str, Any], ranks: list[dict[str, Any]],
-              expected: set[int]) -> list[dict[str, Any]]:
-    """What the window lacks for which analysis, said plainly."""
-    out: list[dict[str, Any]] = []
+class Figures:
+    """The figures of one window, gathered one rank at a time (:meth:`add`), then
+    :meth:`finish`. ``detail``: also what ``compare`` reads (:class:`_Compared`)."""
 
-    def add(code: str, message: str, who: Iterable[Any] = ()) -> None:
-        out.append({"code": code, "message": message, "ranks": sorted(
-            {r for r in who if isinstance(r, int)})})
+    def __init__(self, window: dict[str, Any], expected: set[int], *, detail: bool) -> None:
+        self.window = window
+        self.expected = expected
+        self.steps: dict[Any, _Step] = {}
+        self.regions: dict[str, array[float]] = {}
+        self.regions_left_out = 0
+        # each readable rank: its rank, basis and totals (text rows, bars, the straggler)
+        self.ranks: list[Any] = []
+        self.basis: list[str] = []
+        self.columns = {key: array("d") for key in TOTALS}
+        self.count = 0  # ranks added, readable or not
+        self.unreadable: dict[str, list[Any]] = {}
+        self.reasons_left_out = 0
+        self.seen: set[Any] = set()
+        self.twice: list[Any] = []
+        self.no_steps: list[Any] = []
+        self.no_info: list[Any] = []
+        self.any_kernels = False
+        self.any_comm = False
+        self.missed: set[str] = set()
+        self.missed_ranks: list[Any] = []
+        self.looks: set[str] = set()
+        self.silent: list[Any] = []
+        self.compared = _Compared() if detail else None
 
-    read = [r for r in ranks if not r.get("error")]
-    if window.get("not_analysed"):
+    # -- adding ranks ----------------------------------------------------------------
+
+    def add(self, doc: dict[str, Any]) -> dict[str, Any]:
+        """A rank of the window: ``doc`` is its summary with ``rank``, ``path`` and
+        ``status``, or with ``error`` saying why it has none. Returns it as the window's
+        ``ranks`` list shows it (``total`` added, or ``error`` for a rank seen before)."""
+        self.count += 1
+        rank = doc["rank"]
+        if doc.get("error"):
+            self._unreadable(str(doc["error"]), rank)
+            return doc
+        if isinstance(rank, int):
+            if rank in self.seen:
+                self.twice.append(rank)
+                return {"rank": rank, "path": doc.get("path"), "status": doc.get("status"),
+                        "error": "a second trace of this rank in the window: only the "
+                                 "first is analysed"}
+            self.seen.add(rank)
+        steps = doc["steps"]
+        total = doc["total"] = totals(steps)
+        self.ranks.append(rank)
+        self.basis.append(doc["basis"])
+        for key in TOTALS:
+            self.columns[key].append(total[key])
+        for row in without_trailing(steps):
+            step = self.steps.get(row["step"])
+            if step is None:
+                step = self.steps[row["step"]] = _Step()
+            step.add(rank, row)
+        for name, region in (doc.get("regions") or {}).items():
+            times = self.regions.get(name)
+            if times is None:
+                if len(self.regions) >= MAX_NAMES:
+                    self.regions_left_out += 1
+                    continue
+                times = self.regions[name] = array("d")
+            times.append(region["time_us"])
+        self._facts(rank, doc["facts"])
+        if self.compared is not None:
+            self.compared.add(doc)
+        return doc
+
+    def _unreadable(self, why: str, rank: Any) -> None:
+        found = self.unreadable.get(why)
+        if found is not None:
+            found.append(rank)
+        elif len(self.unreadable) < MAX_REASONS:
+            self.unreadable[why] = [rank]
+        else:
+            self.reasons_left_out += 1
+
+    def _facts(self, rank: Any, facts: dict[str, Any]) -> None:
+        if not facts["profiler_steps"]:
+            self.no_steps.append(rank)
+        if facts["kernels"]:
+            self.any_kernels = True
+        if facts["kernels"] or facts["cpu_comm_ops"]:
+            self.any_comm = True
+        if not facts["distributed_info"]:
+            self.no_info.append(rank)
+        if facts["hta_unrecognised"]:
+            self.missed_ranks.append(rank)
+            for name in facts["hta_unrecognised"]:
+                if len(self.missed) < MAX_LISTED:
+                    self.missed.add(name)
+        if facts["kernels"] and facts["cpu_comm_ops"] and not facts["comm_kernels"]:
+            self.silent.append(rank)
+            for name in facts["looks_like_comm"]:
+                if len(self.looks) < MAX_LISTED:
+                    self.looks.add(name)
+
+    # -- the window's figures ----------------------------------------------------------
+
+    def rows(self) -> Iterator[tuple[Any, str, dict[str, float]]]:
+        """(rank, basis, totals) of every readable rank, in the order added."""
+        for i, rank in enumerate(self.ranks):
+            yield rank, self.basis[i], {k: self.columns[k][i] for k in TOTALS}
+
+    def finish(self) -> dict[str, Any]:
+        """The window's figures: ``step_times``, ``regions``, ``breakdown``,
+        ``straggler``, ``readiness``."""
+        steps = [self.steps[s].figures(s) for s in
+                 sorted(self.steps, key=lambda s: (s is None, s if s is not None else 0))]
+        return {
+            "step_times": steps,
+            "regions": self._regions(),
+            "breakdown": {key: spread(self.columns[key]) for key in TOTALS}
+            if self.ranks else None,
+            "straggler": self._straggler(steps),
+            "readiness": self._readiness(),
+        }
+
+    def _regions(self) -> list[dict[str, Any]]:
+        medians = {name: statistics.median(t) for name, t in self.regions.items()}
+        order = sorted(medians, key=lambda name: (-medians[name], name))[:16]
+        return [{"name": name, "ranks": len(self.regions[name]),
+                 "time_us": spread(self.regions[name])} for name in order]
+
+    def _straggler(self, steps: list[dict[str, Any]]) -> dict[str, Any] | None:
+        """The window's straggler: the same rank in more than half of the steps that hold
+        collectives, with how late it arrives and how long it and the others wait."""
+        bound = [s for s in steps if s["collectives"]]
+        named = [s["straggler"] for s in bound if s["straggler"] is not None]
+        if not bound or not named:
+            return None
+        rank = statistics.mode(named)
+        mine = [s for s in bound if s["straggler"] == rank]
+        if 2 * len(mine) <= len(bound):
+            return None
+        waits = self.columns["comm_us"]
+        own = [w for r, w in zip(self.ranks, waits, strict=True) if r == rank]
+        others = [w for r, w in zip(self.ranks, waits, strict=True) if r != rank]
+        return {"rank": rank, "steps": [s["step"] for s in mine], "of_steps": len(bound),
+                "late_us": round(statistics.median(s["late_us"] for s in mine), 3),
+                "wait_us": own[-1] if own else None, "others_wait_us": spread(others)}
+
+    def _readiness(self) -> list[dict[str, Any]]:
+        """What the window lacks for which analysis, said plainly."""
+        out: list[dict[str, Any]] = []
+
+        def add(code: str, message: str, who: Iterable[Any] = ()) -> None:
+            out.append({"code": code, "message": message, "ranks": sorted(
+                {r for r in who if isinstance(r, int)})})
+
+        window = self.window
+        if window.get("not_analysed"):
+            return out
+        present = {r for r in self.ranks if isinstance(r, int)}
+        missing = sorted(self.expected - present)
+        if missing:
+            add("ranks_missing", f"{len(missing)} rank(s) that record this role have no "
+                "readable trace in this window: they are left out of every comparison",
+                missing)
+        for why, ranks in self.unreadable.items():
+            if len(ranks) == 1:
+                add("unreadable", f"the trace of rank {ranks[0]} cannot be read: {why}",
+                    ranks)
+            else:
+                add("unreadable", f"the traces of {len(ranks)} ranks cannot be read: {why}",
+                    ranks)
+        if self.reasons_left_out:
+            add("unreadable", f"{self.reasons_left_out} more rank(s) cannot be read, for "
+                f"reasons beyond the first {MAX_REASONS}")
+        if self.twice:
+            add("rank_twice", "rank(s) with more than one trace in this window (two lines "
+                "of the manifests name the same rank): only the first of each is analysed",
+                self.twice)
+        if not self.ranks:
+            if not self.count and window.get("other"):
+                kinds = sorted({str(o.get("backend")) for o in window["other"]})
+                add("no_torch_traces", f"no torch trace in this window (only "
+                    f"{', '.join(kinds)} files): nothing to analyse here")
+            return out
+        if len(self.ranks) == 1:
+            add("single_rank", "one rank only: nothing to compare it with, no straggler")
+        if self.no_steps:
+            add("no_profiler_steps", "no ProfilerStep rows: step time is the whole trace; "
+                "per-step comparison and HTA's per-iteration analyses (straggler, critical "
+                "path) need them (call prof.step() in the loop)", self.no_steps)
+        if not self.any_kernels:
+            add("no_kernels", "no GPU kernels (CPU-only traces): time is measured on the "
+                "CPU, with no idle GPU gaps; HTA's temporal breakdown and "
+                "communication/computation overlap need kernels (its temporal breakdown "
+                "raises IndexError here)")
+        if self.no_info:
+            add("no_distributed_info", "no distributedInfo: HTA reads each trace's rank "
+                "from it and cannot tell these traces apart (on-demand traces often lack "
+                "it)", self.no_info)
+        if self.missed:
+            missed = sorted(self.missed)
+            add("collective_kernels_unrecognised", "collective kernels that HTA does not "
+                f"count as communication (it expects ^nccl.*Kernel): {', '.join(missed[:5])}",
+                self.missed_ranks)
+        if self.silent:
+            names = sorted(self.looks)
+            add("collective_kernels_unrecognised", "collectives run on the CPU but no GPU "
+                "kernel is recognised as one (kernels named nccl*, hccl*, rccl*)"
+                + (f"; kernels that look like collectives: {', '.join(names[:5])}" if names
+                   else ""), self.silent)
+        if not self.any_comm and len(self.ranks) > 1:
+            add("no_collectives", "no collective in any rank's trace: no rank waits for "
+                "another, so there is no straggler to name")
         return out
-    present = {r["rank"] for r in read if isinstance(r["rank"], int)}
-    missing = sorted(expected - present)
-    if missing:
-        add("ranks_missing", f"{len(missing)} rank(s) that record this role have no readable "
-            "trace in this window: they are left out of every comparison", missing)
-    for r in ranks:
-        if r.get("error"):
-            add("unreadable", f"the trace of rank {r['rank']} cannot be read: {r['error']}",
-                [r["rank"]])
-    if not read:
-        if not ranks and window.get("other"):
-            kinds = sorted({str(o.get("backend")) for o in window["other"]})
-            add("no_torch_traces", f"no torch trace in this window (only {', '.join(kinds)} "
-                "files): nothing to analyse here")
-        return out
-    if len(read) == 1:
-        add("single_rank", "one rank only: nothing to compare it with, no straggler")
-    no_steps = [r["rank"] for r in read if not r["facts"]["profiler_steps"]]
-    if no_steps:
-        add("no_profiler_steps", "no ProfilerStep rows: step time is the whole trace; "
-            "per-step comparison and HTA's per-iteration analyses (straggler, critical "
-            "path) need them (call prof.step() in the loop)", no_steps)
-    if not any(r["facts"]["kernels"] for r in read):
-        add("no_kernels", "no GPU kernels (CPU-only traces): time is measured on the CPU, "
-            "with no idle GPU gaps; HTA's temporal breakdown and communication/computation "
-            "overlap need kernels (its temporal breakdown raises IndexError here)")
-    no_info = [r["rank"] for r in read if not r["facts"]["distributed_info"]]
-    if no_info:
-        add("no_distributed_info", "no distributedInfo: HTA reads each trace's rank from "
-            "it and cannot tell these traces apart (on-demand traces often lack it)", no_info)
-    missed = sorted({n for r in read for n in r["facts"]["hta_unrecognised"]})
-    if missed:
-        add("collective_kernels_unrecognised", "collective kernels that HTA does not count "
-            f"as communication (it expects ^nccl.*Kernel): {', '.join(missed[:5])}",
-            [r["rank"] for r in read if r["facts"]["hta_unrecognised"]])
-    silent = [r["rank"] for r in read if r["facts"]["kernels"] and r["facts"]["cpu_comm_ops"]
-              and not r["facts"]["comm_kernels"]]
-    if silent:
-        names = sorted({n for r in read for n in r["facts"]["looks_like_comm"]})
-        add("collective_kernels_unrecognised", "collectives run on the CPU but no GPU kernel "
-            "is recognised as one (kernels named nccl*, hccl*, rccl*)"
-            + (f"; kernels that look like collectives: {', '.join(names[:5])}" if names
-               else ""), silent)
-    if all(r["facts"]["kernels"] == 0 and r["facts"]["cpu_comm_ops"] == 0 for r in read) \
-            and len(read) > 1:
-        add("no_collectives", "no collective in any rank's trace: no rank waits for "
-            "another, so there is no straggler to name")
-    return out
-
-
-def compare(window: dict[str, Any], ranks: list[dict[str, Any]],
-            expected: set[int]) -> dict[str, Any]:
-    """The analysis of one window: ``ranks`` are the per-trace summaries with ``rank``."""
-    for r in ranks:
-        if not r.get("error"):
-            r["total"] = totals(r["steps"])
-    read = [r for r in ranks if not r.get("error")]
-    steps = _steps(read)
-    return {
-        "step_times": steps,
-        "regions": _regions(read),
-        "breakdown": {key: spread(r["total"][key] for r in read)
-                      for key in ("time_us", *PARTS)} if read else None,
-        "straggler": straggler(steps, read),
-        "readiness": readiness(window, ranks, expected),
-    }

@@ -13,16 +13,22 @@ Manifests written before ``roles`` existed name a shared capture's roles in ``ro
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from collections.abc import Iterable, Sequence
+from typing import Any, Protocol
+
+
+class Record(Protocol):
+    """A trace line as these functions read it: a dict, or anything with its ``get``."""
+
+    def get(self, key: str, default: Any = ..., /) -> Any: ...
 
 
 def _names(value: Any) -> list[str]:
     """A manifest's list of role names (anything else, from a damaged line: none)."""
-    return [str(v) for v in value] if isinstance(value, list) else []
+    return [str(v) for v in value] if isinstance(value, (list, tuple)) else []
 
 
-def participants(record: Mapping[str, Any]) -> tuple[str, ...]:
+def participants(record: Record) -> tuple[str, ...]:
     """The roles that took part in the capture of ``record`` on its rank: those recorded
     (``roles``) and any that joined it undeclared, in that order."""
     declared = _names(record.get("roles"))
@@ -32,18 +38,18 @@ def participants(record: Mapping[str, Any]) -> tuple[str, ...]:
     return tuple(dict.fromkeys(declared + joined))
 
 
-def label(record: Mapping[str, Any]) -> str:
+def label(record: Record) -> str:
     """``actor+ref``: :func:`participants` as ``traces`` shows them."""
     return "+".join(participants(record))
 
 
-def holds(record: Mapping[str, Any], role: str) -> bool:
+def holds(record: Record, role: str) -> bool:
     """Whether the capture of ``record`` holds ``role`` (``a+b``: both of them)."""
     found = participants(record)
     return all(part in found for part in role.split("+"))
 
 
-def families(records: Iterable[Mapping[str, Any]]) -> dict[str, str]:
+def families(records: Iterable[Record]) -> dict[str, str]:
     """For each :func:`label` among ``records``, its window family's label: the labels
     that share a role, joined (a role lives in one process group, so they are one group).
     Its roles come in the order of the longest label that holds them, then the others'."""
@@ -75,14 +81,14 @@ def families(records: Iterable[Mapping[str, Any]]) -> dict[str, str]:
 TORCH_SUFFIXES = (".pt.trace.json", ".pt.trace.json.gz")
 
 
-def is_torch(record: Mapping[str, Any]) -> bool:
+def is_torch(record: Record) -> bool:
     """Whether a trace line names a torch trace (its backend, or its file's ending)."""
     path = record.get("path")
     return record.get("backend") == "torch" or (
         isinstance(path, str) and path.endswith(TORCH_SUFFIXES))
 
 
-def window_keys(records: Sequence[Mapping[str, Any]]) -> list[tuple[Any, ...]]:
+def window_keys(records: Sequence[Record]) -> list[tuple[Any, ...]]:
     """The window of each trace line of ``records`` (oldest first), as ``merge`` and
     ``analyze`` both key it: (family, region, outer steps, cycle, n), n counting the
     captures of the same steps and cycle on the same rank and backend (a region or a rerun

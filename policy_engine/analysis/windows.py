@@ -4,28 +4,85 @@ manifests, with why each capture exists.
 A window is keyed as ``merge`` keys it: the roles (``actor+ref`` for a shared capture, the
 same on every rank however many of them took part there: ``analysis.window_roles``), the
 region, the outer steps, the schedule cycle, and which capture of those it is when a
-region or a rerun captured them again. Each window lists its torch traces (one per rank)
-and what cannot be read; the trigger that opened it (plan, on demand with the request
-id, signal, slow step with the rank that saw it and its seconds); a ``limits`` budget
-spent; and backends that wrote nothing (a failed trace line). A folder with no manifests
-(torch.profiler's own output) is one window per sub-folder of traces.
+region or a rerun captured them again. Each window lists its torch traces (one per rank:
+an :class:`Entry`) and what cannot be read; the trigger that opened it (plan, on demand
+with the request id, signal, slow step with the rank that saw it and its seconds); a
+``limits`` budget spent; and backends that wrote nothing (a failed trace line). A folder
+with no manifests (torch.profiler's own output) is one window per sub-folder of traces.
+
+The manifests are read once, a line at a time, and only what the windows need is kept:
+each trace line as a small tuple whose repeated values (roles, steps, the policy's hash)
+are shared, and of each summary line only where it lies, so that a run of 100,000 ranks
+is indexed in tens of megabytes; the summaries are read again, one at a time, when their
+window is analysed.
 """
 
 from __future__ import annotations
 
+import json
 import os
-from typing import Any
+from typing import Any, NamedTuple
 
-from policy_engine.analysis.manifests import Scan, scan_manifests
-from policy_engine.analysis.summary import problem
+from policy_engine.analysis.manifests import (
+    ManifestProblem,
+    Place,
+    Scan,
+    process_of,
+    read_lines,
+)
+from policy_engine.analysis.spool import dumps_sorted
 from policy_engine.analysis.window_roles import (
     TORCH_SUFFIXES,
     is_torch,
     participants,
     window_keys,
 )
+from policy_engine.files.records import ABSENT, Line, SummaryLine, from_json
 
 _ALSO = 16  # ranks listed whose capture has another trigger than the window's first
+#: The notes kept from all the manifests (limits reached, trigger requests missed...);
+#: past it they are counted, not kept.
+MAX_NOTES = 10_000
+
+
+class Entry(NamedTuple):
+    """One torch trace of a window: where it is (``path`` relative to the folder
+    analysed; ``file`` to read, None where only its summary is kept) and its rank's
+    summary line (``summary``: where it lies, read when the window is analysed)."""
+
+    rank: Any
+    path: str | None
+    file: str | None
+    status: Any
+    summary: Place | dict[str, Any] | None
+
+
+class _Trace(NamedTuple):
+    """A trace line as a window needs it (the fields ``window_roles`` reads through
+    :meth:`get`)."""
+
+    manifest: str
+    capture: Any
+    role: Any
+    roles: Any
+    joined: Any
+    region: Any
+    steps: Any
+    cycle: Any
+    rank: Any
+    world: Any
+    backend: Any
+    path: Any
+    status: Any
+    error: Any
+    start: Any
+    trigger: Any
+    request: Any
+    identity: tuple[Any, ...]
+
+    def get(self, key: str, default: Any = None) -> Any:
+        value = getattr(self, key, default)
+        return default if value is None else value
 
 
 def describe(window: dict[str, Any]) -> str:
@@ -43,63 +100,205 @@ def describe(window: dict[str, Any]) -> str:
     return ", ".join(parts)
 
 
-def _why(first: dict[str, Any], notes: list[dict[str, Any]]) -> dict[str, Any]:
+def _why(first: _Trace, notes: list[dict[str, Any]]) -> dict[str, Any]:
     """The trigger of a window's capture, with its request or the slow step behind it."""
-    trigger = str(first.get("trigger") or "plan")
-    why: dict[str, Any] = {"trigger": trigger, "request": first.get("request")}
+    trigger = str(first.trigger or "plan")
+    why: dict[str, Any] = {"trigger": trigger, "request": first.request}
     if trigger == "slow_step":
-        steps = set(first.get("steps") or [])
+        steps = set(first.steps or ())
         slow = [n for n in notes if n.get("note") == "slow_step"
-                and steps & set(n.get("captures") or [])]
+                and steps & _ints(n.get("captures"))]
         why["slow"] = [{"rank": n.get("rank"), "step": n.get("step"),
                         "seconds": n.get("seconds"), "median": n.get("median")}
                        for n in sorted(slow, key=lambda n: str(n.get("rank")))]
     return why
 
 
+def _ints(value: Any) -> set[int]:
+    """The integers of a list read from a manifest (anything else: none)."""
+    if not isinstance(value, list):
+        return set()
+    return {v for v in value if isinstance(v, int)}
+
+
+#: What a trace line says of how it was recorded, gathered per window for the comparison
+#: of two runs (each value as seen on any rank: a window normally has one of each).
+IDENTITY = ("policy_hash", "torch", "recorded", "coords")
+
+
+def _json_key(value: Any) -> Any:
+    """A JSON value as a hashable key: itself, or a list or object as its JSON text."""
+    if isinstance(value, (list, dict)):
+        return ("json", dumps_sorted(value))
+    return value
+
+
+def _from_key(key: Any) -> Any:
+    """:func:`_json_key` undone: the JSON value again."""
+    if isinstance(key, tuple) and key[:1] == ("json",):
+        return json.loads(key[1])
+    return key
+
+
+class _Shared:
+    """Values seen before, handed out again: 100,000 ranks' lines name the same roles,
+    steps and policy, and hold them once. Lists come back as tuples."""
+
+    def __init__(self) -> None:
+        self._seen: dict[Any, Any] = {}
+
+    def __call__(self, value: Any) -> Any:
+        if isinstance(value, list):
+            try:
+                value = tuple(value)
+                return self._seen.setdefault(value, value)
+            except TypeError:  # a list of objects, from a damaged line: not shared
+                return value
+        if isinstance(value, dict):
+            return value
+        return self._seen.setdefault(value, value)
+
+    def key(self, value: Any) -> Any:
+        """``value`` as a shared hashable key (:func:`_json_key`)."""
+        key = _json_key(value)
+        return self._seen.setdefault(key, key)
+
+
+def _compact(line: Line, manifest: str, share: _Shared) -> _Trace:
+    more = line.more
+    return _Trace(
+        manifest=manifest, capture=_get(line.capture), role=share(_get(line.role)),
+        roles=share(_get(line.roles)), joined=share(_get(line.joined)),
+        region=share(_get(line.region)), steps=share(_get(line.steps)),
+        cycle=_get(line.cycle), rank=_get(line.rank), world=_get(line.world),
+        backend=share(more.get("backend")), path=_get(line.path),
+        status=share(_get(getattr(line, "status", None))), error=_get(line.error),
+        start=_get(line.start),
+        trigger=share(_get(line.trigger)), request=_get(line.request),
+        identity=share(tuple(share.key(more.get(k) if k != "coords" else _get(line.coords))
+                             for k in IDENTITY)))
+
+
+def _get(value: Any) -> Any:
+    return None if value is ABSENT else value
+
+
+class Index:
+    """What the windows need of the manifests, gathered a line at a time."""
+
+    def __init__(self, *, from_traces: bool) -> None:
+        self.from_traces = from_traces
+        self.share = _Shared()
+        self.traces: list[_Trace] = []
+        self.limits: dict[tuple[str, str], str] = {}  # a close line's limit, by capture
+        self.summaries: dict[tuple[str, Any], Place | dict[str, Any] | None] = {}
+        self.notes: dict[str, list[dict[str, Any]]] = {}
+        self.notes_left_out = 0
+        self.notes_kept = 0
+        self.folders: dict[str, str] = {}
+
+    def add(self, line: Line, manifest: str, place: Place | None) -> None:
+        """One line of the manifest ``manifest`` (``place``: where it lies)."""
+        if line.EVENT == "trace":
+            self.traces.append(_compact(line, manifest, self.share))
+        elif isinstance(line, SummaryLine):
+            if self.from_traces:
+                return
+            key = (manifest, line.path)
+            if line.status == "complete":  # else the trace is read, if it is there
+                self.summaries[key] = place if place is not None else _get(line.summary)
+            else:
+                self.summaries.pop(key, None)
+        elif line.EVENT == "close":
+            limit = line.more.get("limit")
+            if isinstance(limit, str):
+                self.limits[(manifest, str(line.capture))] = limit
+        elif line.EVENT == "note":
+            if self.notes_kept < MAX_NOTES:
+                self.notes_kept += 1
+                self.notes.setdefault(str(_get(line.role)), []).append(line.to_json())
+            else:
+                self.notes_left_out += 1
+
+    def folder_of(self, manifest: str, root: str) -> str:
+        """The output folder of the manifest ``manifest``, relative to ``root``."""
+        found = self.folders.get(manifest)
+        if found is None:
+            found = self.folders[manifest] = os.path.relpath(
+                os.path.dirname(os.path.dirname(manifest)), root)
+        return found
+
+    def read(self, root: str, problems: list[ManifestProblem]) -> None:
+        for found in read_lines(root, problems, wanted=_not_open):
+            self.add(found.line, found.manifest, found.place)
+
+
+#: An open line, as the writer spells its kind. Those quotes cannot stand unescaped inside
+#: a string, so only a line whose object holds that key and value has these bytes: an
+#: open line (or a forged one, which is then left out like any open line).
+_OPEN = b'"event": "open"'
+
+
+def _not_open(raw: bytes) -> bool:
+    """Whether a line may be anything but an open line (the windows need none)."""
+    return _OPEN not in raw
+
+
 def from_manifests(root: str, *, from_traces: bool = False, scan: Scan | None = None
                    ) -> tuple[list[dict[str, Any]], list[str], list[dict[str, Any]]]:
     """The windows under ``root`` (oldest first), problems with the manifests, and notes
     that belong to no window (a ``limits`` budget spent, a trigger request missed). A
-    trace whose rank wrote its summary to the manifest carries it (``summary``) and is
-    not read again, unless ``from_traces``; ``scan``: the manifests, already read."""
-    scan = scan if scan is not None else scan_manifests(root)
+    trace whose rank wrote its summary to the manifest carries it (``summary``: where the
+    line lies, or the figures themselves when ``scan`` holds them) and is not read again,
+    unless ``from_traces``; ``scan``: the manifests, already read."""
+    index = Index(from_traces=from_traces)
+    found_problems: list[ManifestProblem] = []
+    if scan is None:
+        index.read(root, found_problems)
+    else:
+        for r in scan.records:
+            index.add(from_json({k: v for k, v in r.items() if not k.startswith("_")}),
+                      r["_manifest"], None)
+        found_problems = list(scan.problems)
     problems = [f"manifest {p.path}{f':{p.line}' if p.line else ''}: {p.why}"
-                for p in scan.problems]
-    closes: dict[tuple[str, str], dict[str, Any]] = {}
-    notes: dict[str, list[dict[str, Any]]] = {}
-    summaries: dict[tuple[str, Any], dict[str, Any]] = {}
-    for r in scan.records:
-        if r["event"] == "close":
-            closes[(r["_manifest"], r["capture"])] = r
-        elif r["event"] == "summary" and not from_traces:
-            summaries[(r["_manifest"], r.get("path"))] = r
-        elif r["event"] == "note":
-            notes.setdefault(str(r.get("role")), []).append(r)
-    traces = [r for r in scan.records if r["event"] == "trace"]
-    traces.sort(key=lambda r: r["start"] if isinstance(r.get("start"), (int, float)) else 0)
+                for p in found_problems]
+    traces: list[_Trace] = index.traces
+    traces.sort(key=lambda r: r.start if isinstance(r.start, (int, float)) else 0)
     found: dict[tuple[Any, ...], dict[str, Any]] = {}
-    for r, wkey in zip(traces, window_keys(traces), strict=True):
+    notes = index.notes
+    for t, wkey in zip(traces, window_keys(traces), strict=True):
         name, _region, steps, _cycle, nth = wkey
         window = found.get(wkey)
         if window is None:
             role_notes = [n for role in name.split("+") for n in notes.get(role, [])]
             window = found[wkey] = {
-                "role": name, "region": r.get("region"), "steps": list(steps),
-                "cycle": r.get("cycle"), "capture": nth, "world": r.get("world"),
-                "why": _why(r, role_notes), "traces": [], "skipped": [], "limits": [],
+                "role": name, "region": t.region, "steps": list(steps),
+                "cycle": t.cycle, "capture": nth, "world": t.world,
+                "why": _why(t, role_notes), "traces": [], "skipped": [], "limits": [],
                 "dropped": [], "other": [], "holds": [], "holders": {}}
         # Who took part, per rank (internal: --role and the ranks a window should have).
-        taking_part = participants(r)
-        window["holds"].extend(x for x in taking_part if x not in window["holds"])
-        if isinstance(r.get("rank"), int):
-            window["holders"].setdefault(r["rank"], set()).update(taking_part)
-        _place(window, r, root, closes.get((r["_manifest"], str(r.get("capture")))),
-               summaries.get((r["_manifest"], r.get("path"))))
+        taking_part = index.share(participants(t))
+        if taking_part is not window.get("_last"):  # as the rank before's, nearly always
+            window["_last"] = taking_part
+            window["holds"].extend(x for x in taking_part if x not in window["holds"])
+        if isinstance(t.rank, int):
+            held = window["holders"].get(t.rank)
+            if held is None:
+                window["holders"][t.rank] = taking_part  # shared: made a set when joined
+            elif held is not taking_part:
+                window["holders"][t.rank] = index.share(tuple(dict.fromkeys(
+                    (*held, *taking_part))))
+        _place(window, t, root, index)
     loose = [{"role": n.get("role"), "rank": n.get("rank"), "note": n.get("note"),
               "message": _loose(n)} for role in sorted(notes) for n in notes[role]
              if n.get("note") == "limit" or (n.get("note") == "trigger"
                                              and n.get("status") == "missed")]
+    if index.notes_left_out:
+        problems.append(f"the manifests hold more than {MAX_NOTES} notes: "
+                        f"{index.notes_left_out} more were not read")
+    for window in found.values():
+        window.pop("_last", None)
+        window.pop("identities", None)
     return list(found.values()), problems, loose
 
 
@@ -109,74 +308,59 @@ def _loose(note: dict[str, Any]) -> str:
     return f"trigger request {note.get('request')} missed at step {note.get('at')}"
 
 
-def _place(window: dict[str, Any], r: dict[str, Any], root: str,
-           close: dict[str, Any] | None, summary: dict[str, Any] | None) -> None:
-    """One trace line into its window: a trace to read (or its summary, read already),
-    or a note saying why not."""
-    base = os.path.dirname(os.path.dirname(r["_manifest"]))
-    path = r.get("path")
-    full = os.path.normpath(os.path.join(base, path)) if path else None
-    rel = os.path.relpath(full, root) if full else None
-    rank = r.get("rank")
-    if isinstance(r.get("world"), int):
-        window["world"] = max(window["world"] or 0, r["world"])
-    _identify(window.setdefault("identity", {}), r)
+def _place(window: dict[str, Any], r: _Trace, root: str, index: Index) -> None:
+    """One trace line into its window: a trace to read (or its summary, read later), or
+    a note saying why not."""
+    path = r.path
+    rel = os.path.normpath(os.path.join(index.folder_of(r.manifest, root), path)) \
+        if isinstance(path, str) and path else None
+    full = os.path.join(root, rel) if rel is not None else None
+    rank = r.rank
+    if isinstance(r.world, int):
+        window["world"] = max(window["world"] or 0, r.world)
+    if r.identity not in window.setdefault("identities", set()):  # not as another rank's
+        window["identities"].add(r.identity)
+        _identify(window.setdefault("identity", {}), r)
     why = window["why"]
-    trigger = str(r.get("trigger") or "plan")
-    if (trigger, r.get("request")) != (why["trigger"], why.get("request")):
+    trigger = str(r.trigger or "plan")
+    if (trigger, r.request) != (why["trigger"], why.get("request")):
         # a rank whose capture of these steps has another reason (bounded: the first few)
         also = why.setdefault("also", [])
         if len(also) < _ALSO:
-            also.append({"rank": rank, "trigger": trigger, "request": r.get("request")})
-    limit = (close or {}).get("limit")
-    if isinstance(limit, str) and limit not in [x["why"] for x in window["limits"]]:
+            also.append({"rank": rank, "trigger": trigger, "request": r.request})
+    limit = index.limits.get((r.manifest, str(r.capture)))
+    if limit is not None and limit not in [x["why"] for x in window["limits"]]:
         window["limits"].append({"rank": rank, "why": limit})
-    if r.get("status") == "failed" or full is None:
-        window["dropped"].append({"rank": rank, "backend": r.get("backend"),
-                                  "why": r.get("error") or "no file written"})
+    summary = index.summaries.get((r.manifest, path))
+    if r.status == "failed" or full is None:
+        window["dropped"].append({"rank": rank, "backend": r.backend,
+                                  "why": r.error or "no file written"})
     elif not is_torch(r):
-        window["other"].append({"rank": rank, "backend": r.get("backend"), "path": rel})
-    elif (found := _summary_of(summary)) is not None:
-        window["traces"].append({"rank": rank, "path": rel, "file": None,
-                                 "status": r.get("status"), "summary": found})
-    elif not _inside(full, root):
+        window["other"].append({"rank": rank, "backend": r.backend, "path": rel})
+    elif summary is not None:  # the trace is read only if the summary cannot be used
+        window["traces"].append(Entry(rank, rel, None, r.status, summary))
+    elif not inside(full, root):
         window["skipped"].append({"rank": rank, "path": rel,
                                   "why": "outside the folder analysed: not read"})
     elif not os.path.isfile(full):
         window["skipped"].append({"rank": rank, "path": rel, "why": _absent(full)})
     else:
-        window["traces"].append({"rank": rank, "path": rel, "file": full,
-                                 "status": r.get("status")})
+        window["traces"].append(Entry(rank, rel, full, r.status, None))
 
 
-#: What a trace line says of how it was recorded, gathered per window for the comparison
-#: of two runs (each value as seen on any rank: a window normally has one of each).
-IDENTITY = ("policy_hash", "torch", "recorded")
-
-
-def _identify(identity: dict[str, Any], r: dict[str, Any]) -> None:
-    for key in IDENTITY:
-        value = r.get(key)
+def _identify(identity: dict[str, Any], r: _Trace) -> None:
+    for key, value in zip(IDENTITY[:-1], r.identity[:-1], strict=True):
         if value is not None:
+            value = _from_key(value)
             seen = identity.setdefault(key, [])
             if value not in seen and len(seen) < _ALSO:
                 seen.append(value)
-    coords = r.get("coords")
+    coords = _from_key(r.identity[-1])
     if isinstance(coords, dict):  # the mesh, as far as the ranks' coordinates show it
         mesh = identity.setdefault("mesh", {})
         for dim, at in coords.items():
             if isinstance(at, int) and not isinstance(at, bool) and 0 <= at < 1 << 31:
                 mesh[str(dim)] = max(mesh.get(str(dim), 0), at + 1)
-
-
-def _summary_of(record: dict[str, Any] | None) -> dict[str, Any] | None:
-    """The figures a rank's summary line holds, when it summarised its trace whole and
-    they are what :func:`~policy_engine.analysis.summary.summarize` returns (a manifest
-    is untrusted: anything else and the trace is read, if it is there)."""
-    if record is None or record.get("status") != "complete":
-        return None
-    found = record.get("summary")
-    return found if problem(found) is None else None
 
 
 def _absent(path: str) -> str:
@@ -186,7 +370,7 @@ def _absent(path: str) -> str:
     return "not a regular file (a folder, a FIFO or a device where the trace should be)"
 
 
-def _inside(path: str, root: str) -> bool:
+def inside(path: str, root: str) -> bool:
     """Whether ``path`` (links resolved) lies under ``root``: a manifest is untrusted, and
     a trace it names elsewhere is not read."""
     top = os.path.realpath(root)
@@ -206,8 +390,12 @@ def from_folders(root: str) -> list[dict[str, Any]]:
         windows.append({
             "role": rel if rel != "." else os.path.basename(os.path.abspath(root)),
             "region": None, "steps": [], "cycle": None, "capture": 1, "world": None,
-            "why": None, "traces": [{"rank": None, "path": os.path.normpath(os.path.join(rel, n)),
-                                     "file": os.path.join(folder, n), "status": None}
+            "why": None, "traces": [Entry(None, os.path.normpath(os.path.join(rel, n)),
+                                          os.path.join(folder, n), None, None)
                                     for n in names],
             "skipped": [], "limits": [], "dropped": [], "other": []})
     return windows
+
+
+__all__ = ["IDENTITY", "Entry", "Index", "describe", "from_folders", "from_manifests",
+           "process_of"]

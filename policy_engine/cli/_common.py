@@ -109,6 +109,23 @@ def print_json(data: Mapping[str, Any] | list[Any]) -> None:
     sys.stdout.write(text + "\n")
 
 
+class _Text:
+    """A text stream (stdout replaced by a test, say) taking bytes of UTF-8."""
+
+    def __init__(self, stream: Any) -> None:
+        self.stream = stream
+
+    def write(self, data: bytes) -> int:
+        return int(self.stream.write(data.decode("utf-8")))
+
+
+def stdout_bytes() -> Any:
+    """Standard output for bytes: its buffer, or the stream itself taking decoded text."""
+    sys.stdout.flush()
+    buffer = getattr(sys.stdout, "buffer", None)
+    return buffer if buffer is not None else _Text(sys.stdout)
+
+
 def load_role_layout(args: argparse.Namespace, command: str,
                      assumed_world: int | None = None) -> tuple[Policy, int]:
     """The checked policy (``--mesh`` replacing every mesh in it) and the world size, for

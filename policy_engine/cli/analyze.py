@@ -18,9 +18,14 @@ import sys
 from typing import Any
 
 from policy_engine.analysis import hta as hta_bridge
-from policy_engine.analysis.run import analyze
+from policy_engine.analysis.run import analyze_run
 from policy_engine.analysis.text import render
-from policy_engine.cli._common import add_format_option, positive_int, print_json, whole_number
+from policy_engine.cli._common import (
+    add_format_option,
+    positive_int,
+    stdout_bytes,
+    whole_number,
+)
 
 
 def add_parser(sub: Any, name: str, help: str) -> None:
@@ -49,16 +54,22 @@ def default_jobs() -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    result = analyze(args.dir, role=args.role, step=args.step,
-                     jobs=args.jobs or default_jobs(), from_traces=args.from_traces)
-    if args.hta:
-        if hta_bridge.available():
-            hta_bridge.attach(result["windows"], args.dir)
+    result = analyze_run(args.dir, role=args.role, step=args.step,
+                         jobs=args.jobs or default_jobs(), from_traces=args.from_traces)
+    try:
+        if args.hta:
+            if hta_bridge.available():
+                result = hta_bridge.attach(result, args.dir)
+            else:
+                print(f"policy-engine analyze: warning: --hta: HTA is not installed "
+                      f"({hta_bridge.INSTALL})", file=sys.stderr)
+        if args.format == "json":  # a rank at a time: 100,000 ranks are never held
+            out = stdout_bytes()
+            result.write_json(out)
+            if hasattr(out, "flush"):
+                out.flush()
         else:
-            print(f"policy-engine analyze: warning: --hta: HTA is not installed "
-                  f"({hta_bridge.INSTALL})", file=sys.stderr)
-    if args.format == "json":
-        print_json(result)
-    else:
-        print(render(result))
+            print(render(result))
+    finally:
+        result.close()
     return 0

@@ -1,0 +1,182 @@
+"""What ``analyze`` answers, as typed records: the run (:class:`RunAnalysis`), each window
+(:class:`WindowAnalysis`), each rank (:class:`RankAnalysis`) and each of its steps
+(:class:`StepFigures`).
+
+A window holds its figures across the ranks, and its ranks as a view over the spool they
+were written to as they were read (:mod:`~policy_engine.analysis.spool`): the ranks of a
+window of 100,000 are handed out one at a time, never held together.
+:meth:`RunAnalysis.to_json` is the document ``policy-engine analyze --format json`` prints,
+and :meth:`RunAnalysis.write_json` writes the same document as a stream.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, Sequence
+from typing import IO, Any, overload
+
+import attrs
+
+from policy_engine.analysis.spool import RankView, Spool, dumps
+from policy_engine.analysis.window import Figures
+
+_PARTS = ("time_us", "span_us", "compute_us", "comm_us", "overlap_us", "other_us", "idle_us")
+
+
+@attrs.frozen
+class StepFigures:
+    """One ``ProfilerStep`` of one rank (``step`` None: the whole trace, which has none),
+    in microseconds."""
+
+    step: int | None
+    time_us: float
+    span_us: float
+    compute_us: float
+    comm_us: float
+    overlap_us: float
+    other_us: float
+    idle_us: float
+
+
+@attrs.frozen
+class RankAnalysis:
+    """One rank of a window: its figures, or ``error`` saying why there are none."""
+
+    rank: int | None
+    path: str | None
+    status: str | None
+    error: str | None
+    basis: str | None  # "gpu" (kernels) or "cpu"
+    steps: tuple[StepFigures, ...]
+    total: Mapping[str, float] | None
+
+    @classmethod
+    def from_doc(cls, doc: Mapping[str, Any]) -> RankAnalysis:
+        steps = tuple(StepFigures(row.get("step"), *(row[k] for k in _PARTS))
+                      for row in doc.get("steps") or ())
+        return cls(rank=doc.get("rank"), path=doc.get("path"), status=doc.get("status"),
+                   error=doc.get("error"), basis=doc.get("basis"), steps=steps,
+                   total=doc.get("total"))
+
+
+class Ranks(Sequence[RankAnalysis]):
+    """A window's ranks, in rank order, each made when asked for."""
+
+    def __init__(self, docs: RankView) -> None:
+        self._docs = docs
+
+    def __len__(self) -> int:
+        return len(self._docs)
+
+    @overload
+    def __getitem__(self, index: int) -> RankAnalysis: ...
+    @overload
+    def __getitem__(self, index: slice) -> list[RankAnalysis]: ...
+
+    def __getitem__(self, index: int | slice) -> Any:
+        if isinstance(index, slice):
+            return [RankAnalysis.from_doc(d) for d in self._docs[index]]
+        return RankAnalysis.from_doc(self._docs[index])
+
+    def __iter__(self) -> Iterator[RankAnalysis]:
+        for doc in self._docs:
+            yield RankAnalysis.from_doc(doc)
+
+
+#: A window's keys before its ranks, and after them, in the document's order.
+HEAD = ("title", "role", "region", "steps", "cycle", "capture", "world", "why", "limits",
+        "dropped", "other")
+TAIL = ("step_times", "regions", "breakdown", "straggler", "readiness", "hta")
+
+
+@attrs.frozen(eq=False)
+class WindowAnalysis:
+    """One capture window compared across its ranks."""
+
+    title: str
+    role: str
+    region: str | None
+    steps: tuple[Any, ...]
+    cycle: int | None
+    capture: int
+    world: int | None
+    why: Mapping[str, Any] | None
+    limits: tuple[Mapping[str, Any], ...]
+    dropped: tuple[Mapping[str, Any], ...]
+    other: tuple[Mapping[str, Any], ...]
+    #: each rank's JSON object (its summary, ``total``, or ``error``), in rank order
+    docs: RankView = attrs.field(repr=False)
+    step_times: list[dict[str, Any]]
+    regions: list[dict[str, Any]]
+    breakdown: dict[str, Any] | None
+    straggler: Mapping[str, Any] | None
+    readiness: list[dict[str, Any]]
+    hta: Mapping[str, Any] | None = None
+    not_analysed: str | None = None
+    #: how the window was recorded, for the comparison of two runs (``detail``)
+    identity: Mapping[str, Any] | None = None
+    #: the figures as gathered (per-rank totals, what ``compare`` reads)
+    figures: Figures | None = attrs.field(default=None, repr=False)
+
+    @property
+    def ranks(self) -> Ranks:
+        """The ranks, typed, in rank order."""
+        return Ranks(self.docs)
+
+    def head(self) -> dict[str, Any]:
+        out = {k: getattr(self, k) for k in HEAD}
+        out["steps"] = list(self.steps)
+        for k in ("limits", "dropped", "other"):
+            out[k] = list(out[k])
+        return out
+
+    def tail(self) -> dict[str, Any]:
+        out = {k: getattr(self, k) for k in TAIL}
+        if self.not_analysed is not None:
+            out["not_analysed"] = self.not_analysed
+        if self.identity is not None:
+            out["identity"] = self.identity
+        return out
+
+    def to_json(self) -> dict[str, Any]:
+        """The window's JSON object, its ranks read into it."""
+        return {**self.head(), "ranks": list(self.docs), **self.tail()}
+
+    def write_json(self, out: IO[bytes]) -> None:
+        """:meth:`to_json`, written as a stream: one rank at a time."""
+        out.write(dumps(self.head())[:-1] + b',"ranks":[')
+        for i, raw in enumerate(self.docs.raw()):
+            out.write(b"\n" + raw if not i else b",\n" + raw)
+        out.write(b"]," + dumps(self.tail())[1:])
+
+
+@attrs.frozen(eq=False)
+class RunAnalysis:
+    """Every window analysed under ``root``, with the notes and manifest problems met."""
+
+    version: int
+    root: str
+    windows: tuple[WindowAnalysis, ...]
+    notes: tuple[Mapping[str, Any], ...]
+    problems: tuple[str, ...]
+    spool: Spool | None = attrs.field(default=None, repr=False)
+
+    def to_json(self) -> dict[str, Any]:
+        """The JSON document of the analysis (its ``version`` says which), a fresh copy."""
+        return {"version": self.version, "root": self.root,
+                "windows": [w.to_json() for w in self.windows],
+                "notes": [dict(n) for n in self.notes], "problems": list(self.problems)}
+
+    def write_json(self, out: IO[bytes]) -> None:
+        """:meth:`to_json` as a stream, a window and a rank at a time."""
+        out.write(b'{"version":' + dumps(self.version) + b',"root":' + dumps(self.root)
+                  + b',"windows":[')
+        for i, w in enumerate(self.windows):
+            out.write(b"\n" if not i else b",\n")
+            w.write_json(out)
+        out.write(b'],\n"notes":' + dumps(list(self.notes)) + b',\n"problems":'
+                  + dumps(list(self.problems)) + b"}\n")
+
+    def close(self) -> None:
+        """Let go of the ranks written aside (the windows' ranks cannot be read after)."""
+        if self.spool is not None:
+            self.spool.close()
