@@ -179,3 +179,21 @@ def test_lanes_are_read_back_per_step() -> None:
 
 def test_json_ready() -> None:
     assert json.loads(json.dumps(read_ascend(str(TRACE)))) == read_ascend(str(TRACE))
+
+
+def test_hostile_rows_are_passed_over(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Keys that are not numbers or strings, timestamps that are not numbers, negative
+    durations: passed over, never raised on; flows past their bound say so."""
+    good = [*_META, _task("1000.000", 10)]
+    bad: list[dict[str, Any]] = [
+        {"ph": "M", "name": "process_name", "pid": [800], "args": {"name": "HCCL"}},
+        {"ph": "X", "name": "MatMul", "pid": {"a": 1}, "tid": [3], "ts": "1000", "dur": 5},
+        {"ph": "X", "name": "MatMul", "pid": 800, "tid": 3, "ts": "10e3", "dur": 5},
+        {"ph": "X", "name": "MatMul", "pid": 800, "tid": 3, "ts": "1000", "dur": "-5"},
+        {"ph": "X", "name": "MatMul", "pid": 800, "tid": 3, "ts": 1e300, "dur": 5},
+        {"ph": "s", "cat": "async_npu", "id": [1], "pid": 1, "tid": 1, "ts": "1000"},
+    ]
+    assert _run(good + bad)["overlap"] == _run(good)["overlap"]
+    monkeypatch.setattr("policy_engine.analysis.ascend.MAX_FLOWS", 1)
+    result = _run([*good, *_launched("990.000", "1000.000", 1)])
+    assert result["error"] == "more than 1 flows from the host: not computed"

@@ -53,8 +53,10 @@ _TIME = re.compile(r"\s*(-?)(\d{1,20})(?:\.(\d{0,12}))?\s*$")
 #: Processes, threads, tasks and flows held per trace; past them the view gives up.
 MAX_NAMES = 4096
 MAX_INTERVALS = 1 << 23
+MAX_FLOWS = 1 << 22
 MAX_STEPS = 100_000
 _PLAIN, _MEMCPY = 0, 1  # a task's kind; lanes are 2 + their index in LANES
+_Key = int | str | None  # a pid, tid or flow id
 _HUGE = 1e18
 
 
@@ -143,6 +145,11 @@ class _Clock:
         return round((self.base or 0) + value, 3)
 
 
+def _key(value: Any) -> _Key:
+    """A pid, tid or flow id as a key (anything else in a hostile file: None)."""
+    return value if type(value) in (int, str) else None
+
+
 def _duration(value: Any) -> float | None:
     if type(value) in (int, float):
         return float(value) if 0 <= value < _HUGE else None
@@ -156,14 +163,14 @@ class AscendView:
 
     def __init__(self) -> None:
         self.clock = _Clock()
-        self._process: dict[Any, str] = {}
-        self._thread: dict[tuple[Any, Any], str] = {}
+        self._process: dict[_Key, str] = {}
+        self._thread: dict[tuple[_Key, _Key], str] = {}
         # (pid, tid) -> starts, ends, kinds of the rows on it that have no category
-        self._rows: dict[tuple[Any, Any], tuple[array[float], array[float], array[int]]] = {}
+        self._rows: dict[tuple[_Key, _Key], tuple[array[float], array[float], array[int]]] = {}
         self._count = 0
         self._steps: list[tuple[int, float, float]] = []
-        self._flow_from: dict[Any, float] = {}  # flow id -> host time
-        self._flow_to: dict[tuple[Any, Any, float], Any] = {}  # task's (pid, tid, ts) -> id
+        self._flow_from: dict[_Key, float] = {}  # flow id -> host time
+        self._flow_to: dict[tuple[_Key, _Key, float], _Key] = {}  # (pid, tid, task's ts) -> id
         self._error: str | None = None
 
     def event(self, e: Mapping[str, Any]) -> None:
@@ -178,12 +185,17 @@ class AscendView:
         if start is None:
             return
         cat, name = e.get("cat"), e.get("name")
+        pid, tid = _key(e.get("pid")), _key(e.get("tid"))
         if ph != "X":
-            if cat == "async_npu" and len(self._flow_to) < MAX_INTERVALS:
-                if ph == "s":
-                    self._flow_from[e.get("id")] = start
-                else:
-                    self._flow_to[(e.get("pid"), e.get("tid"), start)] = e.get("id")
+            flow = _key(e.get("id"))
+            if cat != "async_npu" or flow is None:
+                return
+            if len(self._flow_from) + len(self._flow_to) >= MAX_FLOWS:
+                self._error = f"more than {MAX_FLOWS:,} flows from the host"
+            elif ph == "s":
+                self._flow_from[flow] = start
+            else:
+                self._flow_to[(pid, tid, start)] = flow
             return
         dur = _duration(e.get("dur"))
         if dur is None or type(name) is not str:
@@ -193,7 +205,8 @@ class AscendView:
             if found and len(self._steps) < MAX_STEPS:
                 self._steps.append((int(found.group(1)), start, start + dur))
             return
-        pid = e.get("pid")
+        if pid is None:
+            return
         known = self._process.get(pid)
         if known is not None and known != HARDWARE and known != OVERLAP \
                 and known not in COMM_PROCESSES:
@@ -201,7 +214,7 @@ class AscendView:
         if self._count >= MAX_INTERVALS:
             self._error = f"more than {MAX_INTERVALS:,} device rows"
             return
-        key = (pid, e.get("tid"))
+        key = (pid, tid)
         rows = self._rows.get(key)
         if rows is None:
             if len(self._rows) >= MAX_NAMES:
@@ -221,10 +234,13 @@ class AscendView:
         label = args.get("name") if isinstance(args, dict) else None
         if type(label) is not str:
             return
+        pid, tid = _key(e.get("pid")), _key(e.get("tid"))
+        if pid is None:
+            return
         if e.get("name") == "process_name" and len(self._process) < MAX_NAMES:
-            self._process[e.get("pid")] = label
+            self._process[pid] = label
         elif e.get("name") == "thread_name" and len(self._thread) < MAX_NAMES:
-            self._thread[(e.get("pid"), e.get("tid"))] = label
+            self._thread[(pid, tid)] = label
 
     # -- the figures --------------------------------------------------------------------
 
@@ -258,7 +274,7 @@ class AscendView:
                 "lanes": _lanes(lanes), "steps": self._step_rows(steps, tasks, lanes),
                 "device_events": len(tasks), "error": None}
 
-    def _launch(self, pid: Any, tid: Any, start: float) -> float | None:
+    def _launch(self, pid: _Key, tid: _Key, start: float) -> float | None:
         flow = self._flow_to.get((pid, tid, start))
         return None if flow is None else self._flow_from.get(flow)
 
