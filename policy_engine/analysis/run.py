@@ -27,6 +27,7 @@ from policy_engine.analysis.summary import problem, summarize
 from policy_engine.analysis.window import Figures
 from policy_engine.analysis.windows import (
     Entry,
+    Index,
     describe,
     from_folders,
     from_manifests,
@@ -225,18 +226,21 @@ class _Window:
 
 def analyze_run(root: str, *, role: str | None = None, step: int | None = None,
                 jobs: int = 1, max_traces: int | None = None, from_traces: bool = False,
-                scan: Scan | None = None, detail: bool = False) -> RunAnalysis:
+                scan: Scan | None = None, index: Index | None = None,
+                detail: bool = False) -> RunAnalysis:
     """The analysis of every capture window under ``root`` that ``role`` and ``step``
     choose. AnalysisError when nothing is chosen. ``max_traces``: read whole windows, oldest
     first, while their traces fit in it (the first one always); the others say only why
     they exist, with ``not_analysed`` saying why not more. A trace whose rank summarised
     it (a ``summary`` line in its manifest) is not read, unless ``from_traces``: its
     figures are the summary's, and the trace need not be there. ``scan``: the manifests
-    under ``root``, when the caller read them already; ``detail``: each window keeps what
+    under ``root``, when the caller read them already (or ``index``: what the windows need
+    of them, gathered already); ``detail``: each window keeps what
     the comparison of two runs reads (operators, how it was recorded)."""
     if not os.path.isdir(root):
         raise AnalysisError(f"{root} is not a folder")
-    windows, problems, notes = from_manifests(root, from_traces=from_traces, scan=scan)
+    windows, problems, notes = from_manifests(root, from_traces=from_traces, scan=scan,
+                                              index=index)
     manifests = bool(windows or problems)
     if not manifests:
         windows = from_folders(root)
@@ -247,8 +251,8 @@ def analyze_run(root: str, *, role: str | None = None, step: int | None = None,
     expected = _expected(windows)
     windows = _chosen(windows, role, step, root)
     left = max_traces
-    for index, w in enumerate(windows):
-        if left is not None and index and len(w["traces"]) > left:
+    for nth, w in enumerate(windows):
+        if left is not None and nth and len(w["traces"]) > left:
             w["not_analysed"] = (f"not analysed here: over the {max_traces} traces read "
                                  "(policy-engine analyze DIR reads every window)")
             w["traces"], w["skipped"], left = [], [], 0

@@ -196,6 +196,7 @@ class Index:
         self.notes_left_out = 0
         self.notes_kept = 0
         self.folders: dict[str, str] = {}
+        self.problems: list[ManifestProblem] = []
 
     def add(self, line: Line, manifest: str, place: Place | None) -> None:
         """One line of the manifest ``manifest`` (``place``: where it lies)."""
@@ -228,8 +229,10 @@ class Index:
                 os.path.dirname(os.path.dirname(manifest)), root)
         return found
 
-    def read(self, root: str, problems: list[ManifestProblem]) -> None:
-        for found in read_lines(root, problems, wanted=_not_open):
+    def read(self, root: str) -> None:
+        """Every line of the manifests under ``root`` (their problems in
+        :attr:`problems`)."""
+        for found in read_lines(root, self.problems, wanted=_not_open):
             self.add(found.line, found.manifest, found.place)
 
 
@@ -244,24 +247,25 @@ def _not_open(raw: bytes) -> bool:
     return _OPEN not in raw
 
 
-def from_manifests(root: str, *, from_traces: bool = False, scan: Scan | None = None
+def from_manifests(root: str, *, from_traces: bool = False, scan: Scan | None = None,
+                   index: Index | None = None
                    ) -> tuple[list[dict[str, Any]], list[str], list[dict[str, Any]]]:
     """The windows under ``root`` (oldest first), problems with the manifests, and notes
     that belong to no window (a ``limits`` budget spent, a trigger request missed). A
     trace whose rank wrote its summary to the manifest carries it (``summary``: where the
     line lies, or the figures themselves when ``scan`` holds them) and is not read again,
-    unless ``from_traces``; ``scan``: the manifests, already read."""
-    index = Index(from_traces=from_traces)
-    found_problems: list[ManifestProblem] = []
-    if scan is None:
-        index.read(root, found_problems)
-    else:
-        for r in scan.records:
-            index.add(from_json({k: v for k, v in r.items() if not k.startswith("_")}),
-                      r["_manifest"], None)
-        found_problems = list(scan.problems)
+    unless ``from_traces``; ``scan`` or ``index``: the manifests, already read."""
+    if index is None:
+        index = Index(from_traces=from_traces)
+        if scan is None:
+            index.read(root)
+        else:
+            for r in scan.records:
+                index.add(from_json({k: v for k, v in r.items() if not k.startswith("_")}),
+                          r["_manifest"], None)
+            index.problems = list(scan.problems)
     problems = [f"manifest {p.path}{f':{p.line}' if p.line else ''}: {p.why}"
-                for p in found_problems]
+                for p in index.problems]
     traces: list[_Trace] = index.traces
     traces.sort(key=lambda r: r.start if isinstance(r.start, (int, float)) else 0)
     found: dict[tuple[Any, ...], dict[str, Any]] = {}
