@@ -9,6 +9,7 @@ stretch as it does wall time, and is generous (a bound on work, not a speed test
 from __future__ import annotations
 
 import gzip
+import html
 import json
 import os
 import pickle
@@ -464,3 +465,37 @@ def test_what_the_manifests_can_make_a_reader_hold_is_capped(tmp_path: Path,
     assert stops(MAX_SCAN_BYTES=len(line) * 15) == [
         (f"b{m.MANIFEST_SUFFIX}", 6, "the manifests hold more than 0 MiB together: this "
          "line and the rest are not read")]
+
+
+# -- analyze, compare and report beside one hostile trace ------------------------------------
+
+def test_a_step_number_of_5000_digits_makes_one_rank_unreadable(tmp_path: Path) -> None:
+    from analysis_traces import make_run
+
+    base, new = tmp_path / "base", tmp_path / "new"
+    make_run(str(base), 4, steps=8, ops=6, gz=False)
+    paths = make_run(str(new), 4, steps=8, ops=6, gz=False)
+    hostile = new / paths[2]
+    doc = json.loads(hostile.read_text())
+    for event in doc["traceEvents"]:
+        if event.get("name") == "ProfilerStep#3":
+            event["name"] = "ProfilerStep#" + "9" * 5000
+    hostile.write_text(json.dumps(doc))
+    why = "a ProfilerStep row's step number has 5000 digits (at most 18), at event "
+    for argv in (("analyze", new), ("analyze", new, "--jobs", "1"), ("compare", base, new),
+                 ("compare", base, new, "--format", "json")):
+        ran = cli(*argv)
+        assert ran.code == 0, ran.err
+        ran.bounded()
+        assert why in ran.out
+    ran = cli("report", new, "-o", tmp_path / "r.html", "--baseline", base)
+    assert ran.code == 0, ran.err
+    ran.bounded()
+    page = html.unescape((tmp_path / "r.html").read_text())
+    assert f"the trace of rank 2 cannot be read: {why}" in page
+    assert f"left out: new rank 2: {why}" in page
+    assert "<h2>Against the baseline</h2>" in page
+    done = json.loads(cli("analyze", new, "--format", "json").out)
+    (w,) = done["windows"]
+    assert [r["rank"] for r in w["ranks"] if "error" in r] == [2]
+    assert [r["ranks"] for r in w["readiness"] if r["code"] == "unreadable"] == [[2]]

@@ -170,6 +170,22 @@ def _read(window: dict[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
+def _left_out(window: dict[str, Any], run: str) -> list[dict[str, Any]]:
+    """The ranks of ``window`` that take no part in the comparison, and why: a trace that
+    cannot be read or holds no step, or a rank that records the role and has no trace
+    here (the window's ``ranks_missing``)."""
+    out = [{"run": run, "rank": r["rank"],
+            "why": r.get("error") or "its trace holds no step"}
+           for r in window["ranks"] if r.get("error") or not r.get("steps")]
+    said = {x["rank"] for x in out}
+    for warning in window.get("readiness") or ():
+        if warning["code"] == "ranks_missing":
+            out += [{"run": run, "rank": rank, "why": "no trace in this window (the rank "
+                     "records this role in others)"} for rank in warning["ranks"]
+                    if rank not in said]
+    return out
+
+
 def _samples(ranks: Iterable[dict[str, Any]]) -> list[float]:
     """One time per step of the window: the median over the ranks of their n-th step."""
     columns: list[list[float]] = []
@@ -299,6 +315,7 @@ def pair(base: dict[str, Any], new: dict[str, Any],
         "base": {k: base[k] for k in ("title", "steps", "cycle", "capture")},
         "new": {k: new[k] for k in ("title", "steps", "cycle", "capture")},
         "differences": differences,
+        "left_out": _left_out(base, "base") + _left_out(new, "new"),
         "comparable": not any(d["blocks"] for d in differences) and bool(rb and rn),
         "step_time": None, "parts": None, "ranks": [], "regions": [], "operators": [],
         "straggler": {"base": _straggler(base), "new": _straggler(new),

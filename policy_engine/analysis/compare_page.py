@@ -42,6 +42,12 @@ def window_html(w: dict[str, Any]) -> str:
         out.append("<ul>" + "".join(
             f"<li>{'differs' if d['blocks'] else 'note'}: {_esc(d['message'])}</li>"
             for d in w["differences"]) + "</ul>")
+    left = w["left_out"]
+    if left:
+        out.append("<ul>" + "".join(
+            f"<li>left out: {_esc(x['run'])} rank {_esc(x['rank'])}: {_esc(x['why'])}</li>"
+            for x in left[:ROWS]) + (f"<li>left out: {len(left) - ROWS} more ranks</li>"
+                                     if len(left) > ROWS else "") + "</ul>")
     t = w.get("step_time")
     if t:
         out.append(f"<p>Median step: {_esc(ms(t['base_median_us']))} ms &rarr; "

@@ -7,6 +7,9 @@ from typing import Any
 from policy_engine.analysis.compare import PARTS
 from policy_engine.analysis.text import ms
 
+#: Ranks left out of a comparison listed per window; the rest are counted.
+LEFT_OUT = 5
+
 
 def _signed(us: float | None) -> str:
     if us is None:
@@ -24,6 +27,12 @@ def _window(w: dict[str, Any]) -> list[str]:
     lines = [head]
     for d in w["differences"]:
         lines.append(f"  {'differs' if d['blocks'] else 'note'}: {d['message']}")
+    left = w["left_out"]
+    for x in left[:LEFT_OUT]:
+        lines.append(f"  left out: {x['run']} rank {x['rank']}: {x['why']}")
+    if len(left) > LEFT_OUT:
+        lines.append(f"  left out: {len(left) - LEFT_OUT} more ranks (--format json lists "
+                     "them)")
     verdict = w.get("verdict")
     lines.append(f"  verdict: {verdict or 'none'} - {w.get('why')}")
     t = w.get("step_time")

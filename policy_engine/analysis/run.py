@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import os
+from concurrent.futures.process import BrokenProcessPool
 from typing import Any
 
 from policy_engine.analysis.errors import AnalysisError
@@ -18,7 +19,7 @@ from policy_engine.analysis.manifests import Scan
 from policy_engine.analysis.summary import summarize
 from policy_engine.analysis.window import compare
 from policy_engine.analysis.windows import describe, from_folders, from_manifests
-from policy_engine.errors import did_you_mean
+from policy_engine.errors import did_you_mean, printable
 
 VERSION = 1
 
@@ -44,15 +45,57 @@ def _chosen(windows: list[dict[str, Any]], role: str | None, step: int | None,
     return windows
 
 
+def _summary_or_error(path: str) -> dict[str, Any]:
+    """:func:`summarize` of one trace, or its rank's ``error`` when summarising it raises:
+    a trace is untrusted, and one that trips a fault of the reader is that rank's problem
+    (said with the exception's type and message), not the end of the whole command."""
+    try:
+        return summarize(path)
+    except Exception as err:  # the last line of defence: summarize returns its errors
+        return {"error": f"reading it failed unexpectedly: {type(err).__name__}: "
+                         f"{printable(str(err), 300)}"}
+
+
 def summaries(files: list[str], jobs: int) -> list[dict[str, Any]]:
-    """:func:`summarize` of every file, in order, over ``jobs`` worker processes."""
+    """:func:`_summary_or_error` of every file, in order, over ``jobs`` worker processes.
+    A worker that dies (killed for its memory, say) loses the traces it held: they are
+    read again one at a time, each in a worker of its own, so that only the trace that
+    ends its worker again is unreadable, and says so."""
     if jobs <= 1 or len(files) <= 1:
-        return [summarize(f) for f in files]
+        return [_summary_or_error(f) for f in files]
     jobs = min(jobs, len(files))
     # Small traces go to workers in batches: 4,096 ranks cost a few round trips each.
     chunk = max(1, min(64, len(files) // (jobs * 4)))
-    with concurrent.futures.ProcessPoolExecutor(max_workers=jobs) as pool:
-        return list(pool.map(summarize, files, chunksize=chunk))
+    done: list[dict[str, Any] | None] = [None] * len(files)
+    try:
+        with concurrent.futures.ProcessPoolExecutor(max_workers=jobs) as pool:
+            for index, found in enumerate(pool.map(_summary_or_error, files,
+                                                   chunksize=chunk)):
+                done[index] = found
+    except BrokenProcessPool:
+        _one_at_a_time(files, done)
+    return [found or {} for found in done]  # each one is filled
+
+
+def _one_at_a_time(files: list[str], done: list[dict[str, Any] | None]) -> None:
+    """The summaries still missing from ``done``, one trace per worker call; a trace whose
+    worker dies is unreadable, and the next gets a new worker."""
+    pool: concurrent.futures.ProcessPoolExecutor | None = None
+    try:
+        for index, path in enumerate(files):
+            if done[index] is not None:
+                continue
+            pool = pool or concurrent.futures.ProcessPoolExecutor(max_workers=1)
+            try:
+                done[index] = pool.submit(_summary_or_error, path).result()
+            except BrokenProcessPool as err:
+                done[index] = {"error": "the process reading it ended abruptly "
+                                        f"({type(err).__name__}: {err})"}
+                pool.shutdown()
+                pool = None
+    finally:
+        if pool is not None:
+            pool.shutdown()
 
 
 def _expected(windows: list[dict[str, Any]]) -> dict[tuple[Any, Any], dict[str, set[int]]]:

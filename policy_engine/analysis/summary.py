@@ -32,6 +32,9 @@ from policy_engine.analysis.intervals import (
 )
 
 STEP = re.compile(r"ProfilerStep\s*#\s*(\d+)$")
+#: A step number has at most this many digits (any count of steps fits in 64 bits); a
+#: longer one makes the trace unreadable, not an integer of thousands of digits.
+STEP_DIGITS = 18
 #: CPU operators and ranges that are collectives (torch's c10d ops, the ranges the
 #: process group backends record, and the one c10d wraps every collective in).
 CPU_COMM = re.compile(r"(c10d::|c10d_functional::|_c10d_functional::|gloo:|nccl:|hccl|"
@@ -78,6 +81,10 @@ def _kind(cat: str, name: str) -> int:
             return _COMM
         return _REGION if cat == "user_annotation" else _OPS
     return _SKIP
+
+
+class _BadEvent(ValueError):
+    """An event that makes the whole trace unreadable."""
 
 
 class _Pass:
@@ -127,7 +134,11 @@ class _Pass:
         else:
             found = STEP.match(key[1])
             assert found is not None  # _kind matched it
-            self.steps.append((int(found.group(1)), ts, ts + dur))
+            digits = found.group(1)
+            if len(digits) > STEP_DIGITS:
+                raise _BadEvent(f"a ProfilerStep row's step number has {len(digits)} digits "
+                                f"(at most {STEP_DIGITS})")
+            self.steps.append((int(digits), ts, ts + dur))
 
     def _first(self, cat: str, name: str) -> int:
         """The kind of a (category, name) not seen before; notes names for readiness."""
@@ -207,8 +218,11 @@ def summarize(path: str) -> dict[str, Any]:
     try:
         size = os.path.getsize(path)
         with TraceReader(path, max_ratio=MAX_RATIO) as reader:
-            for event in reader.events():
-                p.event(event)
+            try:
+                for event in reader.events():
+                    p.event(event)
+            except _BadEvent as err:
+                return {"error": f"{err}, at event {reader.count} of traceEvents"}
             meta, count = reader.meta, reader.count
     except TraceError as err:
         return {"error": str(err)}
