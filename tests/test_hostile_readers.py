@@ -499,3 +499,36 @@ def test_a_step_number_of_5000_digits_makes_one_rank_unreadable(tmp_path: Path) 
     (w,) = done["windows"]
     assert [r["rank"] for r in w["ranks"] if "error" in r] == [2]
     assert [r["ranks"] for r in w["readiness"] if r["code"] == "unreadable"] == [[2]]
+
+
+def test_numbers_of_hundreds_of_digits_in_a_manifest_are_bad_lines(tmp_path: Path) -> None:
+    from analysis_traces import make_run
+
+    out = tmp_path / "out"
+    make_run(str(out), 2, steps=4, ops=4)
+    big = "1" + "0" * 400
+    bad = [b'{"event":"trace","status":"complete","role":"trainer","rank":1,"steps":[1],'
+           b'"path":"x.pt.trace.json","start":%s}' % big.encode(),
+           b'{"event":"trace","status":"complete","role":"trainer","rank":%s,"steps":[1],'
+           b'"path":"x.pt.trace.json"}' % big.encode(),
+           b'{"event":"trace","status":"complete","role":"trainer","rank":1,"steps":[0,%s],'
+           b'"step_count":%s1,"path":"x.pt.trace.json"}' % (big.encode(), big.encode()),
+           b'{"event":"summary","capture":"1","path":"x","status":"failed","kept":true,'
+           b'"seconds":%s}' % big.encode()]
+    with open(out / MANIFEST_DIR / MANIFEST, "wb") as f:
+        f.write(b"\n".join(bad) + b"\n")
+    where = f"{out / MANIFEST_DIR / MANIFEST}"
+    said = [f"{where}:1: start: expected a number, got 1000",
+            f"{where}:2: rank: expected an integer or null, got 1000",
+            f"{where}:3: steps: expected a list of integers or strings, got [0, 1000",
+            f"{where}:4: seconds: expected a number of seconds, got 1000"]
+    for argv in (("analyze", out), ("traces", out), ("compare", out, out),
+                 ("merge", out, "-o", tmp_path / "m.json"),
+                 ("report", out, "-o", tmp_path / "r.html")):
+        ran = cli(*argv)
+        assert ran.code == 0, ran.err
+        ran.bounded()
+        shown = ran.out + ran.err + (
+            (tmp_path / "r.html").read_text() if argv[0] == "report" else "")
+        if argv[0] != "compare":  # compare says what it compares, not the manifests' state
+            assert all(line in shown for line in said), shown

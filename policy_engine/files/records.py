@@ -67,7 +67,9 @@ _CHECK = "check"  # a field's metadata: (check, what its value must be)
 
 
 def _is_int(v: Any) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
+    """An integer of 64 bits: JSON allows thousands of digits, which no field of a line
+    has, and which would overflow what a reader does with them (a float, a length)."""
+    return isinstance(v, int) and not isinstance(v, bool) and -(1 << 63) <= v < 1 << 63
 
 
 def _is_number(v: Any) -> bool:
