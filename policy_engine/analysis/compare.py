@@ -45,6 +45,7 @@ from typing import Any
 from policy_engine.analysis.errors import AnalysisError
 from policy_engine.analysis.run import analyze
 from policy_engine.analysis.window import without_trailing
+from policy_engine.errors import printable
 
 VERSION = 1
 #: The rank-sum test's significance level. Two runs of one unchanged 4-rank job on a
@@ -178,11 +179,13 @@ def _left_out(window: dict[str, Any], run: str) -> list[dict[str, Any]]:
             "why": r.get("error") or "its trace holds no step"}
            for r in window["ranks"] if r.get("error") or not r.get("steps")]
     said = {x["rank"] for x in out}
+    failed = {d["rank"]: d["why"] for d in window.get("dropped") or ()
+              if d.get("backend") in (None, "torch")}
     for warning in window.get("readiness") or ():
         if warning["code"] == "ranks_missing":
-            out += [{"run": run, "rank": rank, "why": "no trace in this window (the rank "
-                     "records this role in others)"} for rank in warning["ranks"]
-                    if rank not in said]
+            out += [{"run": run, "rank": rank, "why": f"no trace: {failed[rank]}"
+                     if rank in failed else "no trace in this window (the rank records this "
+                     "role in others)"} for rank in warning["ranks"] if rank not in said]
     return out
 
 
@@ -363,6 +366,11 @@ def _side(path: str, which: str, role: str | None, step: int | None, jobs: int,
     return [w for w in result["windows"] if "not_analysed" not in w]
 
 
+def _titles(windows: list[dict[str, Any]]) -> str:
+    """The windows' titles for a message, each printable (they hold the manifests' names)."""
+    return ", ".join(sorted({printable(w["title"]) for w in windows}))
+
+
 def compare_runs(base: str, new: str, *, role: str | None = None,
                  steps: tuple[int, int] | None = None, jobs: int = 1,
                  from_traces: bool = False) -> dict[str, Any]:
@@ -385,8 +393,7 @@ def compare_runs(base: str, new: str, *, role: str | None = None,
         agree(windows[len(windows) - min(len(left), len(right)):])
     if not windows:
         raise AnalysisError(f"no window of BASE matches one of NEW by role and region: "
-                            f"BASE holds {', '.join(sorted({w['title'] for w in a}))}; NEW "
-                            f"holds {', '.join(sorted({w['title'] for w in b}))}")
+                            f"BASE holds {_titles(a)}; NEW holds {_titles(b)}")
     return {"version": VERSION, "base": os.path.abspath(base), "new": os.path.abspath(new),
             "windows": windows,
             "unmatched": {"base": only_base, "new": only_new}}

@@ -1,4 +1,8 @@
-"""A comparison of two runs as text for a terminal: one block per pair of windows."""
+"""A comparison of two runs as text for a terminal: one block per pair of windows.
+
+Every line is made printable as it is written: names, paths and messages come from the
+runs' manifests and traces, and no escape sequence of theirs reaches the terminal.
+"""
 
 from __future__ import annotations
 
@@ -6,9 +10,12 @@ from typing import Any
 
 from policy_engine.analysis.compare import PARTS
 from policy_engine.analysis.text import ms
+from policy_engine.errors import printable
 
 #: Ranks left out of a comparison listed per window; the rest are counted.
 LEFT_OUT = 5
+#: Regions and operators listed per window, and the characters of a name shown.
+ROWS, NAME = 5, 80
 
 
 def _signed(us: float | None) -> str:
@@ -45,11 +52,11 @@ def _window(w: dict[str, Any]) -> list[str]:
         lines.append(f"  mean step {_signed(t['change_us'])} ms = " + ", ".join(
             f"{word} {_signed(parts[key])}" for key, word in PARTS))
     for title, key in (("regions", "regions"), ("operators", "operators")):
-        rows = [r for r in w[key][:5] if r["change_us"]]
+        rows = [r for r in w[key][:ROWS] if r["change_us"]]
         if rows:
             lines.append(f"  {title} that moved most (ms per step):")
-            lines += [f"    {r['name'][:80]}: {ms(r['base_us'])} -> {ms(r['new_us'])} "
-                      f"({_signed(r['change_us'])})" for r in rows]
+            lines += [f"    {printable(r['name'], NAME)}: {ms(r['base_us'])} -> "
+                      f"{ms(r['new_us'])} ({_signed(r['change_us'])})" for r in rows]
     s = w["straggler"]
     if s["changed"]:
         lines.append(f"  straggler: {_rank(s['base'])} -> {_rank(s['new'])}")
@@ -63,7 +70,7 @@ def _rank(rank: Any) -> str:
 
 
 def render(result: dict[str, Any]) -> str:
-    """The whole comparison as text."""
+    """The whole comparison as text, each line printable."""
     lines = [f"base: {result['base']}", f"new:  {result['new']}", ""]
     for w in result["windows"]:
         lines += [*_window(w), ""]
@@ -71,4 +78,4 @@ def render(result: dict[str, Any]) -> str:
         left = result["unmatched"][side]
         if left:
             lines.append(f"only in {side}: {', '.join(left)}")
-    return "\n".join(lines).rstrip()
+    return "\n".join(map(printable, lines)).rstrip()

@@ -34,7 +34,8 @@ def _chosen(windows: list[dict[str, Any]], role: str | None, step: int | None,
             part in (w.get("holds") or w["role"].split("+")) for part in role.split("+"))]
         if not windows:
             raise AnalysisError(f"no role {role!r} under {root}: it holds "
-                             f"{', '.join(roles) or 'no traces'}{did_you_mean(role, roles)}")
+                                f"{', '.join(map(printable, roles)) or 'no traces'}"
+                                f"{did_you_mean(role, roles)}")
     if step is not None:
         every = windows
         windows = [w for w in windows if step in w["steps"]]
