@@ -202,3 +202,26 @@ def test_the_report_compares_with_a_baseline(tmp_path: Path) -> None:
     missing = run_cli("report", new, "-o", str(tmp_path / "m.html"), "--baseline",
                       str(tmp_path / "none"), cwd=tmp_path, timeout=120)
     assert missing.returncode == 0 and "BASE: " in (tmp_path / "m.html").read_text()
+
+
+def test_from_a_median_step_of_zero_a_change_is_said_in_milliseconds(tmp_path: Path) -> None:
+    """A share of nothing has no percentage: a base whose steps all take 0 ms against one
+    whose steps take 5 ms is slower, said in milliseconds, never "no change (+0.0%)"."""
+    import gzip
+
+    base = _run(tmp_path / "base", gpu=False)
+    for trace in Path(base).rglob("*.pt.trace.json.gz"):
+        doc = json.loads(gzip.decompress(trace.read_bytes()))
+        for event in doc["traceEvents"]:
+            if str(event.get("name")).startswith("ProfilerStep#"):
+                event["dur"] = 0.0
+        trace.write_bytes(gzip.compress(json.dumps(doc).encode()))
+    new = _run(tmp_path / "new", gpu=False)
+    (w,) = _compare(base, new)["windows"]
+    assert w["step_time"]["base_median_us"] == 0 and w["step_time"]["new_median_us"] > 5000
+    assert w["verdict"] == "slower"
+    assert w["why"].startswith("median step time 0.000 -> 5.3 ms (from a median step of 0: "
+                               "no percentage) (p = ")
+    text = run_cli("compare", base, new, cwd=tmp_path, timeout=120).stdout
+    assert "verdict: slower" in text and "%" not in text.split("verdict:")[1].split("\n")[1]
+    assert verdict([0.0] * 9, [0.0] * 9)["verdict"] == "no change"

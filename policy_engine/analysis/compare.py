@@ -44,6 +44,7 @@ from typing import Any
 
 from policy_engine.analysis.errors import AnalysisError
 from policy_engine.analysis.run import analyze
+from policy_engine.analysis.text import ms
 from policy_engine.analysis.window import without_trailing
 from policy_engine.errors import printable
 
@@ -135,23 +136,27 @@ def verdict(base: Sequence[float], new: Sequence[float],
                 f"({len(base)} and {len(new)}: even every step of one run beyond every step "
                 f"of the other could not reach p < {ALPHA})", "test": test}
     b, n = statistics.median(base), statistics.median(new)
-    share = (n - b) / b if b > 0 else 0.0
+    # From a median of 0 any change is out of all proportion: the gates on its size pass,
+    # and the change is said in milliseconds (a share of nothing has no percentage).
+    share = (n - b) / b if b > 0 else 0.0 if n == b else math.copysign(math.inf, n - b)
+    change = f"{share:+.1%}" if math.isfinite(share) else \
+        f"{ms(b)} -> {ms(n)} ms (from a median step of 0: no percentage)"
     apart = _apart(base, new)
     test["apart"] = apart
     beyond = drift is None or abs(share) > drift
     if p < ALPHA and abs(share) >= MIN_CHANGE and apart and beyond:
         word = "slower" if share > 0 else "faster"
-        return {"verdict": word, "why": f"median step time {share:+.1%} (p = {p:.2g} < "
+        return {"verdict": word, "why": f"median step time {change} (p = {p:.2g} < "
                 f"{ALPHA})", "test": test}
     if p >= ALPHA:
         reason = f"p = {p:.2g} >= {ALPHA}"
     elif abs(share) < MIN_CHANGE:
-        reason = f"a change of {share:+.1%} is under {MIN_CHANGE:.0%}"
+        reason = f"a change of {change} is under {MIN_CHANGE:.0%}"
     elif not apart:
-        reason = (f"a change of {share:+.1%} lies within the middle half of the steps' own "
+        reason = (f"a change of {change} lies within the middle half of the steps' own "
                   "spread")
     else:
-        reason = (f"a change of {share:+.1%} is no larger than the {drift:.0%} by which one "
+        reason = (f"a change of {change} is no larger than the {drift:.0%} by which one "
                   "run's own windows differ")
     return {"verdict": "no change", "why": f"within noise ({reason})", "test": test}
 

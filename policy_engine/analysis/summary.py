@@ -281,12 +281,38 @@ def _number(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and abs(v) < _HUGE
 
 
+def _time(v: Any) -> bool:
+    return _number(v) and v >= 0
+
+
 def _count(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 1 << 63
 
 
 def _names(v: Any) -> bool:
     return isinstance(v, list) and len(v) <= MAX_STEPS and all(isinstance(x, str) for x in v)
+
+
+_PARTS = ("compute_us", "comm_us", "overlap_us", "other_us", "idle_us")
+
+
+def _parts_problem(row: dict[str, Any], span: float) -> str | None:
+    """Why a breakdown (a step's, or the device's over ``span``) is not one :func:`_breakdown`
+    can make: a figure below zero, a part longer than the span, overlap longer than compute
+    or communication, or parts that do not sum to the span; within rounding (each figure
+    is rounded to 0.001 µs)."""
+    slack = 0.01 + 1e-9 * span
+    if span < 0 or any(row[k] < 0 for k in _PARTS):
+        return "a figure is negative"
+    if any(row[k] > span + slack for k in _PARTS):
+        return "a part is longer than its span"
+    if row["overlap_us"] > min(row["compute_us"], row["comm_us"]) + slack:
+        return "its overlap is longer than its compute or its communication"
+    parts = row["compute_us"] + row["comm_us"] - row["overlap_us"] + row["other_us"] \
+        + row["idle_us"]
+    if abs(parts - span) > slack:
+        return "its parts do not sum to its span"
+    return None
 
 
 def problem(summary: Any) -> str | None:
@@ -304,13 +330,22 @@ def problem(summary: Any) -> str | None:
             return f"step {i} lacks a figure"
         if row.get("step") is not None and not _count(row.get("step")):
             return f"step {i} has no step number"
+        if row["time_us"] < 0:
+            return f"step {i}'s time is negative"
+        if summary["basis"] == "cpu" and abs(row["time_us"] - row["span_us"]) > 0.01:
+            return f"step {i}'s time is not its span (on the CPU they are one range)"
+        found = _parts_problem(row, row["span_us"])
+        if found:
+            return f"step {i}: {found}"
     device = summary.get("device")
-    if device is not None and not (isinstance(device, dict)
-                                   and all(_number(v) for v in device.values())):
+    if device is not None and not (isinstance(device, dict) and all(
+            _number(device.get(k)) for k in ("kernel_us", *_PARTS))):
         return "its device breakdown is not numbers"
+    if device is not None and (found := _parts_problem(device, device["kernel_us"])):
+        return f"its device breakdown: {found}"
     regions = summary.get("regions")
     if not isinstance(regions, dict) or len(regions) > MAX_REGIONS or not all(
-            isinstance(v, dict) and _count(v.get("count")) and _number(v.get("time_us"))
+            isinstance(v, dict) and _count(v.get("count")) and _time(v.get("time_us"))
             for v in regions.values()):
         return "its regions are not counts and times"
     ops = summary.get("ops", {"top": [], "left_out": 0})
@@ -320,11 +355,17 @@ def problem(summary: Any) -> str | None:
     if not isinstance(ops, list) or len(ops) > MAX_OPS or not all(
             isinstance(o, dict) and isinstance(o.get("name"), str)
             and isinstance(o.get("cat"), str) and _count(o.get("calls"))
-            and _number(o.get("time_us")) for o in ops):
+            and _time(o.get("time_us")) for o in ops):
         return "its operators are not names, counts and times"
     facts = summary.get("facts")
     if not isinstance(facts, dict) or not all(_count(facts.get(k)) for k in _COUNTS):
         return "its facts lack a count"
+    if (summary["basis"] == "gpu") != (facts["kernels"] > 0) or \
+            facts["comm_kernels"] > facts["kernels"]:
+        return "its basis and its kernel counts disagree"
+    numbered = sum(1 for row in steps if row.get("step") is not None)
+    if numbered != facts["profiler_steps"] or len(steps) - numbered > (not numbered):
+        return "its steps and its count of ProfilerStep rows disagree"
     info = facts.get("distributed_info")
     if info is not None and not isinstance(info, dict):
         return "its distributed_info is not an object"

@@ -17,7 +17,7 @@ same rank is the straggler in more than half of its steps with collectives.
 from __future__ import annotations
 
 import statistics
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 #: A step's straggler arrives at least this share of the median step time after the
@@ -128,9 +128,38 @@ def _regions(ranks: list[dict[str, Any]]) -> list[dict[str, Any]]:
             for name in order]
 
 
-def readiness(window: dict[str, Any], ranks: list[dict[str, Any]],
-              expected: set[int]) -> list[dict[str, Any]]:
-    """What the window lacks for which analysis, said plainly."""
+def _one_per_rank(ranks: list[dict[str, Any]]) -> list[tuple[dict[str, Any], str]]:
+    """A rank with several readable traces in the window (two trace lines of one rank, or
+    two traces in a folder whose distributedInfo names the same rank) keeps one: a
+    complete one rather than a partial one, else the first recorded. The others become
+    entries that say which one is used, left out of every figure. Returns each left-out
+    entry, with what readiness says of it."""
+    by_rank: dict[int, list[dict[str, Any]]] = {}
+    for r in ranks:
+        if isinstance(r["rank"], int) and not r.get("error"):
+            by_rank.setdefault(r["rank"], []).append(r)
+    out = []
+    for rank, found in by_rank.items():
+        if len(found) < 2:
+            continue
+        # complete first, then as recorded (the sort keeps their order)
+        used, *rest = sorted(found, key=lambda r: r.get("status") not in (None, "complete"))
+        why = "complete before partial, then the first recorded"
+        for r in rest:
+            path, status = r["path"], r["status"]
+            r.clear()
+            r.update(rank=rank, path=path, status=status, error=f"left out: rank {rank} has "
+                     f"another trace in this window, {used['path']}, which is used ({why})")
+            out.append((r, f"rank {rank} has {len(found)} traces in this window: "
+                           f"{used['path']} is used ({why}); {path} is left out of every "
+                           "figure"))
+    return out
+
+
+def readiness(window: dict[str, Any], ranks: list[dict[str, Any]], expected: set[int],
+              twice: Sequence[tuple[dict[str, Any], str]] = ()) -> list[dict[str, Any]]:
+    """What the window lacks for which analysis, said plainly. ``twice``: the entries of a
+    rank listed twice that are left out (:func:`_one_per_rank`), with what to say."""
     out: list[dict[str, Any]] = []
 
     def add(code: str, message: str, who: Iterable[Any] = ()) -> None:
@@ -145,8 +174,13 @@ def readiness(window: dict[str, Any], ranks: list[dict[str, Any]],
     if missing:
         add("ranks_missing", f"{len(missing)} rank(s) that record this role have no readable "
             "trace in this window: they are left out of every comparison", missing)
+    for said in window.get("said") or ():  # what the manifests' lines of the window showed
+        add(said["code"], said["message"], [said["rank"]])
+    for r, message in twice:
+        add("duplicate_rank", message, [r["rank"]])
+    left_out = {id(r) for r, _ in twice}
     for r in ranks:
-        if r.get("error"):
+        if r.get("error") and id(r) not in left_out:
             add("unreadable", f"the trace of rank {r['rank']} cannot be read: {r['error']}",
                 [r["rank"]])
     if not read:
@@ -192,7 +226,9 @@ def readiness(window: dict[str, Any], ranks: list[dict[str, Any]],
 
 def compare(window: dict[str, Any], ranks: list[dict[str, Any]],
             expected: set[int]) -> dict[str, Any]:
-    """The analysis of one window: ``ranks`` are the per-trace summaries with ``rank``."""
+    """The analysis of one window: ``ranks`` are the per-trace summaries with ``rank``
+    (a rank listed twice keeps one entry with figures: :func:`_one_per_rank`)."""
+    twice = _one_per_rank(ranks)
     for r in ranks:
         if not r.get("error"):
             r["total"] = totals(r["steps"])
@@ -204,5 +240,5 @@ def compare(window: dict[str, Any], ranks: list[dict[str, Any]],
         "breakdown": {key: spread(r["total"][key] for r in read)
                       for key in ("time_us", *PARTS)} if read else None,
         "straggler": straggler(steps, read),
-        "readiness": readiness(window, ranks, expected),
+        "readiness": readiness(window, ranks, expected, twice),
     }

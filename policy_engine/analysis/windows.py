@@ -68,12 +68,12 @@ def from_manifests(root: str, *, from_traces: bool = False, scan: Scan | None = 
                 for p in scan.problems]
     closes: dict[tuple[str, str], dict[str, Any]] = {}
     notes: dict[str, list[dict[str, Any]]] = {}
-    summaries: dict[tuple[str, Any], dict[str, Any]] = {}
+    summaries: dict[tuple[str, Any], list[dict[str, Any]]] = {}
     for r in scan.records:
         if r["event"] == "close":
             closes[(r["_manifest"], r["capture"])] = r
         elif r["event"] == "summary" and not from_traces:
-            summaries[(r["_manifest"], r.get("path"))] = r
+            summaries.setdefault((r["_manifest"], r.get("path")), []).append(r)
         elif r["event"] == "note":
             notes.setdefault(str(r.get("role")), []).append(r)
     traces = [r for r in scan.records if r["event"] == "trace"]
@@ -88,14 +88,14 @@ def from_manifests(root: str, *, from_traces: bool = False, scan: Scan | None = 
                 "role": name, "region": r.get("region"), "steps": list(steps),
                 "cycle": r.get("cycle"), "capture": nth, "world": r.get("world"),
                 "why": _why(r, role_notes), "traces": [], "skipped": [], "limits": [],
-                "dropped": [], "other": [], "holds": [], "holders": {}}
+                "dropped": [], "other": [], "holds": [], "holders": {}, "said": []}
         # Who took part, per rank (internal: --role and the ranks a window should have).
         taking_part = participants(r)
         window["holds"].extend(x for x in taking_part if x not in window["holds"])
         if isinstance(r.get("rank"), int):
             window["holders"].setdefault(r["rank"], set()).update(taking_part)
         _place(window, r, root, closes.get((r["_manifest"], str(r.get("capture")))),
-               summaries.get((r["_manifest"], r.get("path"))))
+               summaries.get((r["_manifest"], r.get("path"))) or [])
     loose = [{"role": n.get("role"), "rank": n.get("rank"), "note": n.get("note"),
               "message": _loose(n)} for role in sorted(notes) for n in notes[role]
              if n.get("note") == "limit" or (n.get("note") == "trigger"
@@ -110,9 +110,10 @@ def _loose(note: dict[str, Any]) -> str:
 
 
 def _place(window: dict[str, Any], r: dict[str, Any], root: str,
-           close: dict[str, Any] | None, summary: dict[str, Any] | None) -> None:
+           close: dict[str, Any] | None, summaries: list[dict[str, Any]]) -> None:
     """One trace line into its window: a trace to read (or its summary, read already),
-    or a note saying why not."""
+    or a note saying why not. ``summaries``: the summary lines of its trace (one, as its
+    rank writes them)."""
     base = os.path.dirname(os.path.dirname(r["_manifest"]))
     path = r.get("path")
     full = os.path.normpath(os.path.join(base, path)) if path else None
@@ -136,17 +137,24 @@ def _place(window: dict[str, Any], r: dict[str, Any], root: str,
                                   "why": r.get("error") or "no file written"})
     elif not is_torch(r):
         window["other"].append({"rank": rank, "backend": r.get("backend"), "path": rel})
-    elif (found := _summary_of(summary)) is not None:
-        window["traces"].append({"rank": rank, "path": rel, "file": None,
-                                 "status": r.get("status"), "summary": found})
-    elif not _inside(full, root):
-        window["skipped"].append({"rank": rank, "path": rel,
-                                  "why": "outside the folder analysed: not read"})
-    elif not os.path.isfile(full):
-        window["skipped"].append({"rank": rank, "path": rel, "why": _absent(full)})
     else:
-        window["traces"].append({"rank": rank, "path": rel, "file": full,
-                                 "status": r.get("status")})
+        readable = _inside(full, root) and os.path.isfile(full)
+        found, refused, said = _summary_of(summaries, readable)
+        window["said"] += [{"code": code, "rank": rank, "message": f"rank {rank}: {message}"}
+                           for code, message in said]
+        if found is not None:
+            window["traces"].append({"rank": rank, "path": rel, "file": None,
+                                     "status": r.get("status"), "summary": found})
+        elif readable:
+            window["traces"].append({"rank": rank, "path": rel, "file": full,
+                                     "status": r.get("status")})
+        else:
+            why = ("outside the folder analysed: not read" if not _inside(full, root)
+                   else _absent(full))
+            if refused:  # the summary was there: say why it is not used
+                why = f"its summary cannot be used ({refused}), and the trace cannot be " \
+                      f"read instead: {why}"
+            window["skipped"].append({"rank": rank, "path": rel, "why": why})
 
 
 #: What a trace line says of how it was recorded, gathered per window for the comparison
@@ -169,14 +177,43 @@ def _identify(identity: dict[str, Any], r: dict[str, Any]) -> None:
                 mesh[str(dim)] = max(mesh.get(str(dim), 0), at + 1)
 
 
-def _summary_of(record: dict[str, Any] | None) -> dict[str, Any] | None:
-    """The figures a rank's summary line holds, when it summarised its trace whole and
-    they are what :func:`~policy_engine.analysis.summary.summarize` returns (a manifest
-    is untrusted: anything else and the trace is read, if it is there)."""
-    if record is None or record.get("status") != "complete":
-        return None
-    found = record.get("summary")
-    return found if problem(found) is None else None
+def _summary_of(records: list[dict[str, Any]], readable: bool
+                ) -> tuple[dict[str, Any] | None, str | None, list[tuple[str, str]]]:
+    """From the summary lines of one trace (one, as its rank writes them): the figures to
+    use, where its rank summarised it whole and they are what
+    :func:`~policy_engine.analysis.summary.summarize` returns (a manifest is untrusted:
+    anything else and the trace is read, if it is there: ``readable``); why a complete
+    summary is refused; and what the window's readiness says (code, message). Lines that
+    differ are not chosen between where the trace can be read instead; where it cannot,
+    the first usable one is used, and that is said."""
+    lines: list[dict[str, Any]] = []  # those that differ
+    for r in records:
+        if all((r.get("status"), r.get("summary")) != (x.get("status"), x.get("summary"))
+               for x in lines):
+            lines.append(r)
+    usable, refused = [], None
+    for r in lines:
+        why = problem(r.get("summary")) if r.get("status") == "complete" else "not complete"
+        if why is None:
+            usable.append(r)
+        elif r.get("status") == "complete":
+            refused = refused or why
+    if len(lines) > 1:
+        twice = f"its trace has {len(lines)} summary lines that differ"
+        if readable:
+            return None, None, [("duplicate_rank", f"{twice}: the trace is read instead")]
+        if usable:
+            return usable[0].get("summary"), None, [("duplicate_rank", (
+                f"{twice}, and the trace is not there to read: the first usable one (line "
+                f"{usable[0]['_line']} of {os.path.basename(usable[0]['_manifest'])}) is "
+                "used"))]
+        return None, refused, [("duplicate_rank", f"{twice}; none can be used")]
+    if usable:
+        return usable[0].get("summary"), None, []
+    if refused is not None and readable:
+        return None, refused, [("summary_refused", f"its summary cannot be used ({refused}): "
+                                "the trace is read instead")]
+    return None, refused, []
 
 
 def _absent(path: str) -> str:
