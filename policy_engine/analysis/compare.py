@@ -13,7 +13,9 @@ each run), or by the steps the caller names. For each pair:
   compute), other device work and idle, which sum to it (each step's parts sum to its
   span: :func:`policy_engine.analysis.summary._breakdown`).
 - **where it moved**: regions and operators (or kernels) whose time per step changed most,
-  matched by name; the straggler then and now.
+  matched by name: each name's time over the whole capture (a summary holds its total,
+  not its steps) divided by the capture's steps, so the first step counts there; the
+  straggler then and now.
 - **a verdict with a noise gate**: the sample is the step, not the (rank, step): ranks
   that meet in collectives finish each step together, so the ranks' times of one step are
   one observation, counted once (the median over the ranks of the n-th step of the
@@ -31,7 +33,7 @@ each run), or by the steps the caller names. For each pair:
   step carries the profiler's start and the first run of every code path, and a rank's
   last step, when it is far shorter than its others
   (:data:`~policy_engine.analysis.window.TRAILING`), is the empty step torch opens at the
-  last ``step()`` call: both are left out of every figure.
+  last ``step()`` call: both are left out of the step times, their parts and the test.
 """
 
 from __future__ import annotations
@@ -166,7 +168,8 @@ def verdict(base: Sequence[float], new: Sequence[float],
 def _read(window: dict[str, Any]) -> list[dict[str, Any]]:
     """The ranks with steps to compare, each with the steps it compares by (less the
     first, where there are more) and ``counted``, the steps its regions' and operators'
-    totals cover (they are summed over the whole capture)."""
+    totals cover: they are summed over the whole capture, the first step included (which
+    step a name's time fell in is not kept), the trailing empty one not counted."""
     out = []
     for r in window["ranks"]:
         if not r.get("error") and r.get("steps"):

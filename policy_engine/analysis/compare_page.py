@@ -29,7 +29,8 @@ def _rows(rows: list[dict[str, Any]], what: str) -> str:
     body = "".join(f"<tr><td>{_esc(r['name'][:120])}</td><td>{_esc(ms(r['base_us']))}</td>"
                    f"<td>{_esc(ms(r['new_us']))}</td><td>{_esc(_signed(r['change_us']))}</td>"
                    "</tr>" for r in moved)
-    return (f"<table><tr><th>{what} (ms per step)</th><th>base</th><th>new</th>"
+    return (f"<table><tr><th>{what} (ms per step, over the whole capture: its first step "
+            "included)</th><th>base</th><th>new</th>"
             f"<th>change</th></tr>{body}</table>")
 
 

@@ -54,7 +54,8 @@ def _window(w: dict[str, Any]) -> list[str]:
     for title, key in (("regions", "regions"), ("operators", "operators")):
         rows = [r for r in w[key][:ROWS] if r["change_us"]]
         if rows:
-            lines.append(f"  {title} that moved most (ms per step):")
+            lines.append(f"  {title} that moved most (ms per step, over the whole capture: "
+                         "its first step included):")
             lines += [f"    {printable(r['name'], NAME)}: {ms(r['base_us'])} -> "
                       f"{ms(r['new_us'])} ({_signed(r['change_us'])})" for r in rows]
     s = w["straggler"]
