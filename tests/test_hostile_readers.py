@@ -273,6 +273,31 @@ def test_a_number_json_cannot_carry_is_a_data_error_with_its_place(
     assert sorted(os.listdir(tmp_path)) == ["ok.json", "out"]
 
 
+def test_merge_reads_numbers_past_a_clock_as_no_clock_or_a_data_error(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A baseTimeNanoseconds of thousands of digits is no clock (the timestamps are taken
+    as they are, and said); an integer timestamp past a float's range, moved by a
+    fraction of a microsecond to align the clocks, is a data error naming the trace."""
+    def trace(base: str, ts: str) -> bytes:
+        return (b'{"baseTimeNanoseconds": %s, "traceEvents": [{"ph": "X", "name": "a", '
+                b'"pid": 1, "tid": 1, "ts": %s, "dur": 1}]}' % (base.encode(), ts.encode()))
+
+    window(tmp_path / "clock", ("a.pt.trace.json", trace("1" + "0" * 4000 + "1", "1.5")),
+           ("b.pt.trace.json", trace("1000", "1.5")))
+    assert main(["merge", str(tmp_path / "clock"), "-o", str(tmp_path / "m.json")]) == 0
+    assert capsys.readouterr().err == (
+        "policy-engine merge: note: a.pt.trace.json: its baseTimeNanoseconds is no time in "
+        "nanoseconds (a whole number from 0 to 2**63): its timestamps are taken as Unix "
+        "microseconds\n")
+    window(tmp_path / "ts", ("a.pt.trace.json", trace("1001", "1" + "0" * 400)),
+           ("b.pt.trace.json", trace("0", "1.5")))
+    assert main(["merge", str(tmp_path / "ts"), "-o", str(tmp_path / "n.json")]) == 1
+    assert capsys.readouterr().err == (
+        "policy-engine merge: error: a.pt.trace.json: a timestamp of 401 digits: no time, at "
+        "event 1 of traceEvents (before character 509)\n")
+    assert not (tmp_path / "n.json").exists()
+
+
 def test_merge_never_reads_outside_dir(tmp_path: Path,
                                        capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "out"

@@ -190,10 +190,15 @@ def _base_time(record: dict[str, Any], root: str, bounds: Bounds) -> int | None:
             _feed(reader, ProcessMap(0, shift=0, id_base=0, tids=itertools.count()), None)
             meta = reader.meta
     base = meta.get("baseTimeNanoseconds")
-    if isinstance(base, int) and not isinstance(base, bool):
+    rel = os.path.relpath(record["_file"], root)
+    if isinstance(base, int) and not isinstance(base, bool) and 0 <= base < 1 << 63:
         return base
-    say(f"{_PROG}: note: {os.path.relpath(record['_file'], root)} has no "
-        "baseTimeNanoseconds: its timestamps are taken as Unix microseconds")
+    if "baseTimeNanoseconds" in meta:  # thousands of digits would overflow every shift
+        say(f"{_PROG}: note: {rel}: its baseTimeNanoseconds is no time in nanoseconds (a "
+            "whole number from 0 to 2**63): its timestamps are taken as Unix microseconds")
+    else:
+        say(f"{_PROG}: note: {rel} has no baseTimeNanoseconds: its timestamps are taken "
+            "as Unix microseconds")
     return None
 
 
