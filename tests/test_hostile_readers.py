@@ -557,3 +557,21 @@ def test_numbers_of_hundreds_of_digits_in_a_manifest_are_bad_lines(tmp_path: Pat
             (tmp_path / "r.html").read_text() if argv[0] == "report" else "")
         if argv[0] != "compare":  # compare says what it compares, not the manifests' state
             assert all(line in shown for line in said), shown
+
+
+def test_report_and_analyze_take_timestamps_of_hundreds_of_digits_as_no_time(
+        tmp_path: Path) -> None:
+    big = "1" + "0" * 400
+    events = [b'{"ph":"X","cat":"cpu_op","name":"a","pid":1,"tid":1,"ts":%s,"dur":1.5}',
+              b'{"ph":"X","cat":"cpu_op","name":"b","pid":1,"tid":1,"ts":2.5,"dur":%s}',
+              b'{"ph":"X","cat":"cpu_op","name":"c","pid":1,"tid":1,"ts":-%s,"dur":%s}',
+              b'{"ph":"X","cat":"cpu_op","name":"kept","pid":1,"tid":1,"ts":3.5,"dur":7.0}']
+    body = b",".join(e.replace(b"%s", big.encode()) for e in events)
+    window(tmp_path / "out", ("a.pt.trace.json", b'{"traceEvents": [%s]}' % body))
+    for argv in (("report", tmp_path / "out", "-o", tmp_path / "r.html"),
+                 ("analyze", tmp_path / "out")):
+        ran = cli(*argv)
+        assert ran.code == 0, ran.err
+        ran.bounded()
+    page = (tmp_path / "r.html").read_text()
+    assert "<td>kept</td>" in page and "<td>a</td>" not in page
