@@ -17,6 +17,7 @@ from analysis_traces import make_run, write_trace
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from policy_engine.analysis.compare import compare_runs
 from policy_engine.analysis.run import analyze
 from policy_engine.analysis.summary import problem, summarize
 from policy_engine.cli.main import main
@@ -197,11 +198,13 @@ def test_a_rank_with_two_traces_in_a_window_says_which_is_used(
     assert [r["path"] for r in ones if "error" not in r] == [used]
     why = "complete before partial, then the first recorded"
     assert [r["error"] for r in ones if "error" in r] == [
-        f"left out: rank 1 has another trace in this window, {used}, which is used ({why})"]
+        f"another trace of rank 1 in this window is used instead: {used} ({why})"]
     assert codes(w)["duplicate_rank"] == [f"rank 1 has 2 traces in this window: {used} is "
                                           f"used ({why}); {left} is left out of every figure"]
     assert "unreadable" not in codes(w)
     assert all(s["ranks"] == 2 for s in w["step_times"])
+    (pair,) = compare_runs(str(tmp_path), str(tmp_path))["windows"]
+    assert pair["left_out"] == []  # rank 1 takes part, by the trace used
     assert main(["analyze", str(tmp_path)]) == 0
     assert f"readiness: duplicate_rank: rank 1 has 2 traces in this window: {used}" \
         in capsys.readouterr().out

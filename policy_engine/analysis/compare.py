@@ -183,10 +183,12 @@ def _left_out(window: dict[str, Any], run: str) -> list[dict[str, Any]]:
     """The ranks of ``window`` that take no part in the comparison, and why: a trace that
     cannot be read or holds no step, or a rank that records the role and has no trace
     here (the window's ``ranks_missing``)."""
+    compared = {r["rank"] for r in _read(window)}  # a rank's other trace may be left out
     out = [{"run": run, "rank": r["rank"],
             "why": r.get("error") or "its trace holds no step"}
-           for r in window["ranks"] if r.get("error") or not r.get("steps")]
-    said = {x["rank"] for x in out}
+           for r in window["ranks"] if (r.get("error") or not r.get("steps"))
+           and (r["rank"] not in compared or r["rank"] is None)]
+    said = {x["rank"] for x in out} | compared
     failed = {d["rank"]: d["why"] for d in window.get("dropped") or ()
               if d.get("backend") in (None, "torch")}
     for warning in window.get("readiness") or ():

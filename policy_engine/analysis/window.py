@@ -148,8 +148,8 @@ def _one_per_rank(ranks: list[dict[str, Any]]) -> list[tuple[dict[str, Any], str
         for r in rest:
             path, status = r["path"], r["status"]
             r.clear()
-            r.update(rank=rank, path=path, status=status, error=f"left out: rank {rank} has "
-                     f"another trace in this window, {used['path']}, which is used ({why})")
+            r.update(rank=rank, path=path, status=status, error=f"another trace of rank "
+                     f"{rank} in this window is used instead: {used['path']} ({why})")
             out.append((r, f"rank {rank} has {len(found)} traces in this window: "
                            f"{used['path']} is used ({why}); {path} is left out of every "
                            "figure"))
