@@ -31,6 +31,7 @@ from policy_engine.analysis.manifests import (
     read_lines,
 )
 from policy_engine.analysis.spool import dumps_sorted
+from policy_engine.analysis.window import USED_FIRST
 from policy_engine.analysis.window_roles import (
     TORCH_SUFFIXES,
     is_torch,
@@ -45,16 +46,24 @@ _ALSO = 16  # ranks listed whose capture has another trigger than the window's f
 MAX_NOTES = 10_000
 
 
+#: A summary line as the index keeps it: where it lies (read again when its window is
+#: analysed), or the line itself (from a scan that holds every record).
+Source = Place | SummaryLine
+#: Summary lines kept per trace (its rank writes one; a forged manifest, any number).
+MAX_SUMMARY_LINES = 8
+
+
 class Entry(NamedTuple):
     """One torch trace of a window: where it is (``path`` relative to the folder
     analysed; ``file`` to read, None where only its summary is kept) and its rank's
-    summary line (``summary``: where it lies, read when the window is analysed)."""
+    summary lines (``summary``: one, as its rank writes them; None where there is
+    none)."""
 
     rank: Any
     path: str | None
     file: str | None
     status: Any
-    summary: Place | dict[str, Any] | None
+    summary: Source | tuple[Source, ...] | None
 
 
 class _Trace(NamedTuple):
@@ -191,7 +200,7 @@ class Index:
         self.share = _Shared()
         self.traces: list[_Trace] = []
         self.limits: dict[tuple[str, str], str] = {}  # a close line's limit, by capture
-        self.summaries: dict[tuple[str, Any], Place | dict[str, Any] | None] = {}
+        self.summaries: dict[tuple[str, Any], Source | tuple[Source, ...]] = {}
         self.notes: dict[str, list[dict[str, Any]]] = {}
         self.notes_left_out = 0
         self.notes_kept = 0
@@ -206,10 +215,14 @@ class Index:
             if self.from_traces:
                 return
             key = (manifest, line.path)
-            if line.status == "complete":  # else the trace is read, if it is there
-                self.summaries[key] = place if place is not None else _get(line.summary)
-            else:
-                self.summaries.pop(key, None)
+            source: Source = place if place is not None else line
+            found = self.summaries.get(key)
+            if found is None:
+                self.summaries[key] = source
+            elif not isinstance(found, tuple):
+                self.summaries[key] = (found, source)
+            elif len(found) < MAX_SUMMARY_LINES:
+                self.summaries[key] = (*found, source)
         elif line.EVENT == "close":
             limit = line.more.get("limit")
             if isinstance(limit, str):
@@ -303,7 +316,40 @@ def from_manifests(root: str, *, from_traces: bool = False, scan: Scan | None = 
     for window in found.values():
         window.pop("_last", None)
         window.pop("identities", None)
+        window["twice"] = _one_per_rank(window)
     return list(found.values()), problems, loose
+
+
+def _one_per_rank(window: dict[str, Any]) -> list[tuple[Entry, str]]:
+    """A rank with several traces in the window (two trace lines name it) keeps one: a
+    complete one rather than a partial one, else the first recorded. The others leave
+    ``traces``; returned, each with what the window's readiness says of it."""
+    seen: set[int] = set()
+    twice: set[int] = set()
+    for e in window["traces"]:
+        if isinstance(e.rank, int):
+            if e.rank in seen:
+                twice.add(e.rank)
+            seen.add(e.rank)
+    if not twice:
+        return []
+    by_rank: dict[int, list[Entry]] = {}
+    kept: list[Entry] = []
+    for e in window["traces"]:
+        if e.rank in twice:
+            by_rank.setdefault(e.rank, []).append(e)
+        else:
+            kept.append(e)
+    out = []
+    for rank, entries in by_rank.items():
+        used, *rest = sorted(entries, key=lambda e: e.status not in (None, "complete"))
+        kept.append(used)
+        for e in rest:
+            out.append((e, f"rank {rank} has {len(entries)} traces in this window: "
+                           f"{used.path} is used ({USED_FIRST}); {e.path} is left out of "
+                           "every figure"))
+    window["traces"] = kept
+    return out
 
 
 def _loose(note: dict[str, Any]) -> str:
@@ -347,7 +393,7 @@ def _place(window: dict[str, Any], r: _Trace, root: str, index: Index) -> None:
         window["skipped"].append({"rank": rank, "path": rel,
                                   "why": "outside the folder analysed: not read"})
     elif not os.path.isfile(full):
-        window["skipped"].append({"rank": rank, "path": rel, "why": _absent(full)})
+        window["skipped"].append({"rank": rank, "path": rel, "why": absent(full)})
     else:
         window["traces"].append(Entry(rank, rel, full, r.status, None))
 
@@ -367,7 +413,7 @@ def _identify(identity: dict[str, Any], r: _Trace) -> None:
                 mesh[str(dim)] = max(mesh.get(str(dim), 0), at + 1)
 
 
-def _absent(path: str) -> str:
+def absent(path: str) -> str:
     """Why a trace the manifest names cannot be read as one: not there, or not a file."""
     if not os.path.lexists(path):
         return "missing: the manifest names it, but it is not on disk"
@@ -397,7 +443,7 @@ def from_folders(root: str) -> list[dict[str, Any]]:
             "why": None, "traces": [Entry(None, os.path.normpath(os.path.join(rel, n)),
                                           os.path.join(folder, n), None, None)
                                     for n in names],
-            "skipped": [], "limits": [], "dropped": [], "other": []})
+            "skipped": [], "limits": [], "dropped": [], "other": [], "twice": []})
     return windows
 
 

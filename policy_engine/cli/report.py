@@ -18,12 +18,9 @@ import os
 from typing import Any
 
 from policy_engine.analysis.compare_page import section as comparison
-from policy_engine.analysis.listing import Listing
-from policy_engine.analysis.manifests import read_lines
 from policy_engine.analysis.ops import read_all_ops
-from policy_engine.analysis.report_analysis import section
+from policy_engine.analysis.report_analysis import gather, section
 from policy_engine.analysis.report_page import captures, render
-from policy_engine.analysis.windows import Index
 from policy_engine.cli._common import check_output, whole_number, write_output
 from policy_engine.cli.usage import UsageError
 
@@ -58,14 +55,7 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"{args.dir} is not a folder")
     out = args.output
     check_output(out, "the page", args.force)
-    # The manifests are read once, a line at a time, for the listing and the analysis.
-    listing = Listing(args.dir, slim=True)
-    index = Index(from_traces=False)
-    index.problems = listing.problems
-    for found in read_lines(args.dir, listing.problems):
-        listing.add(found)
-        index.add(found.line, found.manifest, found.place)
-    data = listing.finish()
+    data, index = gather(args.dir)  # the manifests read once, for the listing and analysis
     entries = captures(data, args.dir, os.path.dirname(os.path.abspath(out)))
     ops, notes = read_all_ops(entries, args.dir, count=args.ops, top=args.top,
                               limit=args.max_trace_mb << 20, total=args.max_total_mb << 20)
