@@ -376,3 +376,37 @@ def test_a_rank_captured_for_another_reason_is_said(tmp_path: Path) -> None:
     code, out, _ = cli(str(tmp_path))
     assert code == 0
     assert "captured because of the policy's plan (rank 1: on demand (request r-7))" in out
+
+
+def _faulty(real: Any, how: str) -> Any:
+    """``summarize`` with a fault of the reader on rank 1's trace (no trace is known to
+    trip one: the faults are made here): an exception, or the process ending at once."""
+    def summarize(path: str) -> dict[str, Any]:
+        if "rank1-" in os.path.basename(path):
+            if how == "raises":
+                raise KeyError("\x1b[2Jsomething the reader did not expect")
+            os._exit(9)
+        return real(path)  # type: ignore[no-any-return]
+    return summarize
+
+
+@pytest.mark.parametrize(("how", "jobs"), [("raises", 1), ("raises", 2), ("dies", 2)])
+def test_a_fault_reading_one_trace_makes_only_its_rank_unreadable(
+        tmp_path: Path, monkeypatch: Any, how: str, jobs: int) -> None:
+    import multiprocessing
+
+    from policy_engine.analysis import run
+
+    if jobs > 1 and multiprocessing.get_start_method() != "fork":
+        pytest.skip("the fault is patched in here, and reaches workers by fork only")
+    make_run(str(tmp_path), 4, steps=4, ops=4)
+    monkeypatch.setattr(run, "summarize", _faulty(run.summarize, how))
+    (w,) = analyze(str(tmp_path), jobs=jobs)["windows"]
+    errors = {r["rank"]: r.get("error") for r in w["ranks"]}
+    assert [rank for rank, error in errors.items() if error] == [1]
+    assert errors[1] == ("reading it failed unexpectedly: KeyError: '\\x1b[2Jsomething the "
+                         "reader did not expect'" if how == "raises" else
+                         "the process reading it ended abruptly (BrokenProcessPool: A "
+                         "process in the process pool was terminated abruptly while the "
+                         "future was running or pending.)")
+    assert codes(w)["unreadable"] == [1]

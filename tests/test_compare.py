@@ -202,3 +202,52 @@ def test_the_report_compares_with_a_baseline(tmp_path: Path) -> None:
     missing = run_cli("report", new, "-o", str(tmp_path / "m.html"), "--baseline",
                       str(tmp_path / "none"), cwd=tmp_path, timeout=120)
     assert missing.returncode == 0 and "BASE: " in (tmp_path / "m.html").read_text()
+
+
+def test_from_a_median_step_of_zero_a_change_is_said_in_milliseconds(tmp_path: Path) -> None:
+    """A share of nothing has no percentage: a base whose steps all take 0 ms against one
+    whose steps take 5 ms is slower, said in milliseconds, never "no change (+0.0%)"."""
+    import gzip
+
+    base = _run(tmp_path / "base", gpu=False)
+    for trace in Path(base).rglob("*.pt.trace.json.gz"):
+        doc = json.loads(gzip.decompress(trace.read_bytes()))
+        for event in doc["traceEvents"]:
+            if str(event.get("name")).startswith("ProfilerStep#"):
+                event["dur"] = 0.0
+        trace.write_bytes(gzip.compress(json.dumps(doc).encode()))
+    new = _run(tmp_path / "new", gpu=False)
+    (w,) = _compare(base, new)["windows"]
+    assert w["step_time"]["base_median_us"] == 0 and w["step_time"]["new_median_us"] > 5000
+    assert w["verdict"] == "slower"
+    assert w["why"].startswith("median step time 0.000 -> 5.3 ms (from a median step of 0: "
+                               "no percentage) (p = ")
+    text = run_cli("compare", base, new, cwd=tmp_path, timeout=120).stdout
+    assert "verdict: slower" in text and "%" not in text.split("verdict:")[1].split("\n")[1]
+    assert verdict([0.0] * 9, [0.0] * 9)["verdict"] == "no change"
+
+
+def test_region_rows_are_over_the_whole_capture_and_say_so(tmp_path: Path) -> None:
+    """A summary holds each region's time over the capture, not per step: a region whose
+    first step alone took 45 ms longer moves its row by 4.5 ms per step over 10 steps,
+    while the step times, from which the first step is left out, show no change."""
+    import gzip
+
+    base = _run(tmp_path / "base", gpu=False)
+    new = _run(tmp_path / "new", gpu=False)
+    for trace in Path(new).rglob("*.pt.trace.json.gz"):
+        doc = json.loads(gzip.decompress(trace.read_bytes()))
+        first = next(e for e in doc["traceEvents"] if e.get("name") == "update_actor")
+        first["dur"] += 45_000.0
+        trace.write_bytes(gzip.compress(json.dumps(doc).encode()))
+    (w,) = _compare(base, new)["windows"]
+    assert w["verdict"] == "no change" and w["step_time"]["change_us"] == 0
+    (row,) = [r for r in w["regions"] if r["name"] == "update_actor"]
+    assert row["change_us"] == pytest.approx(4500.0)
+    text = run_cli("compare", base, new, cwd=tmp_path, timeout=120).stdout
+    assert "  regions that moved most (ms per step, over the whole capture: its first step " \
+           "included):\n    update_actor: " in text
+    page = tmp_path / "r.html"
+    run_cli("report", new, "-o", str(page), "--baseline", base, cwd=tmp_path, timeout=120)
+    assert "<th>region (ms per step, over the whole capture: its first step included)</th>" \
+        in page.read_text()

@@ -9,6 +9,7 @@ stretch as it does wall time, and is generous (a bound on work, not a speed test
 from __future__ import annotations
 
 import gzip
+import html
 import json
 import os
 import pickle
@@ -272,6 +273,31 @@ def test_a_number_json_cannot_carry_is_a_data_error_with_its_place(
     assert sorted(os.listdir(tmp_path)) == ["ok.json", "out"]
 
 
+def test_merge_reads_numbers_past_a_clock_as_no_clock_or_a_data_error(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A baseTimeNanoseconds of thousands of digits is no clock (the timestamps are taken
+    as they are, and said); an integer timestamp past a float's range, moved by a
+    fraction of a microsecond to align the clocks, is a data error naming the trace."""
+    def trace(base: str, ts: str) -> bytes:
+        return (b'{"baseTimeNanoseconds": %s, "traceEvents": [{"ph": "X", "name": "a", '
+                b'"pid": 1, "tid": 1, "ts": %s, "dur": 1}]}' % (base.encode(), ts.encode()))
+
+    window(tmp_path / "clock", ("a.pt.trace.json", trace("1" + "0" * 4000 + "1", "1.5")),
+           ("b.pt.trace.json", trace("1000", "1.5")))
+    assert main(["merge", str(tmp_path / "clock"), "-o", str(tmp_path / "m.json")]) == 0
+    assert capsys.readouterr().err == (
+        "policy-engine merge: note: a.pt.trace.json: its baseTimeNanoseconds is no time in "
+        "nanoseconds (a whole number from 0 to 2**63): its timestamps are taken as Unix "
+        "microseconds\n")
+    window(tmp_path / "ts", ("a.pt.trace.json", trace("1001", "1" + "0" * 400)),
+           ("b.pt.trace.json", trace("0", "1.5")))
+    assert main(["merge", str(tmp_path / "ts"), "-o", str(tmp_path / "n.json")]) == 1
+    assert capsys.readouterr().err == (
+        "policy-engine merge: error: a.pt.trace.json: a timestamp of 401 digits: no time, at "
+        "event 1 of traceEvents (before character 509)\n")
+    assert not (tmp_path / "n.json").exists()
+
+
 def test_merge_never_reads_outside_dir(tmp_path: Path,
                                        capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "out"
@@ -464,3 +490,88 @@ def test_what_the_manifests_can_make_a_reader_hold_is_capped(tmp_path: Path,
     assert stops(MAX_SCAN_BYTES=len(line) * 15) == [
         (f"b{m.MANIFEST_SUFFIX}", 6, "the manifests hold more than 0 MiB together: this "
          "line and the rest are not read")]
+
+
+# -- analyze, compare and report beside one hostile trace ------------------------------------
+
+def test_a_step_number_of_5000_digits_makes_one_rank_unreadable(tmp_path: Path) -> None:
+    from analysis_traces import make_run
+
+    base, new = tmp_path / "base", tmp_path / "new"
+    make_run(str(base), 4, steps=8, ops=6, gz=False)
+    paths = make_run(str(new), 4, steps=8, ops=6, gz=False)
+    hostile = new / paths[2]
+    doc = json.loads(hostile.read_text())
+    for event in doc["traceEvents"]:
+        if event.get("name") == "ProfilerStep#3":
+            event["name"] = "ProfilerStep#" + "9" * 5000
+    hostile.write_text(json.dumps(doc))
+    why = "a ProfilerStep row's step number has 5000 digits (at most 18), at event "
+    for argv in (("analyze", new), ("analyze", new, "--jobs", "1"), ("compare", base, new),
+                 ("compare", base, new, "--format", "json")):
+        ran = cli(*argv)
+        assert ran.code == 0, ran.err
+        ran.bounded()
+        assert why in ran.out
+    ran = cli("report", new, "-o", tmp_path / "r.html", "--baseline", base)
+    assert ran.code == 0, ran.err
+    ran.bounded()
+    page = html.unescape((tmp_path / "r.html").read_text())
+    assert f"the trace of rank 2 cannot be read: {why}" in page
+    assert f"left out: new rank 2: {why}" in page
+    assert "<h2>Against the baseline</h2>" in page
+    done = json.loads(cli("analyze", new, "--format", "json").out)
+    (w,) = done["windows"]
+    assert [r["rank"] for r in w["ranks"] if "error" in r] == [2]
+    assert [r["ranks"] for r in w["readiness"] if r["code"] == "unreadable"] == [[2]]
+
+
+def test_numbers_of_hundreds_of_digits_in_a_manifest_are_bad_lines(tmp_path: Path) -> None:
+    from analysis_traces import make_run
+
+    out = tmp_path / "out"
+    make_run(str(out), 2, steps=4, ops=4)
+    big = "1" + "0" * 400
+    bad = [b'{"event":"trace","status":"complete","role":"trainer","rank":1,"steps":[1],'
+           b'"path":"x.pt.trace.json","start":%s}' % big.encode(),
+           b'{"event":"trace","status":"complete","role":"trainer","rank":%s,"steps":[1],'
+           b'"path":"x.pt.trace.json"}' % big.encode(),
+           b'{"event":"trace","status":"complete","role":"trainer","rank":1,"steps":[0,%s],'
+           b'"step_count":%s1,"path":"x.pt.trace.json"}' % (big.encode(), big.encode()),
+           b'{"event":"summary","capture":"1","path":"x","status":"failed","kept":true,'
+           b'"seconds":%s}' % big.encode()]
+    with open(out / MANIFEST_DIR / MANIFEST, "wb") as f:
+        f.write(b"\n".join(bad) + b"\n")
+    where = f"{out / MANIFEST_DIR / MANIFEST}"
+    said = [f"{where}:1: start: expected a number, got 1000",
+            f"{where}:2: rank: expected an integer or null, got 1000",
+            f"{where}:3: steps: expected a list of integers or strings, got [0, 1000",
+            f"{where}:4: seconds: expected a number of seconds, got 1000"]
+    for argv in (("analyze", out), ("traces", out), ("compare", out, out),
+                 ("merge", out, "-o", tmp_path / "m.json"),
+                 ("report", out, "-o", tmp_path / "r.html")):
+        ran = cli(*argv)
+        assert ran.code == 0, ran.err
+        ran.bounded()
+        shown = ran.out + ran.err + (
+            (tmp_path / "r.html").read_text() if argv[0] == "report" else "")
+        if argv[0] != "compare":  # compare says what it compares, not the manifests' state
+            assert all(line in shown for line in said), shown
+
+
+def test_report_and_analyze_take_timestamps_of_hundreds_of_digits_as_no_time(
+        tmp_path: Path) -> None:
+    big = "1" + "0" * 400
+    events = [b'{"ph":"X","cat":"cpu_op","name":"a","pid":1,"tid":1,"ts":%s,"dur":1.5}',
+              b'{"ph":"X","cat":"cpu_op","name":"b","pid":1,"tid":1,"ts":2.5,"dur":%s}',
+              b'{"ph":"X","cat":"cpu_op","name":"c","pid":1,"tid":1,"ts":-%s,"dur":%s}',
+              b'{"ph":"X","cat":"cpu_op","name":"kept","pid":1,"tid":1,"ts":3.5,"dur":7.0}']
+    body = b",".join(e.replace(b"%s", big.encode()) for e in events)
+    window(tmp_path / "out", ("a.pt.trace.json", b'{"traceEvents": [%s]}' % body))
+    for argv in (("report", tmp_path / "out", "-o", tmp_path / "r.html"),
+                 ("analyze", tmp_path / "out")):
+        ran = cli(*argv)
+        assert ran.code == 0, ran.err
+        ran.bounded()
+    page = (tmp_path / "r.html").read_text()
+    assert "<td>kept</td>" in page and "<td>a</td>" not in page

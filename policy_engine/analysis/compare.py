@@ -13,7 +13,9 @@ each run), or by the steps the caller names. For each pair:
   compute), other device work and idle, which sum to it (each step's parts sum to its
   span: :func:`policy_engine.analysis.summary._breakdown`).
 - **where it moved**: regions and operators (or kernels) whose time per step changed most,
-  matched by name; the straggler then and now.
+  matched by name: each name's time over the whole capture (a summary holds its total,
+  not its steps) divided by the capture's steps, so the first step counts there; the
+  straggler then and now.
 - **a verdict with a noise gate**: the sample is the step, not the (rank, step): ranks
   that meet in collectives finish each step together, so the ranks' times of one step are
   one observation, counted once (the median over the ranks of the n-th step of the
@@ -31,7 +33,7 @@ each run), or by the steps the caller names. For each pair:
   step carries the profiler's start and the first run of every code path, and a rank's
   last step, when it is far shorter than its others
   (:data:`~policy_engine.analysis.window.TRAILING`), is the empty step torch opens at the
-  last ``step()`` call: both are left out of every figure.
+  last ``step()`` call: both are left out of the step times, their parts and the test.
 """
 
 from __future__ import annotations
@@ -45,6 +47,8 @@ from typing import Any
 from policy_engine.analysis.answers import WindowAnalysis
 from policy_engine.analysis.errors import AnalysisError
 from policy_engine.analysis.run import analyze_run
+from policy_engine.analysis.text import ms
+from policy_engine.errors import printable
 
 VERSION = 1
 #: The rank-sum test's significance level. Two runs of one unchanged 4-rank job on a
@@ -134,23 +138,27 @@ def verdict(base: Sequence[float], new: Sequence[float],
                 f"({len(base)} and {len(new)}: even every step of one run beyond every step "
                 f"of the other could not reach p < {ALPHA})", "test": test}
     b, n = statistics.median(base), statistics.median(new)
-    share = (n - b) / b if b > 0 else 0.0
+    # From a median of 0 any change is out of all proportion: the gates on its size pass,
+    # and the change is said in milliseconds (a share of nothing has no percentage).
+    share = (n - b) / b if b > 0 else 0.0 if n == b else math.copysign(math.inf, n - b)
+    change = f"{share:+.1%}" if math.isfinite(share) else \
+        f"{ms(b)} -> {ms(n)} ms (from a median step of 0: no percentage)"
     apart = _apart(base, new)
     test["apart"] = apart
     beyond = drift is None or abs(share) > drift
     if p < ALPHA and abs(share) >= MIN_CHANGE and apart and beyond:
         word = "slower" if share > 0 else "faster"
-        return {"verdict": word, "why": f"median step time {share:+.1%} (p = {p:.2g} < "
+        return {"verdict": word, "why": f"median step time {change} (p = {p:.2g} < "
                 f"{ALPHA})", "test": test}
     if p >= ALPHA:
         reason = f"p = {p:.2g} >= {ALPHA}"
     elif abs(share) < MIN_CHANGE:
-        reason = f"a change of {share:+.1%} is under {MIN_CHANGE:.0%}"
+        reason = f"a change of {change} is under {MIN_CHANGE:.0%}"
     elif not apart:
-        reason = (f"a change of {share:+.1%} lies within the middle half of the steps' own "
+        reason = (f"a change of {change} lies within the middle half of the steps' own "
                   "spread")
     else:
-        reason = (f"a change of {share:+.1%} is no larger than the {drift:.0%} by which one "
+        reason = (f"a change of {change} is no larger than the {drift:.0%} by which one "
                   "run's own windows differ")
     return {"verdict": "no change", "why": f"within noise ({reason})", "test": test}
 
@@ -161,6 +169,28 @@ def _compared(window: WindowAnalysis) -> Any:
     """What the window's figures gathered for the comparison (``detail``)."""
     assert window.figures is not None and window.figures.compared is not None
     return window.figures.compared
+
+
+def _left_out(window: WindowAnalysis, run: str) -> list[dict[str, Any]]:
+    """The ranks of ``window`` that take no part in the comparison, and why: a trace that
+    cannot be read or holds no step, or a rank that records the role and has no trace
+    here (the window's ``ranks_missing``)."""
+    assert window.figures is not None
+    figures = window.figures
+    out = [{"run": run, "rank": rank, "why": why}
+           for why, ranks in figures.unreadable.items() for rank in ranks]
+    out += [{"run": run, "rank": rank, "why": "its trace holds no step"}
+            for rank in _compared(window).no_steps]
+    said = {x["rank"] for x in out} | set(figures.ranks)
+    failed = {d["rank"]: d["why"] for d in window.dropped
+              if d.get("backend") in (None, "torch")}
+    for warning in window.readiness:
+        if warning["code"] == "ranks_missing":
+            out += [{"run": run, "rank": rank, "why": f"no trace: {failed[rank]}"
+                     if rank in failed else "no trace in this window (the rank records this "
+                     "role in others)"} for rank in warning["ranks"] if rank not in said]
+    out.sort(key=lambda x: (not isinstance(x["rank"], int), x["rank"] or 0))
+    return out
 
 
 def _samples(window: WindowAnalysis) -> list[float]:
@@ -255,6 +285,7 @@ def pair(base: WindowAnalysis, new: WindowAnalysis,
         "new": {"title": new.title, "steps": list(new.steps), "cycle": new.cycle,
                 "capture": new.capture},
         "differences": differences,
+        "left_out": _left_out(base, "base") + _left_out(new, "new"),
         "comparable": not any(d["blocks"] for d in differences) and bool(cb.ranks
                                                                          and cn.ranks),
         "step_time": None, "parts": None, "ranks": [], "regions": [], "operators": [],
@@ -302,6 +333,11 @@ def _side(path: str, which: str, role: str | None, step: int | None, jobs: int,
     return [w for w in result.windows if w.not_analysed is None]
 
 
+def _titles(windows: list[WindowAnalysis]) -> str:
+    """The windows' titles for a message, each printable (they hold the manifests' names)."""
+    return ", ".join(sorted({printable(w.title) for w in windows}))
+
+
 def compare_runs(base: str, new: str, *, role: str | None = None,
                  steps: tuple[int, int] | None = None, jobs: int = 1,
                  from_traces: bool = False) -> dict[str, Any]:
@@ -324,8 +360,7 @@ def compare_runs(base: str, new: str, *, role: str | None = None,
         agree(windows[len(windows) - min(len(left), len(right)):])
     if not windows:
         raise AnalysisError(f"no window of BASE matches one of NEW by role and region: "
-                            f"BASE holds {', '.join(sorted({w.title for w in a}))}; NEW "
-                            f"holds {', '.join(sorted({w.title for w in b}))}")
+                            f"BASE holds {_titles(a)}; NEW holds {_titles(b)}")
     return {"version": VERSION, "base": os.path.abspath(base), "new": os.path.abspath(new),
             "windows": windows,
             "unmatched": {"base": only_base, "new": only_new}}

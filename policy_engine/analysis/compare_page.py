@@ -29,7 +29,8 @@ def _rows(rows: list[dict[str, Any]], what: str) -> str:
     body = "".join(f"<tr><td>{_esc(r['name'][:120])}</td><td>{_esc(ms(r['base_us']))}</td>"
                    f"<td>{_esc(ms(r['new_us']))}</td><td>{_esc(_signed(r['change_us']))}</td>"
                    "</tr>" for r in moved)
-    return (f"<table><tr><th>{what} (ms per step)</th><th>base</th><th>new</th>"
+    return (f"<table><tr><th>{what} (ms per step, over the whole capture: its first step "
+            "included)</th><th>base</th><th>new</th>"
             f"<th>change</th></tr>{body}</table>")
 
 
@@ -42,6 +43,12 @@ def window_html(w: dict[str, Any]) -> str:
         out.append("<ul>" + "".join(
             f"<li>{'differs' if d['blocks'] else 'note'}: {_esc(d['message'])}</li>"
             for d in w["differences"]) + "</ul>")
+    left = w["left_out"]
+    if left:
+        out.append("<ul>" + "".join(
+            f"<li>left out: {_esc(x['run'])} rank {_esc(x['rank'])}: {_esc(x['why'])}</li>"
+            for x in left[:ROWS]) + (f"<li>left out: {len(left) - ROWS} more ranks</li>"
+                                     if len(left) > ROWS else "") + "</ul>")
     t = w.get("step_time")
     if t:
         out.append(f"<p>Median step: {_esc(ms(t['base_median_us']))} ms &rarr; "

@@ -1,4 +1,8 @@
-"""A comparison of two runs as text for a terminal: one block per pair of windows."""
+"""A comparison of two runs as text for a terminal: one block per pair of windows.
+
+Every line is made printable as it is written: names, paths and messages come from the
+runs' manifests and traces, and no escape sequence of theirs reaches the terminal.
+"""
 
 from __future__ import annotations
 
@@ -6,6 +10,12 @@ from typing import Any
 
 from policy_engine.analysis.compare import PARTS
 from policy_engine.analysis.text import ms
+from policy_engine.errors import printable
+
+#: Ranks left out of a comparison listed per window; the rest are counted.
+LEFT_OUT = 5
+#: Regions and operators listed per window, and the characters of a name shown.
+ROWS, NAME = 5, 80
 
 
 def _signed(us: float | None) -> str:
@@ -24,6 +34,12 @@ def _window(w: dict[str, Any]) -> list[str]:
     lines = [head]
     for d in w["differences"]:
         lines.append(f"  {'differs' if d['blocks'] else 'note'}: {d['message']}")
+    left = w["left_out"]
+    for x in left[:LEFT_OUT]:
+        lines.append(f"  left out: {x['run']} rank {x['rank']}: {x['why']}")
+    if len(left) > LEFT_OUT:
+        lines.append(f"  left out: {len(left) - LEFT_OUT} more ranks (--format json lists "
+                     "them)")
     verdict = w.get("verdict")
     lines.append(f"  verdict: {verdict or 'none'} - {w.get('why')}")
     t = w.get("step_time")
@@ -36,11 +52,12 @@ def _window(w: dict[str, Any]) -> list[str]:
         lines.append(f"  mean step {_signed(t['change_us'])} ms = " + ", ".join(
             f"{word} {_signed(parts[key])}" for key, word in PARTS))
     for title, key in (("regions", "regions"), ("operators", "operators")):
-        rows = [r for r in w[key][:5] if r["change_us"]]
+        rows = [r for r in w[key][:ROWS] if r["change_us"]]
         if rows:
-            lines.append(f"  {title} that moved most (ms per step):")
-            lines += [f"    {r['name'][:80]}: {ms(r['base_us'])} -> {ms(r['new_us'])} "
-                      f"({_signed(r['change_us'])})" for r in rows]
+            lines.append(f"  {title} that moved most (ms per step, over the whole capture: "
+                         "its first step included):")
+            lines += [f"    {printable(r['name'], NAME)}: {ms(r['base_us'])} -> "
+                      f"{ms(r['new_us'])} ({_signed(r['change_us'])})" for r in rows]
     s = w["straggler"]
     if s["changed"]:
         lines.append(f"  straggler: {_rank(s['base'])} -> {_rank(s['new'])}")
@@ -54,7 +71,7 @@ def _rank(rank: Any) -> str:
 
 
 def render(result: dict[str, Any]) -> str:
-    """The whole comparison as text."""
+    """The whole comparison as text, each line printable."""
     lines = [f"base: {result['base']}", f"new:  {result['new']}", ""]
     for w in result["windows"]:
         lines += [*_window(w), ""]
@@ -62,4 +79,4 @@ def render(result: dict[str, Any]) -> str:
         left = result["unmatched"][side]
         if left:
             lines.append(f"only in {side}: {', '.join(left)}")
-    return "\n".join(lines).rstrip()
+    return "\n".join(map(printable, lines)).rstrip()

@@ -11,7 +11,15 @@ import time
 from typing import Any
 
 from policy_engine.analysis.format import size_cell
-from policy_engine.analysis.manifests import Scan, file_of, scan_manifests
+from policy_engine.analysis.manifests import (
+    Found,
+    ManifestProblem,
+    Place,
+    parse_record,
+    path_in,
+    read_line,
+    read_lines,
+)
 from policy_engine.analysis.window_roles import label
 from policy_engine.errors import printable
 from policy_engine.files.layout import (
@@ -23,7 +31,7 @@ from policy_engine.files.layout import (
     is_temp_name,
     temp_pid,
 )
-from policy_engine.files.records import COMPANIONS
+from policy_engine.files.records import ABSENT, COMPANIONS, SummaryLine
 
 # Folders written whole by a tool (torch_npu) are one trace, not many files.
 _TRACE_DIR_SUFFIXES = ("_ascend_pt",)
@@ -100,46 +108,178 @@ def _alive(manifest: str) -> bool:
     return started is None or started <= began + 2
 
 
-def _interrupted(scan: Scan, root: str, alive: dict[str, bool]) -> list[dict[str, Any]]:
-    """Captures whose close record is missing or says interrupted, or short of traces."""
-    opens: dict[tuple[str, str], dict[str, Any]] = {}
-    closes: dict[tuple[str, str], dict[str, Any]] = {}
-    found: dict[tuple[str, str], int] = {}
-    for r in scan.records:
-        if "capture" not in r:  # a trace line written before captures had ids
-            continue
-        key: tuple[str, str] = (r["_manifest"], r["capture"])
-        if r["event"] == "open":
-            opens[key] = r
-        elif r["event"] == "close":
-            closes[key] = r
-        else:
-            found[key] = found.get(key, 0) + 1
-    rows = []
-    for key in sorted(set(opens) | set(closes), key=lambda k: (k[0], k[1])):
-        opened, closed = opens.get(key, {}), closes.get(key)
-        traces = found.get(key, 0)
-        if closed is None:
-            status, why = ("running", _STILL_OPEN) if alive[key[0]] else (
-                "interrupted", _NEVER_CLOSED)
-        elif closed["status"] == "interrupted":
-            status, why = "interrupted", closed.get("error") or "interrupted"
-        else:
-            # The close line comes after the capture's trace lines, background exports
-            # included; `thread_waits` (`deferred` in older manifests) counts waits, not files.
-            expected = closed.get("traces", 0)
-            if traces >= expected:
-                continue
-            lost = expected - traces
-            status, why = "interrupted", (
-                f"{lost} of its {expected} trace(s) never reached the manifest")
-        row = {k: v for k, v in opened.items() if not k.startswith("_")}
-        if closed is not None and "steps" in closed:
-            row["steps"] = closed["steps"]
-        row.update(event="capture", capture=key[1], status=status, reason=why,
-                   traces=traces, manifest=_text(os.path.relpath(key[0], root)))
-        rows.append(row)
-    return rows
+#: The keys of a trace line the report's page reads (``collect(..., slim=True)`` keeps only
+#: these: a page of 100,000 ranks' captures holds a few hundred bytes per capture).
+PAGE_KEYS = ("event", "role", "roles", "joined", "rank", "steps", "region", "cycle",
+             "status", "bytes", "plan_hash", "policy_file", "policy_hash", "start", "path",
+             "error", "trigger", "capture")
+
+
+class _Shared:
+    """Values seen before, handed out again (the same role, status and hashes on every
+    rank's line are held once)."""
+
+    def __init__(self) -> None:
+        self.seen: dict[Any, Any] = {}
+
+    def __call__(self, value: Any) -> Any:
+        if isinstance(value, list):
+            try:
+                value = tuple(value)
+            except TypeError:  # pragma: no cover - a list is always iterable
+                return value
+        try:
+            return self.seen.setdefault(value, value)
+        except TypeError:  # an object, or a list holding one: not shared
+            return value
+
+
+class Listing:
+    """A run's captures, gathered a manifest line at a time (:meth:`add`), then
+    :meth:`finish`: what :func:`collect` returns. ``slim``: each trace's row holds only
+    :data:`PAGE_KEYS` (the report's page), its repeated values shared."""
+
+    def __init__(self, root: str, *, slim: bool = False) -> None:
+        self.root = root
+        self.slim = slim
+        self.share = _Shared()
+        self.rows: list[dict[str, Any]] = []
+        self.named: set[str] = set()
+        self.refused: list[dict[str, Any]] = []
+        self.manifests: set[str] = set()
+        self.summaries: dict[tuple[str, Any], tuple[Any, Any]] = {}
+        self.row_keys: list[tuple[str, Any]] = []
+        # captures: where each open line lies (read again only for a capture that never
+        # closed), each close line's words, and how many trace lines each has
+        self.opens: dict[tuple[str, str], Place] = {}
+        self.closes: dict[tuple[str, str], tuple[Any, Any, Any, Any]] = {}
+        self.counted: dict[tuple[str, str], int] = {}
+        self.problems: list[ManifestProblem] = []
+
+    def add(self, found: Found) -> None:
+        line, manifest = found.line, found.manifest
+        self.manifests.add(manifest)
+        event = line.EVENT
+        capture = line.capture if isinstance(line.capture, str) else None
+        if event == "trace":
+            self._trace(line.to_json(), manifest, found.place)
+            if capture is not None:
+                key = (manifest, capture)
+                self.counted[key] = self.counted.get(key, 0) + 1
+        elif isinstance(line, SummaryLine):
+            self.summaries[(manifest, line.path)] = (self.share(line.status),
+                                                     line.kept if line.kept is not ABSENT
+                                                     else None)
+        elif event == "open" and capture is not None:
+            self.opens[(manifest, capture)] = found.place
+        elif event == "close" and capture is not None:
+            close = line.to_json()
+            self.closes[(manifest, capture)] = (
+                self.share(close.get("status")), close.get("error"),
+                close.get("traces", 0), close.get("steps"))
+
+    def _trace(self, record: dict[str, Any], manifest: str, place: Place) -> None:
+        extra = record.get("extra")
+        companions = [extra.get(key) for key in COMPANIONS] if isinstance(extra, dict) else []
+        for companion in companions:
+            with contextlib.suppress(ValueError):
+                self.named.add(os.path.relpath(path_in(manifest, companion), self.root))
+        if self.slim:
+            record = {k: self.share(record[k]) if k != "path" else record[k]
+                      for k in PAGE_KEYS if k in record}
+        rel = record.get("path")
+        if rel:
+            try:  # a path out of DIR is reported, never looked at
+                full = path_in(manifest, rel)
+            except ValueError as err:
+                self.refused.append({"manifest": _text(place.file), "line": place.line,
+                                     "why": str(err)})
+                record["path"] = None
+            else:
+                rel_path = os.path.relpath(full, self.root)
+                record["path"] = _text(rel_path)
+                record["exists"] = os.path.exists(full)
+                self.named.add(rel_path)
+        self.rows.append(record)
+        self.row_keys.append((manifest, rel))
+
+    def _interrupted(self, alive: dict[str, bool]) -> list[dict[str, Any]]:
+        """Captures whose close record is missing or says interrupted, or short of
+        traces."""
+        rows = []
+        for key in sorted(set(self.opens) | set(self.closes)):
+            closed = self.closes.get(key)
+            traces = self.counted.get(key, 0)
+            if closed is None:
+                status, why = ("running", _STILL_OPEN) if alive[key[0]] else (
+                    "interrupted", _NEVER_CLOSED)
+            elif closed[0] == "interrupted":
+                status, why = "interrupted", closed[1] or "interrupted"
+            else:
+                # The close line comes after the capture's trace lines, background exports
+                # included; `thread_waits` (`deferred` in older manifests) counts waits,
+                # not files.
+                expected = closed[2] if isinstance(closed[2], int) else 0
+                if traces >= expected:
+                    continue
+                lost = expected - traces
+                status, why = "interrupted", (
+                    f"{lost} of its {expected} trace(s) never reached the manifest")
+            row = self._opened(key)
+            if closed is not None and closed[3] is not None:
+                row["steps"] = closed[3]
+            row.update(event="capture", capture=key[1], status=status, reason=why,
+                       traces=traces, manifest=_text(os.path.relpath(key[0], self.root)))
+            rows.append(row)
+        return rows
+
+    def _opened(self, key: tuple[str, str]) -> dict[str, Any]:
+        """A capture's open line, read again (an empty row where it cannot be)."""
+        place = self.opens.get(key)
+        if place is None:
+            return {}
+        try:
+            record = parse_record(read_line(place)).to_json()
+        except ValueError:
+            return {}
+        return {k: v for k, v in record.items() if k in PAGE_KEYS} if self.slim \
+            else record
+
+    def finish(self) -> dict[str, Any]:
+        """What :func:`collect` returns."""
+        root = self.root
+        for record, key in zip(self.rows, self.row_keys, strict=True):
+            summary = self.summaries.get(key)
+            if summary is not None:  # the rank summarised it: complete, failed or cut
+                record["summary"] = summary[0]
+                if summary[1] is False and summary[0] == "complete":
+                    record["kept"] = False  # removed by policy (keep: summaries), not lost
+        self.row_keys = []
+        rows = self.rows
+        rows.sort(key=row_order)
+        alive = {m: _alive(m) for m in self.manifests}
+        interrupted = sorted(self._interrupted(alive), key=row_order)
+        # Temporary files of a process still running on this host are saves in progress.
+        writers = {w[1] for m, up in alive.items() if up and (w := _writer(m)) is not None}
+        leftovers: list[str] = []
+        writing: list[str] = []
+        for path in find_leftovers(root):
+            busy = temp_pid(os.path.basename(path)) in writers
+            (writing if busy else leftovers).append(_text(path))
+        problems = self.problems
+        return {
+            "traces": rows,
+            "interrupted": interrupted,
+            "unlisted": sorted(_text(p) for p in _on_disk(root) - self.named),
+            "missing": sorted(r["path"] for r in rows if r.get("path") and not r.get("exists")
+                              and r.get("kept") is not False),
+            "leftovers": leftovers,
+            "writing": writing,
+            "bad_lines": [{"manifest": _text(p.path), "line": p.line, "why": p.why}
+                          for p in problems if p.line is not None] + self.refused,
+            "unreadable": [{"path": _text(p.path), "why": p.why}
+                           for p in problems if p.line is None],
+        }
 
 
 def row_order(r: dict[str, Any]) -> tuple[str, int, float]:
@@ -148,66 +288,14 @@ def row_order(r: dict[str, Any]) -> tuple[str, int, float]:
             start if isinstance(start, (int, float)) else 0)
 
 
-def collect(root: str, scan: Scan | None = None) -> dict[str, Any]:
+def collect(root: str, *, slim: bool = False) -> dict[str, Any]:
     """Rows from every manifest under ``root``; captures that never closed; unlisted,
-    missing and half-written files; manifest lines that could not be read. ``scan``: the
-    manifests, when the caller read them already."""
-    scan = scan if scan is not None else scan_manifests(root)
-    rows: list[dict[str, Any]] = []
-    named: set[str] = set()
-    refused: list[dict[str, Any]] = []
-    summaries = {(r["_manifest"], r.get("path")): r for r in scan.records
-                 if r["event"] == "summary"}
-    for r in scan.records:
-        if r["event"] != "trace":
-            continue
-        record = {k: v for k, v in r.items() if not k.startswith("_")}
-        summary = summaries.get((r["_manifest"], r.get("path")))
-        if summary is not None:  # the rank summarised it: complete, failed or cut
-            record["summary"] = summary.get("status")
-            if summary.get("kept") is False and summary.get("status") == "complete":
-                record["kept"] = False  # removed by policy (keep: summaries), not lost
-        if record.get("path"):
-            try:  # a path out of DIR is reported, never looked at
-                full = file_of(r, record["path"])
-            except ValueError as err:
-                refused.append({"manifest": _text(r["_file"]), "line": r["_line"],
-                                "why": str(err)})
-                record["path"] = None
-            else:
-                rel = os.path.relpath(full, root)
-                record["path"] = _text(rel)
-                record["exists"] = os.path.exists(full)
-                named.add(rel)
-        extra = record.get("extra")
-        companions = [extra.get(key) for key in COMPANIONS] if isinstance(extra, dict) else []
-        for rel_path in companions:
-            with contextlib.suppress(ValueError):
-                named.add(os.path.relpath(file_of(r, rel_path), root))
-        rows.append(record)
-    rows.sort(key=row_order)
-    alive = {m: _alive(m) for m in {r["_manifest"] for r in scan.records}}
-    interrupted = sorted(_interrupted(scan, root, alive), key=row_order)
-    # Temporary files of a process still running on this host are saves in progress.
-    writers = {w[1] for m, up in alive.items() if up and (w := _writer(m)) is not None}
-    leftovers: list[str] = []
-    writing: list[str] = []
-    for path in find_leftovers(root):
-        busy = temp_pid(os.path.basename(path)) in writers
-        (writing if busy else leftovers).append(_text(path))
-    return {
-        "traces": rows,
-        "interrupted": interrupted,
-        "unlisted": sorted(_text(p) for p in _on_disk(root) - named),
-        "missing": sorted(r["path"] for r in rows if r.get("path") and not r.get("exists")
-                          and r.get("kept") is not False),
-        "leftovers": leftovers,
-        "writing": writing,
-        "bad_lines": [{"manifest": _text(p.path), "line": p.line, "why": p.why}
-                      for p in scan.problems if p.line is not None] + refused,
-        "unreadable": [{"path": _text(p.path), "why": p.why}
-                       for p in scan.problems if p.line is None],
-    }
+    missing and half-written files; manifest lines that could not be read. ``slim``:
+    each row holds only what the report's page reads (:data:`PAGE_KEYS`)."""
+    listing = Listing(root, slim=slim)
+    for found in read_lines(root, listing.problems):
+        listing.add(found)
+    return listing.finish()
 
 
 def steps_cell(record: dict[str, Any]) -> str:

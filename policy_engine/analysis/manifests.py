@@ -368,9 +368,9 @@ def scan_manifests(output_dir: str) -> Scan:
     return Scan(tuple(records), tuple(problems))
 
 
-def load_summary(place: Place) -> SummaryLine:
-    """The summary line at ``place``, read again (a reader that kept only its place);
-    ValueError says why it cannot be (the file changed since, or the line is not one)."""
+def read_line(place: Place) -> bytes:
+    """The bytes of the line at ``place``, read again (a reader that kept only its place);
+    ValueError says why they cannot be."""
     try:
         fd = os.open(place.file, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError as err:
@@ -378,12 +378,17 @@ def load_summary(place: Place) -> SummaryLine:
     try:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             raise ValueError("not a regular file any more")
-        raw = os.pread(fd, place.length, place.offset)
+        return os.pread(fd, place.length, place.offset)
     except OSError as err:
         raise ValueError(f"cannot read it again: {err.strerror or err}") from None
     finally:
         os.close(fd)
-    line = parse_record(raw)
+
+
+def load_summary(place: Place) -> SummaryLine:
+    """The summary line at ``place``, read again (a reader that kept only its place);
+    ValueError says why it cannot be (the file changed since, or the line is not one)."""
+    line = parse_record(read_line(place))
     if not isinstance(line, SummaryLine):
         raise ValueError("the file changed since it was read: no summary line there")
     return line

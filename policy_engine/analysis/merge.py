@@ -31,7 +31,7 @@ from policy_engine.analysis.window_roles import (
     label,
     window_keys,
 )
-from policy_engine.errors import did_you_mean
+from policy_engine.errors import did_you_mean, printable
 from policy_engine.files.publish import publish
 
 _PROG = "policy-engine merge"
@@ -46,8 +46,13 @@ def span(values: Iterable[Any]) -> str:
     return rank_spans(values, sep=", ", empty="-")
 
 
+def say(text: str) -> None:
+    """One line on stderr, printable: it holds names from the manifests and traces."""
+    print(printable(text), file=sys.stderr)
+
+
 def _warn(where: str, why: str) -> None:
-    print(f"{_PROG}: warning: manifest {where}: {why}", file=sys.stderr)
+    say(f"{_PROG}: warning: manifest {where}: {why}")
 
 
 def records(root: str) -> tuple[list[dict[str, Any]], set[str]]:
@@ -100,8 +105,12 @@ def describe(key: tuple[Any, ...], labels: int) -> str:
 def _listing(windows: dict[tuple[Any, ...], list[dict[str, Any]]]) -> str:
     """One line per window, oldest first."""
     labels = len({k[0] for k in windows})
-    return "".join(f"\n  {describe(k, labels)}: ranks {span(r.get('rank') for r in rows)}"
-                   for k, rows in windows.items())
+    return "".join(f"\n  {printable(describe(k, labels))}: ranks "
+                   f"{span(r.get('rank') for r in rows)}" for k, rows in windows.items())
+
+
+def _names(names: list[str]) -> str:
+    return ", ".join(map(printable, names))
 
 
 def choose(rows: list[dict[str, Any]], root: str, *, role: str | None = None,
@@ -118,15 +127,16 @@ def choose(rows: list[dict[str, Any]], root: str, *, role: str | None = None,
         labels = sorted({r["_window"] for r in rows})
         if not labels:
             raise AnalysisError(f"no role {role!r} under {root}: it holds "
-                             f"{', '.join(every)}{did_you_mean(role, every)}")
+                             f"{_names(every)}{did_you_mean(role, every)}")
     elif len(labels) > 1:
         raise AnalysisError(f"{root} holds traces of {len(labels)} roles "
-                         f"({', '.join(labels)}): choose one with --role")
+                         f"({_names(labels)}): choose one with --role")
     torch = [r for r in rows if is_torch(r)]
+    shown = printable("/".join(labels))
     if not torch:
         kinds = sorted({str(r.get("backend")) for r in rows})
-        raise AnalysisError(f"{'/'.join(labels)} has no torch traces under {root} (only "
-                         f"{', '.join(kinds)}); merge joins torch traces")
+        raise AnalysisError(f"{shown} has no torch traces under {root} (only "
+                         f"{_names(kinds)}); merge joins torch traces")
     windows: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
     for r in torch:
         windows.setdefault(r["_key"], []).append(r)
@@ -136,10 +146,10 @@ def choose(rows: list[dict[str, Any]], root: str, *, role: str | None = None,
               and (cycle is None or k[3] == cycle)
               and (capture is None or k[4] == capture)}
     if not wanted:
-        raise AnalysisError(f"no capture window of {'/'.join(labels)} with torch traces matches "
+        raise AnalysisError(f"no capture window of {shown} with torch traces matches "
                          f"--step/--cycle/--region/--capture; there are:{_listing(windows)}")
     if len(wanted) > 1:
-        raise AnalysisError(f"{len(wanted)} capture windows of {'/'.join(labels)} match: choose "
+        raise AnalysisError(f"{len(wanted)} capture windows of {shown} match: choose "
                          f"one with --step (or --cycle, --region, --capture):"
                          f"{_listing(wanted)}")
     (key,) = wanted
@@ -180,10 +190,15 @@ def _base_time(record: dict[str, Any], root: str, bounds: Bounds) -> int | None:
             _feed(reader, ProcessMap(0, shift=0, id_base=0, tids=itertools.count()), None)
             meta = reader.meta
     base = meta.get("baseTimeNanoseconds")
-    if isinstance(base, int) and not isinstance(base, bool):
+    rel = os.path.relpath(record["_file"], root)
+    if isinstance(base, int) and not isinstance(base, bool) and 0 <= base < 1 << 63:
         return base
-    print(f"{_PROG}: note: {os.path.relpath(record['_file'], root)} has no "
-          "baseTimeNanoseconds: its timestamps are taken as Unix microseconds", file=sys.stderr)
+    if "baseTimeNanoseconds" in meta:  # thousands of digits would overflow every shift
+        say(f"{_PROG}: note: {rel}: its baseTimeNanoseconds is no time in nanoseconds (a "
+            "whole number from 0 to 2**63): its timestamps are taken as Unix microseconds")
+    else:
+        say(f"{_PROG}: note: {rel} has no baseTimeNanoseconds: its timestamps are taken "
+            "as Unix microseconds")
     return None
 
 
@@ -212,8 +227,8 @@ def _copy(r: dict[str, Any], rel: str, proc: ProcessMap, writer: EventWriter,
     with bounds.open(r["_file"]) as reader:
         _feed(reader, proc, writer)
     if reader.not_objects:
-        print(f"{_PROG}: note: {rel}: {reader.not_objects} entries of traceEvents "
-              "are not objects; left out", file=sys.stderr)
+        say(f"{_PROG}: note: {rel}: {reader.not_objects} entries of traceEvents are not "
+            "objects; left out")
     return reader.meta
 
 

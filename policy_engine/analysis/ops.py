@@ -22,6 +22,7 @@ MAX_OP_EVENTS = 1_000_000
 #: A gzipped trace whose text grows past this many times its compressed size is left
 #: unread (torch traces inflate 10 to 20 times; a gzip bomb, hundreds).
 MAX_RATIO = 100
+_HUGE = 1e18  # microseconds: 30,000 years; beyond it a timestamp is garbage (as summary's)
 
 
 # -- operators by self time ---------------------------------------------------------
@@ -43,8 +44,9 @@ def self_times(events: Iterator[Any], top: int, *, max_events: int = MAX_OP_EVEN
         if not isinstance(e, dict) or e.get("ph") != "X":
             continue
         ts, dur = e.get("ts"), e.get("dur")
-        if not isinstance(ts, (int, float)) or not isinstance(dur, (int, float)):
-            continue
+        if not isinstance(ts, (int, float)) or not isinstance(dur, (int, float)) \
+                or not (-_HUGE < ts < _HUGE and -_HUGE < dur < _HUGE):
+            continue  # no time: an integer of hundreds of digits would overflow the sums
         cat = e.get("cat")
         kind = kinds.setdefault((str(e.get("name")), str(cat)), len(kinds)) \
             if cat in OP_CATEGORIES else -1

@@ -18,9 +18,11 @@ from typing import Any
 from policy_engine.analysis.answers import WindowAnalysis
 from policy_engine.analysis.errors import AnalysisError
 from policy_engine.analysis.format import rank_spans
-from policy_engine.analysis.manifests import Scan
+from policy_engine.analysis.listing import Listing
+from policy_engine.analysis.manifests import read_lines
 from policy_engine.analysis.run import analyze_run
 from policy_engine.analysis.text import ms, notes, rank_rows, why
+from policy_engine.analysis.windows import Index
 from policy_engine.errors import printable
 
 #: (key, label, colour) of a bar's parts, left to right.
@@ -171,13 +173,27 @@ _STYLE = ("<style>.analysis .key{display:inline-block;padding:0 8px;margin-right
           + "</style>")
 
 
+def gather(root: str) -> tuple[dict[str, Any], Index]:
+    """The manifests under ``root`` read once, a line at a time, for the page's listing
+    (what :func:`~policy_engine.analysis.listing.collect` returns, each row holding what
+    the page shows) and for its analysis section (``index``, for :func:`section`)."""
+    listing = Listing(root, slim=True)
+    index = Index(from_traces=False)
+    index.problems = listing.problems
+    for found in read_lines(root, listing.problems):
+        listing.add(found)
+        index.add(found.line, found.manifest, found.place)
+    return listing.finish(), index
+
+
 def section(root: str, *, jobs: int = 1, max_traces: int = MAX_TRACES,
-            scan: Scan | None = None) -> str:
+            index: Index | None = None) -> str:
     """The analysis section of the report of the run under ``root``: whole windows, oldest
     first, while their traces fit in ``max_traces`` (the page stays quick to write);
-    ``scan``: the manifests, when the report read them already."""
+    ``index``: what the windows need of the manifests, when the report read them
+    already."""
     try:
-        result = analyze_run(root, jobs=jobs, max_traces=max_traces, scan=scan)
+        result = analyze_run(root, jobs=jobs, max_traces=max_traces, index=index)
     except AnalysisError as err:
         return (f'<section class="analysis"><h2>Analysis</h2><p class="note">'
                 f"{_esc(err)}</p></section>")

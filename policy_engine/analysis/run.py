@@ -17,22 +17,27 @@ import concurrent.futures
 import contextlib
 import os
 from collections.abc import Iterator
+from concurrent.futures.process import BrokenProcessPool
 from typing import Any
 
 from policy_engine.analysis.answers import RunAnalysis, WindowAnalysis
 from policy_engine.analysis.errors import AnalysisError
-from policy_engine.analysis.manifests import Place, Scan, load_summary
+from policy_engine.analysis.manifests import Scan, load_summary
 from policy_engine.analysis.spool import RankView, Spool
 from policy_engine.analysis.summary import problem, summarize
 from policy_engine.analysis.window import Figures
 from policy_engine.analysis.windows import (
     Entry,
+    Index,
+    Source,
+    absent,
     describe,
     from_folders,
     from_manifests,
     inside,
 )
-from policy_engine.errors import did_you_mean
+from policy_engine.errors import did_you_mean, printable
+from policy_engine.files.records import SummaryLine
 
 VERSION = 1
 #: Steps listed in a message about the steps a run captured; the rest are counted.
@@ -64,7 +69,7 @@ def _chosen(windows: list[dict[str, Any]], role: str | None, step: int | None,
             part in (w.get("holds") or w["role"].split("+")) for part in role.split("+"))]
         if not windows:
             raise AnalysisError(f"no role {role!r} under {root}: it holds "
-                                f"{', '.join(roles) or 'no traces'}"
+                                f"{', '.join(map(printable, roles)) or 'no traces'}"
                                 f"{did_you_mean(role, roles)}")
     if step is not None:
         every = windows
@@ -77,14 +82,16 @@ def _chosen(windows: list[dict[str, Any]], role: str | None, step: int | None,
 
 
 def _summary(path: str) -> dict[str, Any]:
-    """:func:`summarize`, with anything it did not expect said as the trace's error: one
-    trace no rule foresaw makes one rank unreadable, not the whole analysis."""
+    """:func:`summarize` of one trace, or its rank's ``error`` when summarising it raises:
+    a trace is untrusted, and one that trips a fault of the reader is that rank's problem
+    (said with the exception's type and message), not the end of the whole command."""
     try:
         return summarize(path)
     except MemoryError:
         return {"error": "out of memory while reading it"}
-    except Exception as err:
-        return {"error": f"it could not be summarised: {type(err).__name__}: {err}"}
+    except Exception as err:  # the last line of defence: summarize returns its errors
+        return {"error": f"reading it failed unexpectedly: {type(err).__name__}: "
+                         f"{printable(str(err), 300)}"}
 
 
 def summaries(files: list[str], jobs: int) -> list[dict[str, Any]]:
@@ -108,13 +115,36 @@ class _Readers:
             self.pool.shutdown(cancel_futures=True)
 
     def map(self, files: list[str]) -> Iterator[dict[str, Any]]:
+        """:func:`_summary` of each file, in order. A worker that dies (killed for its
+        memory, say) loses the traces it held: they are read again one at a time, each in
+        a worker of its own, so that only the trace that ends its worker again is
+        unreadable, and says so."""
         if self.jobs <= 1 or len(files) <= 1:
-            return map(_summary, files)
+            yield from map(_summary, files)
+            return
         if self.pool is None:
             self.pool = concurrent.futures.ProcessPoolExecutor(max_workers=self.jobs)
         # Small traces go to workers in batches: 4,096 ranks cost a few round trips each.
         chunk = max(1, min(64, len(files) // (self.jobs * 4)))
-        return self.pool.map(_summary, files, chunksize=chunk)
+        done = 0
+        try:
+            for found in self.pool.map(_summary, files, chunksize=chunk):
+                yield found
+                done += 1
+        except BrokenProcessPool:
+            self.pool.shutdown(cancel_futures=True)
+            self.pool = None
+            yield from map(_alone, files[done:])
+
+
+def _alone(path: str) -> dict[str, Any]:
+    """:func:`_summary` in a worker of its own; the trace is unreadable if it ends it."""
+    with concurrent.futures.ProcessPoolExecutor(max_workers=1) as pool:
+        try:
+            return pool.submit(_summary, path).result()
+        except BrokenProcessPool as err:
+            return {"error": "the process reading it ended abruptly "
+                             f"({type(err).__name__}: {err})"}
 
 
 def _expected(windows: list[dict[str, Any]]) -> dict[tuple[Any, Any], dict[str, set[int]]]:
@@ -142,27 +172,79 @@ def _wanted(expected: dict[tuple[Any, Any], dict[str, set[int]]],
     return set().union(*(by_role.get(role, set()) for role in w.get("holds") or (w["role"],)))
 
 
-def _from_summary(entry: Entry, detail: bool) -> dict[str, Any] | str:
-    """The figures of ``entry``'s summary line, or why they cannot be used (``detail``:
-    with its operators, checked; else without them)."""
-    place = entry.summary
-    if isinstance(place, Place):
-        try:
-            line = load_summary(place)
-        except ValueError as err:
-            return f"its summary line could not be read again: {err}"
-        if line.status != "complete":
-            return f"its summary line now says {line.status}"
-        found: Any = line.summary
-    else:
-        found = place
+def _where(source: Source) -> str:
+    """Where a summary line lies, for a message."""
+    if isinstance(source, SummaryLine):
+        return "the one read first"
+    return f"line {source.line} of {os.path.basename(source.file)}"
+
+
+def _line_of(source: Source) -> SummaryLine | str:
+    """A summary line the index kept (its place, read again; or the line), or why it
+    cannot be read."""
+    if isinstance(source, SummaryLine):
+        return source
+    try:
+        return load_summary(source)
+    except ValueError as err:
+        return f"its summary line could not be read again: {err}"
+
+
+def _figures(line: SummaryLine, detail: bool) -> dict[str, Any] | str:
+    """The figures of a summary line, or why they cannot be used (``detail``: with its
+    operators, checked; else without them)."""
+    if line.status != "complete":
+        return f"its summary line says {line.status}"
+    found: Any = line.summary
     why = problem(found, ops=detail)
     if why is not None:
-        return f"its summary line is not a summary: {why}"
+        return why
     figures: dict[str, Any] = dict(found)
     if not detail:
         figures.pop("ops", None)
     return figures
+
+
+def _chosen_summary(entry: Entry, detail: bool, readable: bool
+                    ) -> tuple[dict[str, Any] | None, str | None, list[tuple[str, str]]]:
+    """From the summary lines of one trace (one, as its rank writes them): the figures to
+    use; why a complete summary is refused; and what the window's readiness says (code,
+    message). A summary that cannot be used is passed over for the trace where it can be
+    read (``readable``). Lines that differ are not chosen between where the trace can be
+    read instead; where it cannot, the first usable one is used, and that is said."""
+    sources = entry.summary if isinstance(entry.summary, tuple) else (entry.summary,)
+    lines: list[tuple[SummaryLine, Source]] = []  # those that differ
+    refused = None
+    for source in sources:
+        if source is None:
+            continue
+        line = _line_of(source)
+        if isinstance(line, str):
+            refused = refused or line
+        elif all((line.status, line.summary) != (x.status, x.summary) for x, _ in lines):
+            lines.append((line, source))
+    usable: list[tuple[dict[str, Any], Source]] = []
+    for line, source in lines:
+        found = _figures(line, detail)
+        if isinstance(found, dict):
+            usable.append((found, source))
+        elif line.status == "complete":
+            refused = refused or found
+    if len(lines) > 1:
+        twice = f"its trace has {len(lines)} summary lines that differ"
+        if readable:
+            return None, None, [("duplicate_rank", f"{twice}: the trace is read instead")]
+        if usable:
+            return usable[0][0], None, [("duplicate_rank", (
+                f"{twice}, and the trace is not there to read: the first usable one "
+                f"({_where(usable[0][1])}) is used"))]
+        return None, refused, [("duplicate_rank", f"{twice}; none can be used")]
+    if usable:
+        return usable[0][0], None, []
+    if refused is not None and readable:
+        return None, refused, [("summary_refused", f"its summary cannot be used ({refused}): "
+                                "the trace is read instead")]
+    return None, refused, []
 
 
 class _Window:
@@ -191,20 +273,31 @@ class _Window:
 
     def run(self, readers: _Readers, root: str) -> None:
         pending: list[tuple[int, Entry]] = []
+        for entry, message in self.w.get("twice") or ():
+            used = next((e.path for e in self.w["traces"] if e.rank == entry.rank), None)
+            self.places.append((entry.rank, *self.spool.add(self.figures.left_out(
+                {"rank": entry.rank, "path": entry.path, "status": entry.status}, used,
+                message))))
         for index, entry in enumerate(self.w["traces"]):
             if entry.summary is None:
                 pending.append((index, entry))
                 continue
-            found = _from_summary(entry, self.detail)
-            if isinstance(found, dict):
-                self.add(entry, index, found)
-                continue
             file = os.path.join(root, entry.path) if entry.path else ""
-            if file and inside(file, root) and os.path.isfile(file):
+            readable = bool(file) and inside(file, root) and os.path.isfile(file)
+            found, refused, said = _chosen_summary(entry, self.detail, readable)
+            for code, message in said:
+                self.figures.say(code, f"rank {entry.rank}: {message}", entry.rank)
+            if found is not None:
+                self.add(entry, index, found)
+            elif readable:
                 pending.append((index, entry._replace(file=file)))  # read the trace instead
             else:
-                self.add(entry, index, {"error": f"{found}, and the trace is not there to "
-                                                 "be read instead"})
+                why = ("outside the folder analysed: not read" if file and not inside(
+                    file, root) else absent(file) if file else "no file is named")
+                if refused:  # the summary was there: say why it is not used
+                    why = (f"its summary cannot be used ({refused}), and the trace cannot "
+                           f"be read instead: {why}")
+                self.add(entry, index, {"error": why})
         files = [str(e.file) for _i, e in pending]
         for (index, entry), summary in zip(pending, readers.map(files), strict=True):
             self.add(entry, index, summary)
@@ -225,18 +318,21 @@ class _Window:
 
 def analyze_run(root: str, *, role: str | None = None, step: int | None = None,
                 jobs: int = 1, max_traces: int | None = None, from_traces: bool = False,
-                scan: Scan | None = None, detail: bool = False) -> RunAnalysis:
+                scan: Scan | None = None, index: Index | None = None,
+                detail: bool = False) -> RunAnalysis:
     """The analysis of every capture window under ``root`` that ``role`` and ``step``
     choose. AnalysisError when nothing is chosen. ``max_traces``: read whole windows, oldest
     first, while their traces fit in it (the first one always); the others say only why
     they exist, with ``not_analysed`` saying why not more. A trace whose rank summarised
     it (a ``summary`` line in its manifest) is not read, unless ``from_traces``: its
     figures are the summary's, and the trace need not be there. ``scan``: the manifests
-    under ``root``, when the caller read them already; ``detail``: each window keeps what
+    under ``root``, when the caller read them already (or ``index``: what the windows need
+    of them, gathered already); ``detail``: each window keeps what
     the comparison of two runs reads (operators, how it was recorded)."""
     if not os.path.isdir(root):
         raise AnalysisError(f"{root} is not a folder")
-    windows, problems, notes = from_manifests(root, from_traces=from_traces, scan=scan)
+    windows, problems, notes = from_manifests(root, from_traces=from_traces, scan=scan,
+                                              index=index)
     manifests = bool(windows or problems)
     if not manifests:
         windows = from_folders(root)
@@ -247,8 +343,8 @@ def analyze_run(root: str, *, role: str | None = None, step: int | None = None,
     expected = _expected(windows)
     windows = _chosen(windows, role, step, root)
     left = max_traces
-    for index, w in enumerate(windows):
-        if left is not None and index and len(w["traces"]) > left:
+    for nth, w in enumerate(windows):
+        if left is not None and nth and len(w["traces"]) > left:
             w["not_analysed"] = (f"not analysed here: over the {max_traces} traces read "
                                  "(policy-engine analyze DIR reads every window)")
             w["traces"], w["skipped"], left = [], [], 0

@@ -32,6 +32,9 @@ from policy_engine.analysis.intervals import (
 )
 
 STEP = re.compile(r"ProfilerStep\s*#\s*(\d+)$")
+#: A step number has at most this many digits (any count of steps fits in 64 bits); a
+#: longer one makes the trace unreadable, not an integer of thousands of digits.
+STEP_DIGITS = 18
 #: CPU operators and ranges that are collectives (torch's c10d ops, the ranges the
 #: process group backends record, and the one c10d wraps every collective in).
 CPU_COMM = re.compile(r"(c10d::|c10d_functional::|_c10d_functional::|gloo:|nccl:|hccl|"
@@ -78,6 +81,10 @@ def _kind(cat: str, name: str) -> int:
             return _COMM
         return _REGION if cat == "user_annotation" else _OPS
     return _SKIP
+
+
+class _BadEvent(ValueError):
+    """An event that makes the whole trace unreadable."""
 
 
 class _Pass:
@@ -127,7 +134,11 @@ class _Pass:
         else:
             found = STEP.match(key[1])
             assert found is not None  # _kind matched it
-            self.steps.append((int(found.group(1)), ts, ts + dur))
+            digits = found.group(1)
+            if len(digits) > STEP_DIGITS:
+                raise _BadEvent(f"a ProfilerStep row's step number has {len(digits)} digits "
+                                f"(at most {STEP_DIGITS})")
+            self.steps.append((int(digits), ts, ts + dur))
 
     def _first(self, cat: str, name: str) -> int:
         """The kind of a (category, name) not seen before; notes names for readiness."""
@@ -207,8 +218,11 @@ def summarize(path: str) -> dict[str, Any]:
     try:
         size = os.path.getsize(path)
         with TraceReader(path, max_ratio=MAX_RATIO) as reader:
-            for event in reader.events():
-                p.event(event)
+            try:
+                for event in reader.events():
+                    p.event(event)
+            except _BadEvent as err:
+                return {"error": f"{err}, at event {reader.count} of traceEvents"}
             meta, count = reader.meta, reader.count
     except TraceError as err:
         return {"error": str(err)}
@@ -275,6 +289,12 @@ def _number(v: Any) -> bool:
     return (t is _FLOAT or t is _INT) and 0 <= v < _HUGE
 
 
+def _negative(v: Any) -> bool:
+    """A number below zero (a figure that cannot be a time)."""
+    t = type(v)
+    return (t is _FLOAT or t is _INT) and -_HUGE < v < 0
+
+
 def _count(v: Any) -> bool:
     return type(v) is _INT and 0 <= v < 1 << 63
 
@@ -283,24 +303,40 @@ def _names(v: Any) -> bool:
     return isinstance(v, list) and len(v) <= MAX_STEPS and all(isinstance(x, str) for x in v)
 
 
-def _step_problem(i: int, row: Any) -> str | None:
+def _step_problem(i: int, row: Any, cpu: bool) -> str | None:
     if type(row) is not dict:
         return f"step {i} is not an object"
     for key in _STEP_KEYS:
         value = row.get(key)
         if not _number(value):
-            return (f"step {i} lacks {key}" if value is None else
-                    f"step {i}'s {key} is not a time (a number from 0): {value!r:.40}")
-    span = row["span_us"]
-    most = span + _SLACK + span * 1e-6
-    for key in _SPAN_PARTS:
-        if row[key] > most:
-            return f"step {i}'s {key} ({row[key]}) is longer than its span ({span})"
-    if row["overlap_us"] > min(row["compute_us"], row["comm_us"]) + _SLACK + span * 1e-6:
-        return f"step {i}'s overlap is longer than its compute or its communication"
+            if _negative(value):
+                return f"step {i}'s time is negative" if key == "time_us" else \
+                    f"step {i}: a figure is negative"
+            return f"step {i} lacks a figure"
     number = row.get("step")
     if number is not None and not _count(number):
         return f"step {i} has no step number"
+    if cpu and abs(row["time_us"] - row["span_us"]) > _SLACK:
+        return f"step {i}'s time is not its span (on the CPU they are one range)"
+    why = _parts_problem(row, row["span_us"])
+    return None if why is None else f"step {i}: {why}"
+
+
+def _parts_problem(row: dict[str, Any], span: float) -> str | None:
+    """Why a breakdown (a step's, or the device's over ``span``) is not one
+    :func:`_breakdown` can make: a part longer than the span, overlap longer than compute
+    or communication, or parts that do not sum to the span; within rounding (each figure
+    is rounded to 0.001 µs)."""
+    slack = _SLACK + span * 1e-9
+    for key in _SPAN_PARTS:
+        if row[key] > span + slack:
+            return "a part is longer than its span"
+    if row["overlap_us"] > min(row["compute_us"], row["comm_us"]) + slack:
+        return "its overlap is longer than its compute or its communication"
+    parts = row["compute_us"] + row["comm_us"] - row["overlap_us"] + row["other_us"] \
+        + row["idle_us"]
+    if abs(parts - span) > slack:
+        return "its parts do not sum to its span"
     return None
 
 
@@ -329,14 +365,23 @@ def problem(summary: Any, *, ops: bool = True) -> str | None:
     steps = summary.get("steps")
     if type(steps) is not list or len(steps) > MAX_STEPS:
         return "its steps are not a list"
+    cpu = summary["basis"] == "cpu"
     for i, row in enumerate(steps):
-        why = _step_problem(i, row)
+        why = _step_problem(i, row, cpu)
         if why is not None:
             return why
     device = summary.get("device")
-    if device is not None and not (type(device) is dict
-                                   and all(_number(v) for v in device.values())):
-        return "its device breakdown is not times"
+    if device is not None:
+        if type(device) is not dict:
+            return "its device breakdown is not numbers"
+        for k in ("kernel_us", *_SPAN_PARTS):
+            value = device.get(k)
+            if not _number(value):
+                return "its device breakdown: a figure is negative" if _negative(value) \
+                    else "its device breakdown is not numbers"
+        why = _parts_problem(device, device["kernel_us"])
+        if why is not None:
+            return f"its device breakdown: {why}"
     regions = summary.get("regions")
     if type(regions) is not dict or len(regions) > MAX_REGIONS:
         return "its regions are not counts and times"
@@ -353,6 +398,12 @@ def problem(summary: Any, *, ops: bool = True) -> str | None:
     for key in _COUNTS:
         if not _count(facts.get(key)):
             return "its facts lack a count"
+    if (summary["basis"] == "gpu") != (facts["kernels"] > 0) or \
+            facts["comm_kernels"] > facts["kernels"]:
+        return "its basis and its kernel counts disagree"
+    numbered = sum(1 for row in steps if row.get("step") is not None)
+    if numbered != facts["profiler_steps"] or len(steps) - numbered > (not numbered):
+        return "its steps and its count of ProfilerStep rows disagree"
     info = facts.get("distributed_info")
     if info is not None and type(info) is not dict:
         return "its distributed_info is not an object"

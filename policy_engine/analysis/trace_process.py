@@ -96,7 +96,11 @@ class ProcessMap:
         event["tid"] = self._tid(pid, event.get("tid"))
         ts = event.get("ts")
         if self._shift and isinstance(ts, (int, float)) and not isinstance(ts, bool):
-            event["ts"] = ts + self._shift
+            try:
+                event["ts"] = ts + self._shift
+            except OverflowError:  # an integer past a float's range moved by a fraction
+                raise TraceError(f"a timestamp of {len(str(abs(ts)))} digits: no time") \
+                    from None
         if self._id_base:
             if ph in _ID_PHASES and "id" in event:
                 event["id"] = self._id(event["id"])

@@ -45,6 +45,8 @@ MAX_NAMES = 4096
 MAX_LISTED = 64
 #: Distinct reasons a rank could not be read, listed per window (the rest are counted).
 MAX_REASONS = 64
+#: Why one of a rank's traces in a window is used over the others.
+USED_FIRST = "complete before partial, then the first recorded"
 
 
 def spread(values: Iterable[float]) -> dict[str, float] | None:
@@ -130,8 +132,8 @@ class _Compared:
     of their n-th step), the mean step and its parts over every (rank, step), each rank's
     mean step, and each region's and operator's time per step."""
 
-    __slots__ = ("basis", "columns", "names_left_out", "ops", "rank_means", "ranks",
-                 "regions", "rows", "sums")
+    __slots__ = ("basis", "columns", "names_left_out", "no_steps", "ops", "rank_means",
+                 "ranks", "regions", "rows", "sums")
 
     def __init__(self) -> None:
         self.columns: list[array[float]] = []
@@ -144,10 +146,12 @@ class _Compared:
         self.ops: dict[tuple[str, str], float] = {}
         self.names_left_out = 0
         self.basis: set[str] = set()
+        self.no_steps: list[Any] = []
 
     def add(self, doc: dict[str, Any]) -> None:
         steps, counted = compared_steps(doc["steps"])
         if not steps:
+            self.no_steps.append(doc["rank"])
             return
         self.ranks += 1
         self.basis.add(str(doc.get("basis")))
@@ -207,8 +211,10 @@ class Figures:
         self.count = 0  # ranks added, readable or not
         self.unreadable: dict[str, list[Any]] = {}
         self.reasons_left_out = 0
-        self.seen: set[Any] = set()
-        self.twice: list[Any] = []
+        self.seen: dict[Any, Any] = {}  # rank -> the path of its trace analysed
+        self.times: dict[Any, int] = {}  # rank -> its traces, where it has several
+        self.twice: list[tuple[Any, str]] = []  # ranks left out, and what is said of them
+        self.said: list[tuple[str, str, Any]] = []  # (code, message, rank) to say
         self.no_steps: list[Any] = []
         self.no_info: list[Any] = []
         self.any_kernels = False
@@ -225,18 +231,20 @@ class Figures:
         """A rank of the window: ``doc`` is its summary with ``rank``, ``path`` and
         ``status``, or with ``error`` saying why it has none. Returns it as the window's
         ``ranks`` list shows it (``total`` added, or ``error`` for a rank seen before)."""
-        self.count += 1
         rank = doc["rank"]
         if doc.get("error"):
+            self.count += 1
             self._unreadable(str(doc["error"]), rank)
             return doc
         if isinstance(rank, int):
-            if rank in self.seen:
-                self.twice.append(rank)
-                return {"rank": rank, "path": doc.get("path"), "status": doc.get("status"),
-                        "error": "a second trace of this rank in the window: only the "
-                                 "first is analysed"}
-            self.seen.add(rank)
+            used = self.seen.get(rank)
+            if used is not None:  # a folder whose traces name the same rank
+                count = self.times[rank] = self.times.get(rank, 1) + 1
+                return self.left_out(doc, used, f"rank {rank} has {count} traces in this "
+                                     f"window: {used} is used ({USED_FIRST}); "
+                                     f"{doc.get('path')} is left out of every figure")
+            self.seen[rank] = doc.get("path")
+        self.count += 1
         steps = doc["steps"]
         total = doc["total"] = totals(steps)
         self.ranks.append(rank)
@@ -249,17 +257,31 @@ class Figures:
                 step = self.steps[row["step"]] = _Step()
             step.add(rank, row)
         for name, region in (doc.get("regions") or {}).items():
-            times = self.regions.get(name)
-            if times is None:
+            found = self.regions.get(name)
+            if found is None:
                 if len(self.regions) >= MAX_NAMES:
                     self.regions_left_out += 1
                     continue
-                times = self.regions[name] = array("d")
-            times.append(region["time_us"])
+                found = self.regions[name] = array("d")
+            found.append(region["time_us"])
         self._facts(rank, doc["facts"])
         if self.compared is not None:
             self.compared.add(doc)
         return doc
+
+    def left_out(self, doc: dict[str, Any], used: Any, message: str) -> dict[str, Any]:
+        """A trace of a rank whose other trace ``used`` is analysed instead: said in the
+        readiness (``message``), in no figure. Returns its entry in ``ranks``."""
+        self.count += 1
+        rank = doc["rank"]
+        self.twice.append((rank, message))
+        return {"rank": rank, "path": doc.get("path"), "status": doc.get("status"),
+                "error": f"another trace of rank {rank} in this window is used instead: "
+                         f"{used} ({USED_FIRST})"}
+
+    def say(self, code: str, message: str, rank: Any) -> None:
+        """Something the window's readiness says of one rank (``code``: its kind)."""
+        self.said.append((code, message, rank))
 
     def _unreadable(self, why: str, rank: Any) -> None:
         found = self.unreadable.get(why)
@@ -352,6 +374,10 @@ class Figures:
             add("ranks_missing", f"{len(missing)} rank(s) that record this role have no "
                 "readable trace in this window: they are left out of every comparison",
                 missing)
+        for code, message, rank in self.said:  # what reading the window's ranks showed
+            add(code, message, [rank])
+        for rank, message in self.twice:
+            add("duplicate_rank", message, [rank])
         for why, ranks in self.unreadable.items():
             if len(ranks) == 1:
                 add("unreadable", f"the trace of rank {ranks[0]} cannot be read: {why}",
@@ -362,10 +388,6 @@ class Figures:
         if self.reasons_left_out:
             add("unreadable", f"{self.reasons_left_out} more rank(s) cannot be read, for "
                 f"reasons beyond the first {MAX_REASONS}")
-        if self.twice:
-            add("rank_twice", "rank(s) with more than one trace in this window (two lines "
-                "of the manifests name the same rank): only the first of each is analysed",
-                self.twice)
         if not self.ranks:
             if not self.count and window.get("other"):
                 kinds = sorted({str(o.get("backend")) for o in window["other"]})

@@ -31,6 +31,7 @@ from policy_engine.analysis.manifests import (
     read_lines,
 )
 from policy_engine.analysis.spool import dumps_sorted
+from policy_engine.analysis.window import USED_FIRST
 from policy_engine.analysis.window_roles import (
     TORCH_SUFFIXES,
     is_torch,
@@ -45,16 +46,24 @@ _ALSO = 16  # ranks listed whose capture has another trigger than the window's f
 MAX_NOTES = 10_000
 
 
+#: A summary line as the index keeps it: where it lies (read again when its window is
+#: analysed), or the line itself (from a scan that holds every record).
+Source = Place | SummaryLine
+#: Summary lines kept per trace (its rank writes one; a forged manifest, any number).
+MAX_SUMMARY_LINES = 8
+
+
 class Entry(NamedTuple):
     """One torch trace of a window: where it is (``path`` relative to the folder
     analysed; ``file`` to read, None where only its summary is kept) and its rank's
-    summary line (``summary``: where it lies, read when the window is analysed)."""
+    summary lines (``summary``: one, as its rank writes them; None where there is
+    none)."""
 
     rank: Any
     path: str | None
     file: str | None
     status: Any
-    summary: Place | dict[str, Any] | None
+    summary: Source | tuple[Source, ...] | None
 
 
 class _Trace(NamedTuple):
@@ -191,11 +200,12 @@ class Index:
         self.share = _Shared()
         self.traces: list[_Trace] = []
         self.limits: dict[tuple[str, str], str] = {}  # a close line's limit, by capture
-        self.summaries: dict[tuple[str, Any], Place | dict[str, Any] | None] = {}
+        self.summaries: dict[tuple[str, Any], Source | tuple[Source, ...]] = {}
         self.notes: dict[str, list[dict[str, Any]]] = {}
         self.notes_left_out = 0
         self.notes_kept = 0
         self.folders: dict[str, str] = {}
+        self.problems: list[ManifestProblem] = []
 
     def add(self, line: Line, manifest: str, place: Place | None) -> None:
         """One line of the manifest ``manifest`` (``place``: where it lies)."""
@@ -205,10 +215,14 @@ class Index:
             if self.from_traces:
                 return
             key = (manifest, line.path)
-            if line.status == "complete":  # else the trace is read, if it is there
-                self.summaries[key] = place if place is not None else _get(line.summary)
-            else:
-                self.summaries.pop(key, None)
+            source: Source = place if place is not None else line
+            found = self.summaries.get(key)
+            if found is None:
+                self.summaries[key] = source
+            elif not isinstance(found, tuple):
+                self.summaries[key] = (found, source)
+            elif len(found) < MAX_SUMMARY_LINES:
+                self.summaries[key] = (*found, source)
         elif line.EVENT == "close":
             limit = line.more.get("limit")
             if isinstance(limit, str):
@@ -228,8 +242,10 @@ class Index:
                 os.path.dirname(os.path.dirname(manifest)), root)
         return found
 
-    def read(self, root: str, problems: list[ManifestProblem]) -> None:
-        for found in read_lines(root, problems, wanted=_not_open):
+    def read(self, root: str) -> None:
+        """Every line of the manifests under ``root`` (their problems in
+        :attr:`problems`)."""
+        for found in read_lines(root, self.problems, wanted=_not_open):
             self.add(found.line, found.manifest, found.place)
 
 
@@ -244,24 +260,25 @@ def _not_open(raw: bytes) -> bool:
     return _OPEN not in raw
 
 
-def from_manifests(root: str, *, from_traces: bool = False, scan: Scan | None = None
+def from_manifests(root: str, *, from_traces: bool = False, scan: Scan | None = None,
+                   index: Index | None = None
                    ) -> tuple[list[dict[str, Any]], list[str], list[dict[str, Any]]]:
     """The windows under ``root`` (oldest first), problems with the manifests, and notes
     that belong to no window (a ``limits`` budget spent, a trigger request missed). A
     trace whose rank wrote its summary to the manifest carries it (``summary``: where the
     line lies, or the figures themselves when ``scan`` holds them) and is not read again,
-    unless ``from_traces``; ``scan``: the manifests, already read."""
-    index = Index(from_traces=from_traces)
-    found_problems: list[ManifestProblem] = []
-    if scan is None:
-        index.read(root, found_problems)
-    else:
-        for r in scan.records:
-            index.add(from_json({k: v for k, v in r.items() if not k.startswith("_")}),
-                      r["_manifest"], None)
-        found_problems = list(scan.problems)
+    unless ``from_traces``; ``scan`` or ``index``: the manifests, already read."""
+    if index is None:
+        index = Index(from_traces=from_traces)
+        if scan is None:
+            index.read(root)
+        else:
+            for r in scan.records:
+                index.add(from_json({k: v for k, v in r.items() if not k.startswith("_")}),
+                          r["_manifest"], None)
+            index.problems = list(scan.problems)
     problems = [f"manifest {p.path}{f':{p.line}' if p.line else ''}: {p.why}"
-                for p in found_problems]
+                for p in index.problems]
     traces: list[_Trace] = index.traces
     traces.sort(key=lambda r: r.start if isinstance(r.start, (int, float)) else 0)
     found: dict[tuple[Any, ...], dict[str, Any]] = {}
@@ -299,7 +316,40 @@ def from_manifests(root: str, *, from_traces: bool = False, scan: Scan | None = 
     for window in found.values():
         window.pop("_last", None)
         window.pop("identities", None)
+        window["twice"] = _one_per_rank(window)
     return list(found.values()), problems, loose
+
+
+def _one_per_rank(window: dict[str, Any]) -> list[tuple[Entry, str]]:
+    """A rank with several traces in the window (two trace lines name it) keeps one: a
+    complete one rather than a partial one, else the first recorded. The others leave
+    ``traces``; returned, each with what the window's readiness says of it."""
+    seen: set[int] = set()
+    twice: set[int] = set()
+    for e in window["traces"]:
+        if isinstance(e.rank, int):
+            if e.rank in seen:
+                twice.add(e.rank)
+            seen.add(e.rank)
+    if not twice:
+        return []
+    by_rank: dict[int, list[Entry]] = {}
+    kept: list[Entry] = []
+    for e in window["traces"]:
+        if e.rank in twice:
+            by_rank.setdefault(e.rank, []).append(e)
+        else:
+            kept.append(e)
+    out = []
+    for rank, entries in by_rank.items():
+        used, *rest = sorted(entries, key=lambda e: e.status not in (None, "complete"))
+        kept.append(used)
+        for e in rest:
+            out.append((e, f"rank {rank} has {len(entries)} traces in this window: "
+                           f"{used.path} is used ({USED_FIRST}); {e.path} is left out of "
+                           "every figure"))
+    window["traces"] = kept
+    return out
 
 
 def _loose(note: dict[str, Any]) -> str:
@@ -343,7 +393,7 @@ def _place(window: dict[str, Any], r: _Trace, root: str, index: Index) -> None:
         window["skipped"].append({"rank": rank, "path": rel,
                                   "why": "outside the folder analysed: not read"})
     elif not os.path.isfile(full):
-        window["skipped"].append({"rank": rank, "path": rel, "why": _absent(full)})
+        window["skipped"].append({"rank": rank, "path": rel, "why": absent(full)})
     else:
         window["traces"].append(Entry(rank, rel, full, r.status, None))
 
@@ -363,7 +413,7 @@ def _identify(identity: dict[str, Any], r: _Trace) -> None:
                 mesh[str(dim)] = max(mesh.get(str(dim), 0), at + 1)
 
 
-def _absent(path: str) -> str:
+def absent(path: str) -> str:
     """Why a trace the manifest names cannot be read as one: not there, or not a file."""
     if not os.path.lexists(path):
         return "missing: the manifest names it, but it is not on disk"
@@ -393,7 +443,7 @@ def from_folders(root: str) -> list[dict[str, Any]]:
             "why": None, "traces": [Entry(None, os.path.normpath(os.path.join(rel, n)),
                                           os.path.join(folder, n), None, None)
                                     for n in names],
-            "skipped": [], "limits": [], "dropped": [], "other": []})
+            "skipped": [], "limits": [], "dropped": [], "other": [], "twice": []})
     return windows
 
 

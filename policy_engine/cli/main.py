@@ -11,7 +11,7 @@ from typing import Any
 
 from policy_engine.analysis.errors import AnalysisError
 from policy_engine.cli.usage import UsageError
-from policy_engine.errors import PolicyError
+from policy_engine.errors import PolicyError, printable
 
 #: subcommand -> (module under policy_engine.cli, one line of help), in the order of a
 #: user's work (``--help`` lists them so): write and check a policy, launch, steer the
@@ -100,7 +100,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         code: int = args.run(args)
         return code
     except (UsageError, AnalysisError) as err:
-        print(f"policy-engine {args.command}: error: {err}", file=sys.stderr)
+        # Messages may quote the files read (names from manifests): each line printable.
+        said = "\n".join(map(printable, str(err).split("\n")))
+        print(f"policy-engine {args.command}: error: {said}", file=sys.stderr)
         return EXIT_USAGE
     except PolicyError as err:
         print(err, file=sys.stderr)

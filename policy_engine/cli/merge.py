@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 from typing import Any
 
 from policy_engine.analysis.chrome_trace import TraceError
@@ -30,12 +29,14 @@ from policy_engine.analysis.merge import (
     merge,
     records,
     refuse_inputs,
+    say,
     skip_reason,
     span,
 )
 from policy_engine.analysis.merge_io import MAX_EVENTS, MAX_TRACE_MB, Bounds
 from policy_engine.cli._common import check_output, whole_number
 from policy_engine.cli.usage import UsageError
+from policy_engine.errors import printable
 
 _PROG = "policy-engine merge"
 EXIT_BAD_DATA = 1  # a trace of the window cannot be read
@@ -83,16 +84,16 @@ def run(args: argparse.Namespace) -> int:
             merged.append(r)
         else:
             shown = os.path.relpath(r["_file"], root) if r["_file"] else "(no file)"
-            print(f"{_PROG}: skipped {shown} (rank {r.get('rank')}): {why}", file=sys.stderr)
-    what = describe(window[0]["_key"], 2)
+            say(f"{_PROG}: skipped {shown} (rank {r.get('rank')}): {why}")
+    what = printable(describe(window[0]["_key"], 2))  # the manifests' names
     if not merged:
-        print(f"{_PROG}: error: no torch trace of {what} can be read", file=sys.stderr)
+        say(f"{_PROG}: error: no torch trace of {what} can be read")
         return EXIT_BAD_DATA
     try:
         events = merge(merged, root, out, args.force,
                        Bounds(args.max_trace_mb << 20, args.max_events))
-    except TraceError as err:
-        print(f"{_PROG}: error: {err}", file=sys.stderr)
+    except TraceError as err:  # it names the trace's path, as the manifest gave it
+        say(f"{_PROG}: error: {err}")
         return EXIT_BAD_DATA
     except FileExistsError:
         raise UsageError(f"{out} exists (--force replaces it)") from None

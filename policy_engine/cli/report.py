@@ -18,10 +18,8 @@ import os
 from typing import Any
 
 from policy_engine.analysis.compare_page import section as comparison
-from policy_engine.analysis.listing import collect
-from policy_engine.analysis.manifests import scan_manifests
 from policy_engine.analysis.ops import read_all_ops
-from policy_engine.analysis.report_analysis import section
+from policy_engine.analysis.report_analysis import gather, section
 from policy_engine.analysis.report_page import captures, render
 from policy_engine.cli._common import check_output, whole_number, write_output
 from policy_engine.cli.usage import UsageError
@@ -57,14 +55,13 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"{args.dir} is not a folder")
     out = args.output
     check_output(out, "the page", args.force)
-    scan = scan_manifests(args.dir)  # read once: the listing and the analysis share it
-    data = collect(args.dir, scan)
+    data, index = gather(args.dir)  # the manifests read once, for the listing and analysis
     entries = captures(data, args.dir, os.path.dirname(os.path.abspath(out)))
     ops, notes = read_all_ops(entries, args.dir, count=args.ops, top=args.top,
                               limit=args.max_trace_mb << 20, total=args.max_total_mb << 20)
     title = f"Captures under {os.path.abspath(args.dir)}"
     jobs = os.cpu_count() or 1
-    extra = [section(args.dir, jobs=jobs, scan=scan)]
+    extra = [section(args.dir, jobs=jobs, index=index)]
     if args.baseline is not None:
         extra.insert(0, comparison(args.baseline, args.dir, jobs=jobs))
     page = render(data, entries, ops, title=title, notes=notes, extra=extra)

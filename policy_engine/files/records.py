@@ -67,7 +67,9 @@ _CHECK = "check"  # a field's metadata: (check, what its value must be)
 
 
 def _is_int(v: Any) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
+    """An integer of 64 bits: JSON allows thousands of digits, which no field of a line
+    has, and which would overflow what a reader does with them (a float, a length)."""
+    return isinstance(v, int) and not isinstance(v, bool) and -(1 << 63) <= v < 1 << 63
 
 
 def _is_number(v: Any) -> bool:
@@ -109,9 +111,9 @@ def _must(check: Check, what: str, types: tuple[type, ...] = ()
 _NONE = type(None)
 _STR = _must(_is_str, "a string", (str,))
 _OPT_STR = _must(_opt(_is_str), "a string or null", (str, _NONE))
-_OPT_INT = _must(_opt(_is_int), "an integer or null", (int, _NONE))
+_OPT_INT = _must(_opt(_is_int), "an integer or null", (_NONE,))
 _LABELS = _must(_list_of(_is_label), "a list of integers or strings")
-_NUMBER = _must(_is_number, "a number", (int,))
+_NUMBER = _must(_is_number, "a number")
 _COUNT = _must(_is_count, "a count")
 _OPT_OBJECT = _must(_opt(_is_object), "an object or null", (dict, _NONE))
 
