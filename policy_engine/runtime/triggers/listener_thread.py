@@ -14,8 +14,10 @@ initialised (torchrun, Megatron, verl's workers), a named Ray actor under Ray wi
 (:mod:`~policy_engine.runtime.triggers.pick`), else the ``triggers/`` folder
 (:mod:`~policy_engine.runtime.triggers.folder`: request files, and progress files beside
 them). A process alone (world 1, ``channel: auto``) has no job to reach: its thread reads
-the folder only. A store that stops answering turns the job's channel off with one
-warning: the folder takes over.
+the folder only. Every call to the job's channel has a deadline
+(:mod:`~policy_engine.runtime.triggers.deadline`): a store that fails, or stops answering
+without closing its connection, turns the job's channel off with one warning, and the
+folder takes over.
 """
 
 from __future__ import annotations
@@ -38,6 +40,12 @@ from policy_engine.plan.plan import Plan
 from policy_engine.runtime.process.state import STATE, warn_once
 from policy_engine.runtime.triggers import folder as channel_folder
 from policy_engine.runtime.triggers.channel import JobChannel, agreed_step
+from policy_engine.runtime.triggers.deadline import (
+    CALL_SECONDS,
+    CONNECT_SECONDS,
+    BoundedKV,
+    CallThread,
+)
 from policy_engine.runtime.triggers.messages import Answer, Arrived, NotARequest, Post
 from policy_engine.runtime.triggers.pick import pick_channel
 from policy_engine.runtime.triggers.requests import (
@@ -111,15 +119,22 @@ class _Pace:
 class _Link:
     """The job's channel this process is on now (store or Ray), or none: the folder."""
 
-    __slots__ = ("channel", "cursor", "gone", "kind", "slot", "where")
+    __slots__ = ("calls", "channel", "cursor", "gone", "kind", "slot", "where")
 
     def __init__(self) -> None:
         self.channel: JobChannel | None = None
+        self.calls: CallThread | None = None  # makes every call to it, within a deadline
         self.kind = "folder"
         self.where = ""
         self.slot = -1
         self.cursor = 0
         self.gone = False  # the job's channel failed: the folder from now on
+
+    def close(self) -> None:
+        """Done with the job's channel: its call thread ends (unless a call hangs it)."""
+        if self.calls is not None:
+            self.calls.close()
+        self.channel, self.calls = None, None
 
 
 class _Polls:
@@ -214,35 +229,43 @@ class ListenerThread:
         self._folder_tick(report)
 
     def _connect(self) -> None:
-        found = pick_channel(self.plan, self.triggers.channel)
+        found = pick_channel(self.triggers.channel)
         if found is None:
             return
         link = self.link
-        link.kind, link.where, channel = found
+        link.kind, link.where, connect = found
+        # every call to the channel on a thread of its own, waited for within a deadline:
+        # a store that hangs (SIGSTOP, a hung node) would hold this thread for ever
+        link.calls = CallThread(CALL_SECONDS, f"policy-engine-channel-{self.plan.role}")
+        channel = JobChannel(BoundedKV(link.calls.call(connect, seconds=CONNECT_SECONDS),
+                                       link.calls), self.plan.role)
+        try:  # where `policy-engine trigger` finds the channel: written before this
+            # process listens there, so that a command that reads no advert yet finds
+            # this process still reading the folder
+            channel_folder.advertise(self.plan.output_dir, link.kind, link.where)
+        except OSError as err:
+            warn_once(("advert", self.plan.output_dir), "policy-engine: cannot tell %s "
+                      "where the job's %s is (%s): `policy-engine trigger` needs --store",
+                      self.plan.output_dir, link.kind, err.strerror or err)
         link.slot = channel.register(json.dumps(
             {"rank": self.plan.rank, "pid": os.getpid(), "token": secrets.token_hex(8)}
         ).encode())
         link.cursor = channel.cursor()  # requests older than this process are not for it
         link.channel = channel
         self.live = True
-        try:  # where `policy-engine trigger` finds the channel
-            channel_folder.advertise(self.plan.output_dir, link.kind, link.where)
-        except OSError as err:
-            warn_once(("advert", self.plan.output_dir), "policy-engine: cannot tell %s "
-                      "where the job's %s is (%s): `policy-engine trigger` needs --store",
-                      self.plan.output_dir, link.kind, err.strerror or err)
 
     def _drop(self, err: BaseException, what: str = "stopped answering") -> None:
         """The job's channel is off for this process from now on: one warning."""
         link = self.link
-        subject = f"the job's {link.kind} at {link.where}" if link.channel is not None \
+        subject = f"the job's {link.kind} at {link.where}" if link.where \
             else "the job's channel"
         said = (str(err).strip().splitlines() or [""])[0][:200]
         warn_once(("channel-gone", self.plan.role),
                   "policy-engine: role %r: %s %s (%s: %s); trigger requests now come "
                   "through %s", self.plan.role, subject, what, type(err).__name__, said,
                   self.folder.path)
-        link.channel, link.gone, self.live = None, True, False
+        link.close()
+        link.gone, self.live = True, False
 
     def _job_tick(self, channel: JobChannel, report: dict[str, Any] | None) -> None:
         link = self.link
@@ -380,7 +403,10 @@ def _run(ref: weakref.ref[ListenerThread], polls: _Polls) -> None:
     goes on."""
     while True:
         listener = ref()
-        if listener is None or listener.stopped:
+        if listener is None:
+            return  # its channel's call thread ends as the listener is collected
+        if listener.stopped:
+            listener.link.close()
             return
         asked = polls.asked  # the polls asked for before this one began
         try:
