@@ -254,6 +254,26 @@ def test_a_store_that_dies_turns_the_channel_off_once(
     assert len(gone) == 1 and str(store.port) in gone[0].getMessage()
 
 
+def test_the_advert_is_written_before_the_listener_is_on_the_store(
+        make_policy: Any, tmp_path: Path, store: Served) -> None:
+    """A listener says where the job's channel is before it listens there: a command that
+    finds no advert yet writes to the folder, which that listener still reads."""
+    out = tmp_path / "out"
+    policy = make_policy(steps=[], ranks="all",
+                         triggers={"on_demand": True, "poll_seconds": 0.05})
+    job = JobChannel(store.kv, "actor")
+    with recording_backend("torch"):
+        ranks = Ranks(policy, 2, ranks=[0])
+        try:
+            deadline = time.monotonic() + 60
+            while not job.listeners():  # no pause: the first moment it is there
+                assert time.monotonic() < deadline
+            assert read_advert(str(out)) == {"kind": "store",
+                                             "where": f"127.0.0.1:{store.port}"}
+        finally:
+            ranks.close()
+
+
 def test_a_store_call_without_an_answer_is_given_up_at_its_deadline() -> None:
     """torch's client waits for ever on a server that accepts and never answers (as a
     stopped store does): the call is given up at its deadline, and every later call on
