@@ -39,7 +39,7 @@ from policy_engine.language.values.triggers import Triggers
 from policy_engine.plan.plan import Plan
 from policy_engine.runtime.process.state import STATE, warn_once
 from policy_engine.runtime.triggers import folder as channel_folder
-from policy_engine.runtime.triggers.channel import JobChannel, agreed_step
+from policy_engine.runtime.triggers.channel import JobChannel, Refused, agreed_step
 from policy_engine.runtime.triggers.deadline import (
     CALL_SECONDS,
     CONNECT_SECONDS,
@@ -256,6 +256,8 @@ class ListenerThread:
 
     def _drop(self, err: BaseException, what: str = "stopped answering") -> None:
         """The job's channel is off for this process from now on: one warning."""
+        if isinstance(err, Refused):  # the Ray actor is full
+            what = "refused a write"
         link = self.link
         subject = f"the job's {link.kind} at {link.where}" if link.where \
             else "the job's channel"
@@ -295,7 +297,7 @@ class ListenerThread:
             link.cursor += 1
             if item is not None:
                 self.inbox.append(item)
-        self._drain(channel)
+        self._drain(channel, reports)
 
     def _read(self, channel: JobChannel, index: int, data: bytes,
               reports: _Lazy) -> Arrived | NotARequest | None:
@@ -337,7 +339,7 @@ class ListenerThread:
             channel_folder.publish_progress(plan.output_dir, plan.role, plan.rank,
                                             self._report(report))
             self.written = report["step"]
-        self._drain(None)  # this process's own posts are read back below, with the rest
+        self._drain(None, None)  # this process's own posts are read back below, with the rest
         self._read_folder()
 
     def _read_folder(self) -> None:
@@ -353,21 +355,22 @@ class ListenerThread:
                     poll=self.triggers.poll_seconds)
 
     # -- what the training thread asked for ---------------------------------------------
-    def _drain(self, channel: JobChannel | None) -> None:
+    def _drain(self, channel: JobChannel | None, reports: _Lazy | None) -> None:
+        """What the training thread asked for; ``reports``: the role's progress on the
+        job's channel, read at most once a poll."""
         while self.outbox:
             match self.outbox.popleft():
                 case Answer(rid, fields):
                     if channel is not None:
                         channel.answer(rid, self.link.slot, fields)
                 case Post() as ask:
-                    self._post(channel, ask)
+                    self._post(channel, reports, ask)
 
-    def _post(self, channel: JobChannel | None, ask: Post) -> None:
+    def _post(self, channel: JobChannel | None, reports: _Lazy | None, ask: Post) -> None:
         """Post a request of this process (a signal, a slow step) at the agreed step."""
         plan = self.plan
-        reports = channel.reports() if channel is not None else \
-            channel_folder.read_progress(plan.output_dir, plan.role)
-        target = self._target(reports)
+        target = self._target(reports.get() if reports is not None else
+                              channel_folder.read_progress(plan.output_dir, plan.role))
         at = max(self.step, 0)
         if ask.why == "signal":
             claimed = channel.claim_signal(target, at) if channel is not None else \
