@@ -4,6 +4,7 @@ never reach training, and a store that dies turns the channel off with one warni
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import gc
 import json
@@ -11,6 +12,7 @@ import logging
 import os
 import random
 import signal
+import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -30,6 +32,7 @@ from policy_engine.runtime.triggers.channel import (
     agreed_step,
     connect_store,
 )
+from policy_engine.runtime.triggers.deadline import CallThread, abandoned
 from policy_engine.runtime.triggers.folder import read_advert
 from policy_engine.runtime.triggers.requests import request_body, write_request
 from policy_engine.testing import recording_backend
@@ -251,6 +254,58 @@ def test_a_store_that_dies_turns_the_channel_off_once(
     assert len(gone) == 1 and str(store.port) in gone[0].getMessage()
 
 
+def test_the_advert_is_written_before_the_listener_is_on_the_store(
+        make_policy: Any, tmp_path: Path, store: Served) -> None:
+    """A listener says where the job's channel is before it listens there: a command that
+    finds no advert yet writes to the folder, which that listener still reads."""
+    out = tmp_path / "out"
+    policy = make_policy(steps=[], ranks="all",
+                         triggers={"on_demand": True, "poll_seconds": 0.05})
+    job = JobChannel(store.kv, "actor")
+    with recording_backend("torch"):
+        ranks = Ranks(policy, 2, ranks=[0])
+        try:
+            deadline = time.monotonic() + 60
+            while not job.listeners():  # no pause: the first moment it is there
+                assert time.monotonic() < deadline
+            assert read_advert(str(out)) == {"kind": "store",
+                                             "where": f"127.0.0.1:{store.port}"}
+        finally:
+            ranks.close()
+
+
+def test_a_store_call_without_an_answer_is_given_up_at_its_deadline() -> None:
+    """torch's client waits for ever on a server that accepts and never answers (as a
+    stopped store does): the call is given up at its deadline, and every later call on
+    that client fails at once instead of waiting again."""
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(4)
+    held: list[socket.socket] = []
+
+    def accept() -> None:  # and never answer
+        with contextlib.suppress(OSError):
+            while True:
+                held.append(server.accept()[0])
+    threading.Thread(target=accept, daemon=True).start()
+    try:
+        calls = CallThread(name="test-store-call")
+        with pytest.raises(TimeoutError, match=r"no answer within 0\.5 s"):
+            # (torch's timeout bounds its tries to connect, not its wait for an answer)
+            calls.call(connect_store, "127.0.0.1", server.getsockname()[1], 2.0,
+                       seconds=0.5)
+        assert abandoned()
+        with pytest.raises(TimeoutError, match="an earlier call"):
+            calls.call(time.sleep, 0)
+    finally:  # no more connections, then none open: the call thread's call fails
+        server.shutdown(socket.SHUT_RDWR)
+        server.close()
+        for conn in held:
+            conn.close()
+    # ended before this process does (a thread left in torch's C++ at exit may abort it)
+    until(lambda: not abandoned())
+
+
 def test_a_signal_to_every_rank_is_one_capture_at_one_step(
         make_policy: Any, tmp_path: Path, store: Served) -> None:
     out = tmp_path / "out"
@@ -313,7 +368,7 @@ def test_the_command_falls_back_to_the_folder_when_the_advertised_store_is_gone(
     advertise(str(out), "store", f"127.0.0.1:{port}")
     assert main(["trigger", str(out), "--role", "actor"]) == 0
     said = capsys.readouterr()
-    assert "does not answer" in said.err and "writing the request under triggers/" in said.err
+    assert "does not answer" in said.err and "the request goes under triggers/" in said.err
     assert [p.suffix for p in (out / "triggers").iterdir() if p.is_file()
             and p.name != "channel"] == [".json"]
     # named on the command line, a store that does not answer is an error

@@ -4,6 +4,7 @@ keys, every listener reaches the same one by name, on a local Ray cluster."""
 from __future__ import annotations
 
 import json
+import logging
 import threading
 import time
 from pathlib import Path
@@ -14,9 +15,9 @@ from dist_scripts.ray_start import start_ray
 
 from policy_engine import Topology, apply_policy
 from policy_engine.analysis.manifests import scan_manifests
-from policy_engine.runtime.triggers.channel import JobChannel, agreed_step
+from policy_engine.runtime.triggers.channel import PREFIX, JobChannel, Refused, agreed_step
 from policy_engine.runtime.triggers.folder import read_advert
-from policy_engine.runtime.triggers.requests import request_body
+from policy_engine.runtime.triggers.requests import MAX_BYTES, request_body
 from policy_engine.testing import recording_backend
 
 ray = pytest.importorskip("ray")
@@ -49,9 +50,12 @@ def _listen(make_policy: Any, out: Path) -> None:
         try:
             job = JobChannel(actor_kv(), "actor")
             deadline = time.monotonic() + 60
-            while not (job.listeners() == 1 and any(job.reports())):
+            # (a slot holds its process's first report once it has one)
+            while not (job.listeners() == 1 and
+                       [r for r in job.reports() if isinstance(r, dict) and "step" in r]):
                 assert time.monotonic() < deadline
                 time.sleep(0.1)
+            # the listener said where the channel is before it listened there
             assert read_advert(str(out)) == {"kind": "ray", "where": "policy_engine_triggers"}
             _, body = request_body(role="actor", ranks=None,
                                    step=agreed_step(job.reports(), time.time(), 0.0), count=1)
@@ -130,4 +134,70 @@ def test_the_actor_lives_as_long_as_the_process_that_created_it(tmp_path: Path) 
         assert JobChannel(actor_kv(), "solo").listeners() == 0  # a new one
     finally:
         creator.kill()
+        ray.shutdown()
+
+
+def _each(calls: list[Any], batch: int = 4000) -> list[Any]:
+    """Ray calls made many at a time (as anyone on the cluster may), in batches that Ray
+    does not warn about; what each answered."""
+    found: list[Any] = []
+    for at in range(0, len(calls), batch):
+        found += ray.get([method.remote(*args) for method, *args in calls[at:at + batch]])
+    return found
+
+
+def test_the_actor_holds_no_more_than_a_store_channel_reader_keeps(
+        make_policy: Any, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Any process on the cluster may call the actor: values longer than a request are
+    refused (a 200 MiB one too), a flood of keys leaves it at its caps (the oldest
+    answers make room), and once junk fills it a write is refused with a clear error,
+    and a listener that cannot register there listens to the folder, with one warning."""
+    from policy_engine.runtime.triggers.ray_actor import MAX_HELD, MAX_KEYS, NAMESPACE, actor_kv
+
+    start_ray(num_cpus=1, namespace=NAMESPACE, include_dashboard=False, log_to_driver=False)
+    try:
+        kv = actor_kv()
+        for size in (MAX_BYTES + 1, 16 << 10, 200 << 20):
+            with pytest.raises(Refused, match=f"a value is at most {MAX_BYTES} bytes, not "
+                                              f"{size}"):
+                kv.set(f"{PREFIX}junk/{size}", b"x" * size)
+        with pytest.raises(Refused, match="a value is at most"):
+            kv.compare_set(f"{PREFIX}junk/cas", b"", b"x" * (MAX_BYTES + 1))
+        assert kv.usage()["keys"] == 0  # none of them stored
+
+        answers = [(kv.actor.set, f"{PREFIX}answer/flood-{i}/0", b"{}")
+                   for i in range(MAX_KEYS + 1000)]
+        assert set(_each(answers)) == {None}  # every one taken: the oldest made room
+        assert kv.usage()["keys"] == MAX_KEYS
+        job = JobChannel(kv, "actor")
+        job.register(b'{"who": "a listener"}')  # a new key: an answer made room
+        assert not kv.has(f"{PREFIX}answer/flood-1000/0")
+        assert kv.has(f"{PREFIX}answer/flood-{MAX_KEYS + 999}/0")
+
+        junk = [(kv.actor.set, f"{PREFIX}junk/{i}", b"x" * MAX_BYTES)
+                for i in range(MAX_HELD // MAX_BYTES + 100)]
+        refused = [said for said in _each(junk) if said is not None]
+        assert refused and all("the most it may" in said for said in refused)
+        for i in range(MAX_BYTES):  # the last bytes, until not even a small value fits
+            if ray.get(kv.actor.set.remote(f"{PREFIX}junk/small-{i}", b"x" * 64)):
+                break
+        usage = kv.usage()  # (and so no poll of a listener can fetch more)
+        assert usage["keys"] <= MAX_KEYS and MAX_HELD - 200 <= usage["bytes"] <= MAX_HELD
+        _, body = request_body(role="actor", ranks=None, step=5, count=1)
+        with pytest.raises(Refused, match="the most it may"):
+            job.post(body)  # the one who posts is told
+
+        policy = make_policy(steps=[], ranks="all",
+                             triggers={"on_demand": True, "poll_seconds": 60})
+        with recording_backend("torch"), caplog.at_level(logging.WARNING, "policy_engine"):
+            prof = apply_policy(Worker(), "actor", policy, Topology(rank=1, world=2))
+            try:
+                thread = prof._listener.thread  # type: ignore[union-attr]
+                assert thread.poll_now(60) and thread.poll_now(60)
+                assert not thread.live
+            finally:
+                prof.close()
+        gone = [r.getMessage() for r in caplog.records if "refused a write" in r.getMessage()]
+        assert len(gone) == 1 and "trigger requests now come through" in gone[0], gone
+    finally:
         ray.shutdown()

@@ -337,3 +337,95 @@ def test_trigger_says_in_one_line_that_the_store_went_away(tmp_path: Path) -> No
     assert len(lines) == 1, err
     assert lines[0].startswith(f"policy-engine trigger: error: the job's store at "
                                f"127.0.0.1:{port} stopped answering after 0 of 1 answer(s): "), err
+
+
+# -- a store that hangs: stopped, its connections left open ------------------------------
+
+_SERVER = """
+import datetime, sys, time
+import torch.distributed as dist
+store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
+                      timeout=datetime.timedelta(seconds=30))
+print(store.port, flush=True)
+time.sleep(600)
+"""
+_LOOP = """
+import os, time
+import torch.distributed as dist
+from policy_engine import apply_policy, load_policy
+class Worker:
+    pass
+dist.init_process_group("gloo")  # env://, a client of the agent's store, as under torchrun
+prof = apply_policy(Worker(), "trainer", load_policy("policy.yaml"))
+step = 0
+while not os.path.exists("stop"):
+    step += 1
+    with prof.training_step(step):
+        time.sleep(0.05)
+    with open(".steps", "w") as f:
+        f.write(str(step))
+    os.replace(".steps", "steps")
+prof.close()
+print("trained", step, "steps", flush=True)
+"""
+
+
+def test_a_store_that_hangs_hands_the_requests_to_the_folder(tmp_path: Path) -> None:
+    """The job's store stops answering without closing its connections (its process
+    stopped by SIGSTOP) while a training loop listens there: the loop goes on, its
+    listener gives the store up with one warning, and a request `policy-engine trigger`
+    writes under triggers/ (the store does not answer it either) is captured."""
+    import os
+    import signal
+
+    (tmp_path / "policy.yaml").write_text(POLICY)
+    server = subprocess.Popen([sys.executable, "-c", _SERVER], env=child_env(),
+                              stdout=subprocess.PIPE, text=True)
+    log = (tmp_path / "loop.log").open("w")
+    loop = None
+    try:
+        assert server.stdout is not None
+        port = int(server.stdout.readline())
+        env = {**child_env(), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+               "RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0",
+               "TORCHELASTIC_USE_AGENT_STORE": "True"}
+        loop = subprocess.Popen([sys.executable, "-c", _LOOP], cwd=tmp_path, env=env,
+                                stdout=log, stderr=subprocess.STDOUT)
+        client = dist.TCPStore("127.0.0.1", port, is_master=False, wait_for_workers=False,
+                               timeout=datetime.timedelta(seconds=10))
+        channel = JobChannel(StoreKV(client), "trainer")
+        until(lambda: loop.poll() is None and
+              [r for r in channel.reports() if isinstance(r, dict) and "step" in r],
+              "the loop listening on the store")
+        os.kill(server.pid, signal.SIGSTOP)
+        steps = tmp_path / "steps"
+        stopped_at = int(steps.read_text())
+        done = subprocess.run([sys.executable, "-m", "policy_engine", "trigger", "out",
+                               "--role", "trainer", "--wait", "60"], cwd=tmp_path,
+                              env=child_env(), capture_output=True, text=True,
+                              timeout=TIMEOUT)
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert f"the job's store at 127.0.0.1:{port} (from out/triggers/channel) does not " \
+               "answer" in done.stderr, done.stderr
+        assert "reads it only once its own calls to that store have failed" in done.stderr
+        assert "accepted: captures step" in done.stdout, done.stdout
+        [opened] = [r for r in scan_manifests(str(tmp_path / "out")).records
+                    if r["event"] == "open"]
+        assert opened["trigger"] == "on_demand"
+        assert int(steps.read_text()) > stopped_at + 20  # the loop never waited for it
+        (tmp_path / "stop").touch()
+        assert loop.wait(TIMEOUT) == 0  # and it ends while the store is still stopped
+    finally:
+        if loop is not None and loop.poll() is None:
+            loop.kill()
+            loop.wait()
+        log.close()
+        os.kill(server.pid, signal.SIGCONT)
+        server.kill()
+        server.wait()
+    said = (tmp_path / "loop.log").read_text()
+    gone = [line for line in said.splitlines() if "stopped answering" in line]
+    assert len(gone) == 1, said
+    assert f"the job's store at 127.0.0.1:{port} stopped answering (TimeoutError: no " \
+           "answer within 10 s)" in gone[0], said
+    assert "trained" in said

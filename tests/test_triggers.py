@@ -7,6 +7,7 @@ import json
 import logging
 import os
 import signal
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -341,3 +342,22 @@ def test_a_triggered_step_of_a_discrete_role_captures_each_region_call(
         prof.close()
     assert [(r["region"], r["steps"], r["trigger"]) for r in records(out, "open")] == [
         ("compute_log_prob", [3], "on_demand"), ("update_actor", [3], "on_demand")]
+
+
+def _listener_threads(role: str) -> list[threading.Thread]:
+    return [t for t in threading.enumerate()
+            if t.name == f"policy-engine-listener-{role}" and t.is_alive()]
+
+
+def test_applying_the_same_plan_again_keeps_one_listener_thread(make_policy: Any) -> None:
+    """apply_policy called again with the same plan returns the profiler the worker has,
+    without building another (whose listener thread would read the same requests)."""
+    policy = make_policy(steps=[], triggers={"on_demand": True, "poll_seconds": 60})
+    worker = Worker()
+    before = len(_listener_threads("actor"))
+    with recording_backend("torch"):
+        first = apply_policy(worker, "actor", policy, Topology(rank=0, world=1))
+        for _ in range(5):
+            assert apply_policy(worker, "actor", policy, Topology(rank=0, world=1)) is first
+        assert len(_listener_threads("actor")) - before == 1
+        first.close()

@@ -204,10 +204,12 @@ def _answers(output_dir: str, rid: str, role: str) -> dict[Any, _Process]:
 
 
 def _wait(output_dir: str, rid: str, role: str, seconds: float,
-          shown: set[Any] | None = None, settle: float | None = None) -> int:
+          shown: set[Any] | None = None, settle: float | None = None,
+          why_none: str | None = None) -> int:
     """Print the answers to request ``rid`` and its captures as they close; the exit
     status. It ends once every process that answered has settled and no new answer came
-    for ``settle`` seconds (None: :data:`_SETTLE`), or at the deadline."""
+    for ``settle`` seconds (None: :data:`_SETTLE`), or at the deadline. ``why_none``: why
+    no process may have answered, when there is more to say than how processes listen."""
     settle = _SETTLE if settle is None else settle
     deadline = time.monotonic() + seconds
     shown = set() if shown is None else shown
@@ -233,9 +235,10 @@ def _wait(output_dir: str, rid: str, role: str, seconds: float,
             for path in capture.get("paths") or ["(no file)"]:
                 print(f"  rank {capture.get('rank')} steps {steps}: {status}: {path}")
     if not found:
-        print(f"policy-engine trigger: no process answered within {seconds:g} s (processes "
-              "of the role listen with triggers: {on_demand: true}, at their next "
-              "training_step after poll_seconds)", file=sys.stderr)
+        why = why_none or ("processes of the role listen with triggers: {on_demand: true}, "
+                           "at their next training_step after poll_seconds")
+        print(f"policy-engine trigger: no process answered within {seconds:g} s ({why})",
+              file=sys.stderr)
         return 1
     if all(p.done() for p in found.values()):
         return 0
@@ -264,8 +267,9 @@ def _run(args: argparse.Namespace) -> int:
     if len(args.role) > MAX_TEXT:
         raise UsageError(f"--role: at most {MAX_TEXT} characters")
     found = trigger_store.find_channel(root, args.store, args.role)
-    if found is not None:
+    if isinstance(found, tuple):
         return _over_store(args, found)
+    unanswered = found
     try:
         os.close(open_folder(root, REQUESTS_DIR, create=False))
     except FileNotFoundError:
@@ -281,6 +285,13 @@ def _run(args: argparse.Namespace) -> int:
     ranks = _ranks(args.ranks)
     step = args.steps if args.steps is not None else \
         trigger_store.folder_step(root, args.role)
+    if unanswered is not None:
+        said = unanswered.fell_back(root)
+        if step is None:  # the processes publish their progress there once they left it
+            said += ("; no process has written its progress under triggers/ yet, so each "
+                     "takes the next step it starts after reading the request (--steps N "
+                     "asks every one for the same step)")
+        print(f"policy-engine trigger: {said}", file=sys.stderr, flush=True)
     try:
         request = write_request(root, role=args.role, ranks=ranks, step=step,
                                 count=args.count)
@@ -292,7 +303,8 @@ def _run(args: argparse.Namespace) -> int:
         raise UsageError(str(err)) from None
     _said(request, args, ranks)
     if args.wait:
-        return _wait(root, request["id"], args.role, args.wait)
+        return _wait(root, request["id"], args.role, args.wait,
+                     why_none=unanswered.unanswered() if unanswered is not None else None)
     return 0
 
 

@@ -8,10 +8,8 @@ from __future__ import annotations
 import os
 import socket
 import sys
-import threading
 import time
-from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any
 
 from policy_engine.cli.usage import UsageError
 from policy_engine.runtime.triggers.channel import (
@@ -21,20 +19,24 @@ from policy_engine.runtime.triggers.channel import (
     connect_store,
     quiet_torch,
 )
+from policy_engine.runtime.triggers.deadline import (
+    CALL_SECONDS,
+    CONNECT_SECONDS,
+    BoundedKV,
+    CallThread,
+    abandoned,
+)
 from policy_engine.runtime.triggers.folder import read_advert, read_progress
 from policy_engine.runtime.triggers.requests import request_body
 
-__all__ = ["CALL_SECONDS", "CONNECT_SECONDS", "answered", "find_channel", "folder_step",
-           "leave", "post", "say", "stuck"]
+__all__ = ["CALL_SECONDS", "CONNECT_SECONDS", "Unanswered", "answered", "find_channel",
+           "folder_step", "leave", "post", "say", "stuck"]
 
 _POLL = 0.5
-#: Seconds to reach the store (resolve, connect, its handshake), and for each call after:
-#: a server that accepts and never answers is given up on, not waited for.
-CONNECT_SECONDS = 12.0
-CALL_SECONDS = 10.0
+#: Seconds one try of torch's handshake may take (a stalled one is tried again on a new
+#: connection, within :data:`CONNECT_SECONDS` in all); every call after has
+#: :data:`CALL_SECONDS`: a server that accepts and never answers is given up on.
 _TRY_SECONDS = 4.0
-_T = TypeVar("_T")
-_STUCK: list[threading.Thread] = []  # store calls given up on, still blocked in C++
 
 
 def _address(text: str) -> tuple[str, int]:
@@ -44,30 +46,9 @@ def _address(text: str) -> tuple[str, int]:
     return host.strip("[]"), int(port)
 
 
-def _bounded(call: Callable[..., _T], seconds: float, *args: Any) -> _T:
-    """``call(*args)`` on a thread of its own, given up after ``seconds`` (TimeoutError):
-    torch's store calls block in C++, where no signal or timeout of ours reaches."""
-    box: dict[str, Any] = {}
-
-    def run() -> None:
-        try:
-            box["value"] = call(*args)
-        except BaseException as err:  # handed to the caller
-            box["error"] = err
-    thread = threading.Thread(target=run, name="policy-engine-store-call", daemon=True)
-    thread.start()
-    thread.join(seconds)
-    if thread.is_alive():
-        _STUCK.append(thread)
-        raise TimeoutError(f"no answer within {seconds:.0f} s")
-    if "error" in box:
-        raise box["error"]
-    return box["value"]  # type: ignore[no-any-return]
-
-
 def stuck() -> bool:
     """Whether a store call was given up on and still blocks a thread."""
-    return any(t.is_alive() for t in _STUCK)
+    return abandoned()
 
 
 def leave(status: int) -> None:
@@ -78,28 +59,6 @@ def leave(status: int) -> None:
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(status)
-
-
-class _Timed:
-    """A :class:`KeyValue` whose every call is bounded (:func:`_bounded`)."""
-
-    def __init__(self, kv: KeyValue, seconds: float) -> None:
-        self.kv, self.seconds = kv, seconds
-
-    def get(self, key: str) -> bytes | None:
-        return _bounded(self.kv.get, self.seconds, key)
-
-    def gets(self, keys: list[str]) -> list[bytes | None]:
-        return _bounded(self.kv.gets, self.seconds, keys)
-
-    def has(self, key: str) -> bool:
-        return _bounded(self.kv.has, self.seconds, key)
-
-    def set(self, key: str, value: bytes) -> None:
-        _bounded(self.kv.set, self.seconds, key, value)
-
-    def compare_set(self, key: str, expected: bytes, new: bytes) -> bytes:
-        return _bounded(self.kv.compare_set, self.seconds, key, expected, new)
 
 
 def _connect(host: str, port: int) -> KeyValue:
@@ -122,8 +81,10 @@ def _connect(host: str, port: int) -> KeyValue:
         raise ConnectionError(err.strerror or str(err) or type(err).__name__) from None
     while True:
         left = deadline - time.monotonic()
+        calls = CallThread(CALL_SECONDS)  # a new one each try: a stalled one is given up
         try:
-            kv = _bounded(connect_store, min(left, _TRY_SECONDS), host, port, _TRY_SECONDS)
+            kv = calls.call(connect_store, host, port, _TRY_SECONDS,
+                            seconds=min(left, _TRY_SECONDS))
         except Exception as err:
             timed_out = isinstance(err, TimeoutError) or "timed out" in str(err)
             if timed_out and deadline - time.monotonic() > 1.0:
@@ -131,13 +92,37 @@ def _connect(host: str, port: int) -> KeyValue:
             if timed_out:
                 raise TimeoutError(f"no answer within {CONNECT_SECONDS:.0f} s") from None
             raise
-        return _Timed(kv, CALL_SECONDS)
+        return BoundedKV(kv, calls)
 
 
-def find_channel(output_dir: str, store: str | None, role: str) -> tuple[str, JobChannel] | None:
-    """The job's channel (``(where, channel)``), None when the job has none (the folder).
-    An advertised store that does not answer is a job that ended or lost it: its
-    processes listen to the folder then, so the request goes there."""
+class Unanswered:
+    """The store a job advertised, which did not answer this command: the request goes
+    to the folder, where a process reads it once its own calls to the store have failed
+    too (a job that ended or lost its store, or one that hangs)."""
+
+    def __init__(self, where: str, why: str) -> None:
+        self.where, self.why = where, why
+
+    def fell_back(self, output_dir: str) -> str:
+        """What the command did, and when the processes see it."""
+        return (f"the job's store at {self.where} (from {output_dir}/triggers/channel) does "
+                f"not answer ({self.why}); the request goes under triggers/ instead, where "
+                f"a process reads it only once its own calls to that store have failed "
+                f"too (each is given up after {CALL_SECONDS:g} s): a process that still "
+                "reaches the store does not read it (if only this machine cannot reach "
+                "the store, use --store HOST:PORT with an address that does)")
+
+    def unanswered(self) -> str:
+        """Why no process answered the request in the folder (``--wait``)."""
+        return (f"the processes read triggers/ only once their calls to the job's store at "
+                f"{self.where} have failed (each is given up after {CALL_SECONDS:g} s); "
+                "a process that still reaches it never reads the request")
+
+
+def find_channel(output_dir: str, store: str | None,
+                 role: str) -> tuple[str, JobChannel] | Unanswered | None:
+    """The job's channel (``(where, channel)``), None when the job has none (the folder),
+    :class:`Unanswered` when the store it advertised does not answer (the folder too)."""
     advertised = store is None
     if store is None:
         advert = read_advert(output_dir)
@@ -156,10 +141,7 @@ def find_channel(output_dir: str, store: str | None, role: str) -> tuple[str, Jo
         kv = _connect(host, port)
     except Exception as err:
         if advertised:
-            print(f"policy-engine trigger: the job's store at {host}:{port} (from "
-                  f"{output_dir}/triggers/channel) does not answer ({_first_line(err)}); "
-                  "writing the request under triggers/ instead", file=sys.stderr)
-            return None
+            return Unanswered(f"{host}:{port}", _first_line(err))
         raise UsageError(f"cannot reach the job's store at {host}:{port}: "
                          f"{_first_line(err)}") from None
     return f"{host}:{port}", JobChannel(kv, role)

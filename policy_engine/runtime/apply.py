@@ -108,16 +108,29 @@ def profile_session(policy: PolicyArg, role: str,
     ``policy``: a path, a mapping, a loaded Policy, or None for ``$PROFILE_POLICY``
     (profiling is off when that is unset too).
     """
+    return _profiler(*_plan(policy, role, topology))
+
+
+def _plan(policy: PolicyArg, role: str,
+          topology: Topology | None) -> tuple[Plan, tuple[str, ...] | None]:
+    """The role's plan in this process, and the policy's source files (None: no policy,
+    profiling is off)."""
     loaded = resolve_policy(policy)
     if loaded is None:
         topo = topology or Topology.discover()
-        return OffProfiler(Plan.off(build_role(role, {}), topo.rank, topo.world))
+        return Plan.off(build_role(role, {}), topo.rank, topo.world), None
     _check_role(loaded, role)
     plan = compile_plan(loaded, role, topology)
     _warn_missing_coordinates(loaded, plan)
-    if not plan.enabled:
+    return plan, loaded.sources
+
+
+def _profiler(plan: Plan, sources: tuple[str, ...] | None) -> Profiler:
+    """The profiler that carries ``plan`` out (a RoleProfiler starts the role's listener
+    thread when it has triggers: built only once it is known to be needed)."""
+    if sources is None or not plan.enabled:
         return OffProfiler(plan)
-    return RoleProfiler(plan, policy_sources=loaded.sources)
+    return RoleProfiler(plan, policy_sources=sources)
 
 
 def _applied(worker: object, role: str) -> tuple[RoleProfiler, Patches | None] | None:
@@ -155,15 +168,18 @@ def apply_policy(worker: object, role: str, policy: PolicyArg = None,
     same worker again returns the profiler it has when the plan is the same; otherwise
     the earlier profiler is closed and its wrappers removed first.
     """
-    prof = profile_session(policy, role, topology)
+    plan, sources = _plan(policy, role, topology)
     earlier = _applied(worker, role)
     if earlier is not None:
         found, patches = earlier
-        if isinstance(prof, RoleProfiler) and prof.plan == found.plan:
+        # compared before a profiler is built: a second one would start a second listener
+        # thread for the same plan, and leave it running beside the first
+        if sources is not None and plan.enabled and plan == found.plan:
             return found
         found.close()
         _unwrap(worker, role, patches)
         STATE.applied.pop((id(worker), role), None)
+    prof = _profiler(plan, sources)
     if isinstance(prof, OffProfiler):
         return prof
     patches = Patches()

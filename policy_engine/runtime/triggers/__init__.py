@@ -6,7 +6,8 @@
   requests, and the only one to make a network call or write a file of the channel.
 - ``messages``: what the two threads hand each other (inbox and outbox).
 - ``channel``, ``ray_actor``, ``folder``: the channel's transports (the job's c10d
-  store, a named Ray actor, the ``triggers/`` folder); ``pick`` says which one a job has.
+  store, a named Ray actor, the ``triggers/`` folder); ``pick`` says which one a job has;
+  ``deadline`` makes every call to the store or the actor within a deadline.
 - ``requests``: request files and bodies, read as hostile.
 - ``parts``: the window of steps wanted, the slow-step detector, the flood throttle.
 

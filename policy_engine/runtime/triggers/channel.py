@@ -46,8 +46,8 @@ from typing import Any, Protocol
 
 from policy_engine.runtime.triggers.requests import MAX_BYTES, MAX_STEP, BadRequest, load_bounded
 
-__all__ = ["MAX_LISTENERS", "PREFIX", "JobChannel", "KeyValue", "StoreKV", "agreed_step",
-           "connect_store", "lead_seconds", "progress_of", "quiet_torch"]
+__all__ = ["MAX_LISTENERS", "PREFIX", "JobChannel", "KeyValue", "Refused", "StoreKV",
+           "agreed_step", "connect_store", "lead_seconds", "progress_of", "quiet_torch"]
 
 #: Our keys in the job's store: a prefix no PyTorch key uses.
 PREFIX = "policy_engine/triggers/v1/"
@@ -114,6 +114,10 @@ def agreed_step(reports: Iterable[Any], now: float, poll: float) -> int | None:
         ahead = rate * (max(0.0, now - when) + lead) if rate else UNKNOWN_RATE_STEPS
         target = max(target, step + math.ceil(min(ahead, 1e9)) + MARGIN_STEPS)
     return min(target, MAX_STEP)
+
+
+class Refused(Exception):
+    """The channel's store refused a write (the Ray actor: a value too long, or full)."""
 
 
 class KeyValue(Protocol):

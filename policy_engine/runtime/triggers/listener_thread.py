@@ -14,8 +14,10 @@ initialised (torchrun, Megatron, verl's workers), a named Ray actor under Ray wi
 (:mod:`~policy_engine.runtime.triggers.pick`), else the ``triggers/`` folder
 (:mod:`~policy_engine.runtime.triggers.folder`: request files, and progress files beside
 them). A process alone (world 1, ``channel: auto``) has no job to reach: its thread reads
-the folder only. A store that stops answering turns the job's channel off with one
-warning: the folder takes over.
+the folder only. Every call to the job's channel has a deadline
+(:mod:`~policy_engine.runtime.triggers.deadline`): a store that fails, or stops answering
+without closing its connection, turns the job's channel off with one warning, and the
+folder takes over.
 """
 
 from __future__ import annotations
@@ -37,7 +39,13 @@ from policy_engine.language.values.triggers import Triggers
 from policy_engine.plan.plan import Plan
 from policy_engine.runtime.process.state import STATE, warn_once
 from policy_engine.runtime.triggers import folder as channel_folder
-from policy_engine.runtime.triggers.channel import JobChannel, agreed_step
+from policy_engine.runtime.triggers.channel import JobChannel, Refused, agreed_step
+from policy_engine.runtime.triggers.deadline import (
+    CALL_SECONDS,
+    CONNECT_SECONDS,
+    BoundedKV,
+    CallThread,
+)
 from policy_engine.runtime.triggers.messages import Answer, Arrived, NotARequest, Post
 from policy_engine.runtime.triggers.pick import pick_channel
 from policy_engine.runtime.triggers.requests import (
@@ -111,15 +119,22 @@ class _Pace:
 class _Link:
     """The job's channel this process is on now (store or Ray), or none: the folder."""
 
-    __slots__ = ("channel", "cursor", "gone", "kind", "slot", "where")
+    __slots__ = ("calls", "channel", "cursor", "gone", "kind", "slot", "where")
 
     def __init__(self) -> None:
         self.channel: JobChannel | None = None
+        self.calls: CallThread | None = None  # makes every call to it, within a deadline
         self.kind = "folder"
         self.where = ""
         self.slot = -1
         self.cursor = 0
         self.gone = False  # the job's channel failed: the folder from now on
+
+    def close(self) -> None:
+        """Done with the job's channel: its call thread ends (unless a call hangs it)."""
+        if self.calls is not None:
+            self.calls.close()
+        self.channel, self.calls = None, None
 
 
 class _Polls:
@@ -214,35 +229,45 @@ class ListenerThread:
         self._folder_tick(report)
 
     def _connect(self) -> None:
-        found = pick_channel(self.plan, self.triggers.channel)
+        found = pick_channel(self.triggers.channel)
         if found is None:
             return
         link = self.link
-        link.kind, link.where, channel = found
+        link.kind, link.where, connect = found
+        # every call to the channel on a thread of its own, waited for within a deadline:
+        # a store that hangs (SIGSTOP, a hung node) would hold this thread for ever
+        link.calls = CallThread(CALL_SECONDS, f"policy-engine-channel-{self.plan.role}")
+        channel = JobChannel(BoundedKV(link.calls.call(connect, seconds=CONNECT_SECONDS),
+                                       link.calls), self.plan.role)
+        try:  # where `policy-engine trigger` finds the channel: written before this
+            # process listens there, so that a command that reads no advert yet finds
+            # this process still reading the folder
+            channel_folder.advertise(self.plan.output_dir, link.kind, link.where)
+        except OSError as err:
+            warn_once(("advert", self.plan.output_dir), "policy-engine: cannot tell %s "
+                      "where the job's %s is (%s): `policy-engine trigger` needs --store",
+                      self.plan.output_dir, link.kind, err.strerror or err)
         link.slot = channel.register(json.dumps(
             {"rank": self.plan.rank, "pid": os.getpid(), "token": secrets.token_hex(8)}
         ).encode())
         link.cursor = channel.cursor()  # requests older than this process are not for it
         link.channel = channel
         self.live = True
-        try:  # where `policy-engine trigger` finds the channel
-            channel_folder.advertise(self.plan.output_dir, link.kind, link.where)
-        except OSError as err:
-            warn_once(("advert", self.plan.output_dir), "policy-engine: cannot tell %s "
-                      "where the job's %s is (%s): `policy-engine trigger` needs --store",
-                      self.plan.output_dir, link.kind, err.strerror or err)
 
     def _drop(self, err: BaseException, what: str = "stopped answering") -> None:
         """The job's channel is off for this process from now on: one warning."""
+        if isinstance(err, Refused):  # the Ray actor is full
+            what = "refused a write"
         link = self.link
-        subject = f"the job's {link.kind} at {link.where}" if link.channel is not None \
+        subject = f"the job's {link.kind} at {link.where}" if link.where \
             else "the job's channel"
         said = (str(err).strip().splitlines() or [""])[0][:200]
         warn_once(("channel-gone", self.plan.role),
                   "policy-engine: role %r: %s %s (%s: %s); trigger requests now come "
                   "through %s", self.plan.role, subject, what, type(err).__name__, said,
                   self.folder.path)
-        link.channel, link.gone, self.live = None, True, False
+        link.close()
+        link.gone, self.live = True, False
 
     def _job_tick(self, channel: JobChannel, report: dict[str, Any] | None) -> None:
         link = self.link
@@ -272,7 +297,7 @@ class ListenerThread:
             link.cursor += 1
             if item is not None:
                 self.inbox.append(item)
-        self._drain(channel)
+        self._drain(channel, reports)
 
     def _read(self, channel: JobChannel, index: int, data: bytes,
               reports: _Lazy) -> Arrived | NotARequest | None:
@@ -314,7 +339,7 @@ class ListenerThread:
             channel_folder.publish_progress(plan.output_dir, plan.role, plan.rank,
                                             self._report(report))
             self.written = report["step"]
-        self._drain(None)  # this process's own posts are read back below, with the rest
+        self._drain(None, None)  # this process's own posts are read back below, with the rest
         self._read_folder()
 
     def _read_folder(self) -> None:
@@ -330,21 +355,22 @@ class ListenerThread:
                     poll=self.triggers.poll_seconds)
 
     # -- what the training thread asked for ---------------------------------------------
-    def _drain(self, channel: JobChannel | None) -> None:
+    def _drain(self, channel: JobChannel | None, reports: _Lazy | None) -> None:
+        """What the training thread asked for; ``reports``: the role's progress on the
+        job's channel, read at most once a poll."""
         while self.outbox:
             match self.outbox.popleft():
                 case Answer(rid, fields):
                     if channel is not None:
                         channel.answer(rid, self.link.slot, fields)
                 case Post() as ask:
-                    self._post(channel, ask)
+                    self._post(channel, reports, ask)
 
-    def _post(self, channel: JobChannel | None, ask: Post) -> None:
+    def _post(self, channel: JobChannel | None, reports: _Lazy | None, ask: Post) -> None:
         """Post a request of this process (a signal, a slow step) at the agreed step."""
         plan = self.plan
-        reports = channel.reports() if channel is not None else \
-            channel_folder.read_progress(plan.output_dir, plan.role)
-        target = self._target(reports)
+        target = self._target(reports.get() if reports is not None else
+                              channel_folder.read_progress(plan.output_dir, plan.role))
         at = max(self.step, 0)
         if ask.why == "signal":
             claimed = channel.claim_signal(target, at) if channel is not None else \
@@ -380,7 +406,10 @@ def _run(ref: weakref.ref[ListenerThread], polls: _Polls) -> None:
     goes on."""
     while True:
         listener = ref()
-        if listener is None or listener.stopped:
+        if listener is None:
+            return  # its channel's call thread ends as the listener is collected
+        if listener.stopped:
+            listener.link.close()
             return
         asked = polls.asked  # the polls asked for before this one began
         try:

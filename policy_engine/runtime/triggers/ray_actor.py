@@ -4,6 +4,16 @@ c10d store would (:mod:`policy_engine.runtime.triggers.channel`), with the same 
 Every listener of the job gets the same actor by name (created by the first one); calls
 go from listener threads only, each waiting at most :data:`TIMEOUT` seconds.
 
+Any process on the cluster can call the actor, so it holds what a store channel's reader
+keeps, no more: a value longer than a request
+(:data:`~policy_engine.runtime.triggers.requests.MAX_BYTES`) or a key longer than
+:data:`MAX_KEY` characters is refused, not stored, and it holds at most :data:`MAX_KEYS`
+keys and :data:`MAX_HELD` bytes of keys and values. Past either cap the oldest answers
+make room (they are read only by ``policy-engine trigger --wait``, soon after their
+request); when there are none left, the write is refused. A listener's poll reads a key
+at most once (a few values of its own writes aside), so it fetches at most what the actor
+holds.
+
 Ray removes an actor once its creator holds no handle to it (a handle found by name does
 not count), so the process that creates it keeps one until it exits: the actor then lives
 as long as that process, not as long as the listener that happened to come first. After
@@ -14,14 +24,25 @@ so :func:`actor_kv` asks again until it gets one that answers.
 from __future__ import annotations
 
 import time
+from collections import deque
 from typing import Any
 
-__all__ = ["ACTOR", "NAMESPACE", "RayKV", "actor_kv"]
+from policy_engine.runtime.triggers.channel import PREFIX, Refused
+from policy_engine.runtime.triggers.requests import MAX_BYTES
+
+__all__ = ["ACTOR", "MAX_HELD", "MAX_KEY", "MAX_KEYS", "NAMESPACE", "RayKV", "actor_kv"]
 
 ACTOR = "policy_engine_triggers"
 NAMESPACE = "policy_engine"
 TIMEOUT = 10.0
 FIND_PAUSE = 0.2  # seconds between asking for the actor again while a dying one is found
+#: Keys the actor holds at most, bytes of keys and values, the longest key, and the keys
+#: one read may ask for.
+MAX_KEYS = 16_384
+MAX_HELD = 16 << 20
+MAX_KEY = 256
+MAX_READ = 1024
+_ANSWERS = f"{PREFIX}answer/"
 
 # the first handle this process got to each actor it reached (the creating one among them),
 # kept until the process exits
@@ -29,26 +50,86 @@ _held: dict[Any, Any] = {}
 
 
 class _Keys:
-    """The actor's state: a dict of byte values (what TCPStore keeps)."""
+    """The actor's state: a dict of byte values (what TCPStore keeps), within the caps.
+    A write it refuses answers why (a string) instead of raising, so that the caller
+    gets one clear error, not Ray's remote traceback."""
 
     def __init__(self) -> None:
         self.values: dict[str, bytes] = {}
+        self.held = 0  # bytes of keys and values
+        self.answers: deque[str] = deque()  # answer keys, oldest first: made room with
 
-    def get(self, keys: list[str]) -> list[bytes | None]:
-        return [self.values.get(k) for k in keys]
+    def usage(self) -> dict[str, int]:
+        return {"keys": len(self.values), "bytes": self.held,
+                "max_keys": MAX_KEYS, "max_bytes": MAX_HELD}
+
+    def get(self, keys: list[str]) -> list[bytes | None] | str:
+        if not isinstance(keys, list) or len(keys) > MAX_READ:
+            return f"a read asks for at most {MAX_READ} keys"
+        return [self.values.get(k) if isinstance(k, str) else None for k in keys]
 
     def has(self, key: str) -> bool:
-        return key in self.values
+        return isinstance(key, str) and key in self.values
 
-    def set(self, key: str, value: bytes) -> None:
-        self.values[key] = value
+    def set(self, key: str, value: bytes) -> str | None:
+        refused = self._room(key, value)
+        if refused is None:
+            self._put(key, value)
+        return refused
 
-    def compare_set(self, key: str, expected: bytes, new: bytes) -> bytes:
+    def compare_set(self, key: str, expected: bytes, new: bytes) -> bytes | str:
+        if not isinstance(key, str) or not isinstance(expected, bytes):
+            return "a key is text, an expected value bytes"
         old = self.values.get(key)
         if (old is None and not expected) or old == expected:
-            self.values[key] = new
+            refused = self._room(key, new)
+            if refused is not None:
+                return refused
+            self._put(key, new)
             return new
         return old if old is not None else expected
+
+    def _room(self, key: str, value: bytes) -> str | None:
+        """None when ``value`` may be stored under ``key`` (room made for it), else why
+        not."""
+        if not isinstance(key, str) or not 0 < len(key) <= MAX_KEY:
+            return f"a key is text of 1 to {MAX_KEY} characters"
+        if not isinstance(value, bytes) or len(value) > MAX_BYTES:
+            size = len(value) if isinstance(value, bytes) else type(value).__name__
+            return f"a value is at most {MAX_BYTES} bytes, not {size}"
+        old = self.values.get(key)
+        grows = len(value) - (len(old) if old is not None else -len(key))
+        while (self.held + grows > MAX_HELD or
+               (old is None and len(self.values) >= MAX_KEYS)) and self._make_room(key):
+            pass
+        if self.held + grows > MAX_HELD or (old is None and len(self.values) >= MAX_KEYS):
+            return (f"the actor holds {len(self.values)} keys and {self.held} bytes, the "
+                    f"most it may ({MAX_KEYS} keys, {MAX_HELD} bytes), and no answer is "
+                    "left to make room")
+        return None
+
+    def _make_room(self, keep: str) -> bool:
+        """Drop the oldest answer (not ``keep``); False when there is none."""
+        for _ in range(len(self.answers)):
+            key = self.answers.popleft()
+            if key == keep:
+                self.answers.append(key)
+                continue
+            value = self.values.pop(key, None)
+            if value is not None:
+                self.held -= len(key) + len(value)
+                return True
+        return False
+
+    def _put(self, key: str, value: bytes) -> None:
+        old = self.values.get(key)
+        if old is None:
+            self.held += len(key) + len(value)
+            if key.startswith(_ANSWERS):
+                self.answers.append(key)
+        else:
+            self.held += len(value) - len(old)
+        self.values[key] = value
 
 
 class RayKV:
@@ -60,7 +141,10 @@ class RayKV:
     def _call(self, method: str, *args: Any) -> Any:
         import ray
 
-        return ray.get(getattr(self.actor, method).remote(*args), timeout=TIMEOUT)
+        found = ray.get(getattr(self.actor, method).remote(*args), timeout=TIMEOUT)
+        if isinstance(found, str):  # the actor refused it, and says why
+            raise Refused(f"the job's Ray actor refused it: {found}")
+        return found
 
     def get(self, key: str) -> bytes | None:
         found: list[bytes | None] = self._call("get", [key])
@@ -78,6 +162,11 @@ class RayKV:
 
     def compare_set(self, key: str, expected: bytes, new: bytes) -> bytes:
         return bytes(self._call("compare_set", key, expected, new))
+
+    def usage(self) -> dict[str, int]:
+        """How many keys and bytes the actor holds, and its caps."""
+        found: dict[str, int] = self._call("usage")
+        return found
 
 
 def actor_kv(address: str | None = None) -> RayKV:
