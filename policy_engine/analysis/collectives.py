@@ -398,8 +398,11 @@ class _CpuCalls:
                                        "issue times are unknown")
 
     def calls(self) -> list[tuple[Any, ...]]:
-        """Each worker event paired with its call: the group its thread serves, else the
-        group whose first pending call of the same kind was issued first."""
+        """Each worker event paired with its call: the first pending call of the same kind
+        of the group its thread serves. A thread's group is known once one of its events
+        had a single candidate; until then an event with several takes the call issued
+        nearest its start (an idle thread starts its call as soon as it is issued), and
+        says nothing of its thread."""
         bound: dict[int, int] = {}
         heads = [0] * len(self.pending)
         used = [bytearray(len(p)) for p in self.pending]
@@ -408,18 +411,19 @@ class _CpuCalls:
         for ts, end, kind, tid, shape in sorted(self.found.workers):
             if kind in P2P:
                 continue
-            best: tuple[float, int, int] | None = None
+            found: list[tuple[float, int, int]] = []
             for g in ([bound[tid]] if tid in bound else range(len(self.pending))):
                 i = self._candidate(g, heads[g], used[g], kind, ts)
-                if i is not None and (best is None or self.pending[g][i][0] < best[0]):
-                    best = (self.pending[g][i][0], g, i)
-            if best is None:
+                if i is not None:
+                    found.append((abs(ts - self.pending[g][i][0]), g, i))
+            if not found:
                 unpaired += 1
                 if self.table.groups[0].name is None and len(self.pending) == 1:
                     out.append((0, None, kind, "", shape, math.nan, ts, end))
                 continue
-            _, g, i = best
-            bound.setdefault(tid, g)
+            _, g, i = min(found)
+            if len(found) == 1:
+                bound.setdefault(tid, g)
             used[g][i] = 1
             while heads[g] < len(used[g]) and used[g][heads[g]]:
                 heads[g] += 1
