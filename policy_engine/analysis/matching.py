@@ -95,7 +95,7 @@ class Matcher:
         self.c_gid, self.c_num, self.c_kind = array("q"), array("q"), array("q")
         self.c_bytes, self.c_n, self.c_last_rank = array("q"), array("q"), array("q")
         self.c_bad = bytearray()
-        self.c_last, self.c_second = array("d"), array("d")
+        self.c_last, self.c_second, self.c_first = array("d"), array("d"), array("d")
         self.c_last_unc, self.c_second_unc = array("d"), array("d")
         self.c_sum_arr, self.c_sum_end = array("d"), array("d")
         # per rank: call ids, its table's starts, ends and issues (NaN: unknown), and
@@ -103,6 +103,7 @@ class Matcher:
         self.ranks: dict[int, tuple[array[int], array[float], array[float], array[float],
                                     float]] = {}
         self.ref: float | None = None
+        self._cached: tuple[int, _CallFigures, dict[str, int]] | None = None
         self.clocks: set[str] = set()
         self.problems: list[str] = []
         self.folded = 0
@@ -123,7 +124,7 @@ class Matcher:
         gmap = [self._gid(g.name, g.size, rank) for g in table.groups]
         kmap = [self._kind(k) for k in table.names]
         index, new_call = self.index, self._new_call
-        c_n, c_last, c_second = self.c_n, self.c_last, self.c_second
+        c_n, c_last, c_second, c_first = self.c_n, self.c_last, self.c_second, self.c_first
         c_last_unc, c_second_unc, c_last_rank = \
             self.c_last_unc, self.c_second_unc, self.c_last_rank
         c_sum_arr, c_sum_end, c_bad = self.c_sum_arr, self.c_sum_end, self.c_bad
@@ -149,6 +150,8 @@ class Matcher:
                 c_last[cid], c_last_unc[cid], c_last_rank[cid] = a, unc, rank
             elif a > c_second[cid]:
                 c_second[cid], c_second_unc[cid] = a, unc
+            if a < c_first[cid]:
+                c_first[cid] = a
         self.ranks[rank] = (cids, table.start, table.end, table.issue, shift)
 
     def _gid(self, name: str | None, size: int | None, rank: int) -> int:
@@ -180,6 +183,7 @@ class Matcher:
             col.append(value)
         for dcol in (self.c_last, self.c_second):
             dcol.append(-math.inf)
+        self.c_first.append(math.inf)
         for dcol in (self.c_last_unc, self.c_second_unc, self.c_sum_arr, self.c_sum_end):
             dcol.append(0.0)
         self.c_bad.append(0)
@@ -190,8 +194,8 @@ class Matcher:
                steps: int | None = None) -> dict[str, Any]:
         """The window's matching (JSON-ready): ``work``, each rank's figures for the cause;
         ``steps``, the window's steps, for the per-step figures."""
-        ok, why = self._complete()
-        calls = _CallFigures(self, ok)
+        calls = self._figures()
+        why = self._cached[2] if self._cached is not None else {}
         per_rank, chance = self._ranks(calls)
         late = _vote(per_rank, chance, lambda r: calls.coins(self.ranks[r][0]))
         groups = calls.groups()
@@ -217,7 +221,7 @@ class Matcher:
             "groups": groups,
             "slowest_group": groups[0]["name"] if groups else None,
             "worst_calls": calls.worst(),
-            "problems": self.problems[:16],
+            "problems": (self.problems + _said(why))[:16],
         }
 
     def clock(self) -> str:
@@ -250,13 +254,6 @@ class Matcher:
                 incomplete += 1
             else:
                 ok[c] = 1
-        if unknown:
-            self.problems.append(f"{unknown} calls of unknown groups differ in order across "
-                                 "ranks: not matched (note the groups: a torch capture "
-                                 "with torch.distributed up does)")
-        if inconsistent:
-            self.problems.append(f"{inconsistent} calls differ in kind or size across ranks "
-                                 "for one (group, number): not matched")
         return ok, {"incomplete": incomplete, "inconsistent": inconsistent,
                     "unknown_group": unknown}
 
@@ -294,6 +291,44 @@ class Matcher:
                          "late_us": round(late / count, 3)}
             chance[rank] = sum(pick(f.pv))
         return out, chance
+
+    def calls(self) -> dict[str, list[Any]]:
+        """Every matched call's figures, column by column, in the order first seen:
+        group, number, kind, bytes, ranks, last_rank, last_us (the last arrival, on rank
+        0's clock), wait_us (its ranks' waits summed), wait_max_us, transfer_us,
+        algbw_gbps, busbw_gbps."""
+        figures = self._figures()
+        out: dict[str, list[Any]] = {}
+        for c in range(len(self.c_gid)):
+            if figures.ok[c]:
+                for key, value in figures.row(c).items():
+                    out.setdefault(key, []).append(value)
+        return out
+
+    def rank_calls(self, rank: int) -> dict[str, list[Any]]:
+        """Rank ``rank``'s matched calls, column by column: group, number, kind, arrival_us
+        (on rank 0's clock), wait_us, transfer_us."""
+        figures = self._figures()
+        cids, starts, ends, _, shift = self.ranks[rank]
+        out: dict[str, list[Any]] = {k: [] for k in ("group", "number", "kind", "arrival_us",
+                                                     "wait_us", "transfer_us")}
+        for cid, a, e in zip(cids, starts, ends, strict=True):
+            if figures.ok[cid]:
+                last = self.c_last[cid]
+                for key, value in (("group", self.g_name[self.c_gid[cid]]),
+                                   ("number", self.c_num[cid]),
+                                   ("kind", self.kinds[self.c_kind[cid]]),
+                                   ("arrival_us", round(a + shift + (self.ref or 0.0), 3)),
+                                   ("wait_us", round(last - a - shift, 3)),
+                                   ("transfer_us", round(e + shift - last, 3))):
+                    out[key].append(value)
+        return out
+
+    def _figures(self) -> _CallFigures:
+        if self._cached is None or self._cached[0] != len(self.ranks):
+            ok, why = self._complete()
+            self._cached = (len(self.ranks), _CallFigures(self, ok), why)
+        return self._cached[1]
 
     def _lateness(self, rank: int, calls: _CallFigures) -> float:
         """How late ``rank`` was over the window: its arrival less the mean of the
@@ -382,26 +417,41 @@ class _CallFigures:
                                 str(g["name"])))
         return out
 
+    def row(self, c: int) -> dict[str, Any]:
+        """Call ``c``'s figures: the sum of its ranks' waits, and the longest."""
+        m = self.m
+        t, kind, n = self.transfer(c), m.kinds[m.c_kind[c]], m.c_n[c]
+        factor = bus_factor(kind, n)
+        algbw = m.c_bytes[c] / t / 1e3 if t > 0 and m.c_bytes[c] else None
+        return {"group": m.g_name[m.c_gid[c]], "number": m.c_num[c], "kind": kind,
+                "bytes": m.c_bytes[c], "ranks": n, "last_rank": m.c_last_rank[c],
+                "last_us": round(m.c_last[c] + (m.ref or 0.0), 3),
+                "wait_us": round(n * m.c_last[c] - m.c_sum_arr[c], 3),
+                "wait_max_us": round(m.c_last[c] - m.c_first[c], 3),
+                "transfer_us": round(t, 3), "algbw_gbps": _round(algbw),
+                "busbw_gbps": _round(algbw * factor if algbw and factor else None)}
+
     def worst(self) -> list[dict[str, Any]]:
         """The matched calls that kept ranks waiting longest (sum of waits)."""
         m = self.m
-        scored = []
-        for c in range(len(m.c_gid)):
-            if self.ok[c]:
-                total_wait = m.c_n[c] * m.c_last[c] - m.c_sum_arr[c]
-                scored.append((total_wait, c))
-        scored.sort(reverse=True)
-        out = []
-        for total_wait, c in scored[:WORST_CALLS]:
-            t, kind, n = self.transfer(c), m.kinds[m.c_kind[c]], m.c_n[c]
-            factor = bus_factor(kind, n)
-            algbw = m.c_bytes[c] / t / 1e3 if t > 0 and m.c_bytes[c] else None
-            out.append({"group": m.g_name[m.c_gid[c]], "number": m.c_num[c], "kind": kind,
-                        "bytes": m.c_bytes[c], "ranks": n, "last_rank": m.c_last_rank[c],
-                        "wait_us": round(total_wait, 3), "transfer_us": round(t, 3),
-                        "algbw_gbps": _round(algbw),
-                        "busbw_gbps": _round(algbw * factor if algbw and factor else None)})
-        return out
+        scored = sorted(((m.c_n[c] * m.c_last[c] - m.c_sum_arr[c], c)
+                         for c in range(len(m.c_gid)) if self.ok[c]), reverse=True)
+        return [self.row(c) for _, c in scored[:WORST_CALLS]]
+
+
+def _said(why: Mapping[str, int]) -> list[str]:
+    said = []
+    if why.get("unknown_group"):
+        said.append(f"{why['unknown_group']} calls of unknown groups differ in order across "
+                    "ranks: not matched (a torch capture with torch.distributed up notes "
+                    "the groups)")
+    if why.get("inconsistent"):
+        said.append(f"{why['inconsistent']} calls differ in kind or size across ranks for "
+                    "one (group, number): not matched")
+    if why.get("incomplete"):
+        said.append(f"{why['incomplete']} calls were not listed by every rank of their "
+                    "group: not matched")
+    return said
 
 
 def _median(values: Sequence[float]) -> float | None:
