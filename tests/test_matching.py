@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from policy_engine.analysis.collective_form import CallTable, rank_runs, read
-from policy_engine.analysis.matching import ALPHA, Matcher, RankWork, _tail
+from policy_engine.analysis.matching import ALPHA, Matcher, RankWork, tail_probability
 
 
 def table(calls: list[tuple[Any, ...]], *, groups: dict[str | None, list[int]] | None = None,
@@ -237,13 +237,13 @@ def test_a_rank_given_twice_and_groups_whose_sizes_differ_are_said() -> None:
 def test_the_tail_is_exact_and_its_approximation_close() -> None:
     p = [0.25] * 20
     exact = sum(math.comb(20, j) * 0.25 ** j * 0.75 ** (20 - j) for j in range(9, 21))
-    assert _tail(p, 9) == pytest.approx(exact, rel=1e-9)
+    assert tail_probability(p, 9) == pytest.approx(exact, rel=1e-9)
     mixed = [0.5, 0.25, 0.25, 0.5]  # two pairs and two groups of four
     brute = 0.0
     for outcome in range(16):
         bits = [(outcome >> i) & 1 for i in range(4)]
         if sum(bits) >= 3:
             brute += math.prod(q if b else 1 - q for q, b in zip(mixed, bits, strict=True))
-    assert _tail(mixed, 3) == pytest.approx(brute)
+    assert tail_probability(mixed, 3) == pytest.approx(brute)
     many = [0.5] * 2000  # past EXACT_CALLS: the normal approximation
-    assert _tail(many, 1050) == pytest.approx(0.0132, abs=0.002)
+    assert tail_probability(many, 1050) == pytest.approx(0.0132, abs=0.002)

@@ -485,14 +485,14 @@ def _vote(per_rank: Mapping[int, dict[str, Any]], chance: Mapping[int, float],
         return {"rank": None, **test, "ranks_tested": tested}
     rank = best[1]
     votes, p = per_rank[rank]["votes"], coins(rank)
-    tail = _tail(p, votes)
+    tail = tail_probability(p, votes)
     found = tail * tested < ALPHA
     return {"rank": rank if found else None, "candidate": rank, "votes": votes,
             "calls": len(p), "expected": round(sum(p), 3), "p_value": tail,
             "ranks_tested": tested, **test}
 
 
-def _tail(p: Sequence[float], k: int) -> float:
+def tail_probability(p: Sequence[float], k: int) -> float:
     """P(X >= k) for X the number of successes of independent coins ``p``."""
     if k <= 0:
         return 1.0
