@@ -174,6 +174,17 @@ def test_gpu_shaped_calls_numbered_by_torchs_sequence_numbers(tmp_path: Path) ->
     assert [r["issue"] for r in got] == [0.0, 100.0, 200.0]
 
 
+def test_gloo_calls_beside_nccl_kernels_are_said_not_listed(tmp_path: Path) -> None:
+    meta = {"Process Group Name": "0", "Process Group Ranks": "[0, 1]", "Group size": 2,
+            "dtype": "Float", "Collective name": "allreduce", "In msg nelems": 4,
+            "Out msg nelems": 4}
+    record = extract(write(tmp_path, [_kernel(0.0, 5.0, 1, **meta),
+                                      _gloo(10.0, 5.0, 31, "gloo:barrier")]))
+    assert record["source"] == "nccl" and len(record["calls"]["start"]) == 1
+    assert record["problems"] == ["1 gloo calls beside the device's are not listed: the "
+                                  "record holds one backend's calls"]
+
+
 def test_npu_shaped_hccl_tasks_are_calls_of_their_threads_group(tmp_path: Path) -> None:
     group = "10.0.0.1%enp_60000_0_1712"
     events: list[dict[str, Any]] = [
@@ -295,7 +306,7 @@ def test_a_forged_million_calls_is_refused_by_its_length() -> None:
               "folded": [], "total": n, "p2p": 0, "capped": False, "problems": []}
     began = time.perf_counter()
     said = problem(forged)
-    assert time.perf_counter() - began < 1.0  # generous: the columns are never walked
+    assert time.perf_counter() - began < 5.0  # generous: the columns are never walked
     assert said is not None and "1,000,000 calls" in said and f"{MAX_CALLS:,}" in said
 
 

@@ -34,7 +34,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 #: A summary lists at most this many calls one by one; the rest are folded per
-#: (group, name, bytes). 4,096 calls take about 220 KB of JSON, well inside the 1 MiB a
+#: (group, name, bytes). 4,096 calls take about 250 KB of JSON, well inside the 1 MiB a
 #: manifest line may hold (analysis/manifests.py) with the rest of the summary.
 MAX_CALLS = 4096
 MAX_GROUPS = 1024

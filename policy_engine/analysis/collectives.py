@@ -258,6 +258,9 @@ class Collectives:
             calls = _CpuCalls(self, meta, table).calls()
         else:
             calls = []
+        if self.workers and table.source in ("nccl", "record_param_comms", "hccl"):
+            table.problems.append(f"{len(self.workers)} gloo calls beside the device's are "
+                                  "not listed: the record holds one backend's calls")
         if not calls:
             table.groups = []
         _number(calls, table)
