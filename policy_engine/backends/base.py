@@ -143,8 +143,9 @@ class Session(abc.ABC):
 
     def note(self, facts: dict[str, Any]) -> None:
         """Facts learnt during the cycle, before each save: ``roles``, ``capture``,
-        ``joined`` and the recorded ``inner_steps``, for backends that label their own
-        traces (torch metadata). The default ignores them."""
+        ``joined`` and the recorded ``inner_steps``, and for a torch capture with
+        torch.distributed up its ``collectives`` (runtime/capture/collective_notes.py), for
+        backends that label their own traces (torch metadata). The default ignores them."""
         return None
 
     def save_later(self, stem: str, cycle: int) -> Callable[[], list[Artifact]]:

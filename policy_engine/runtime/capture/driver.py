@@ -29,6 +29,7 @@ from typing import Any
 from policy_engine.backends.base import Session
 from policy_engine.language.values.schedule import Action, Schedule
 from policy_engine.runtime.capture import shortfall
+from policy_engine.runtime.capture.collective_notes import CollectiveNotes
 from policy_engine.runtime.capture.cycle import Cycle, Namer
 from policy_engine.runtime.capture.home import Home
 from policy_engine.runtime.capture.lines import Lines, Recorded, timestamp
@@ -178,8 +179,8 @@ class Outcome:
 class Capture:
     """A capture in progress. Opened and ended by its owner role, advanced by any step()."""
 
-    __slots__ = ("cursor", "cycle", "home", "lines", "name", "on_failure", "outcome",
-                 "regions", "session", "slot", "span")
+    __slots__ = ("cursor", "cycle", "home", "lines", "name", "notes", "on_failure",
+                 "outcome", "regions", "session", "slot", "span")
 
     def __init__(self, *, slot: Slot[Capture], session: Session, schedule: Schedule | None,
                  owner: str, capture_id: str, record: dict[str, Any], name: Namer,
@@ -200,6 +201,7 @@ class Capture:
         self.regions = Regions(slot.name, slot.lock, session, self.home, self.cycle,
                                self.catch_up)
         self.outcome = Outcome()
+        self.notes = CollectiveNotes(slot.name == "torch")  # the trace's collectives
         self.lines = Lines(record, capture_id, output_dir,
                            lambda: self.cycle.fields(self.span.steps, self.span.joined),
                            budget, exporter,
@@ -290,6 +292,7 @@ class Capture:
         if not self.cycle.warming:
             self._begin_cycle()
         self.session.start()
+        self.notes.start()
         self.cycle.record()
         self.regions.open_all()
 
@@ -337,7 +340,8 @@ class Capture:
         # for backends that label their own traces (torch metadata)
         self.session.note({"roles": list(self.lines.record.get("roles") or ()),
                            "capture": self.lines.id, "joined": list(self.span.joined),
-                           "inner_steps": list(self.cycle.inner_steps)})
+                           "inner_steps": list(self.cycle.inner_steps),
+                           **self.notes.facts()})
         if self.lines.exporter and self.session.saves_later:
             # the backend stops here, on this thread; the rest waits
             self.lines.export(self.session.save_later(self.cycle.stem, number), status)
