@@ -107,3 +107,22 @@ def bounds(merged: Merged) -> tuple[float, float] | None:
     """The first start and the last end, or None when empty."""
     starts, ends = merged
     return (starts[0], ends[-1]) if len(starts) else None
+
+
+def breakdown(compute: Merged, comm: Merged, other: Merged, lo: float,
+               hi: float, joint: tuple[Merged, Merged] | None = None) -> dict[str, float]:
+    """How [lo, hi) splits into compute, communication, overlap, other work and idle.
+    ``joint``: compute and communication intersected, and all three united, when the
+    caller made them once for many ranges."""
+    span = max(hi - lo, 0.0)
+    c, m = length(compute, lo, hi), length(comm, lo, hi)
+    overlap, all_work = joint or (intersect(compute, comm), union(compute, comm, other))
+    both = length(overlap, lo, hi)
+    busy = length(all_work, lo, hi)
+    return {"span_us": _round(span), "compute_us": _round(c), "comm_us": _round(m),
+            "overlap_us": _round(both), "other_us": _round(max(busy - c - m + both, 0.0)),
+            "idle_us": _round(max(span - busy, 0.0))}
+
+
+def _round(value: float) -> float:
+    return round(value, 3)

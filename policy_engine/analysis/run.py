@@ -39,7 +39,9 @@ from policy_engine.analysis.windows import (
 from policy_engine.errors import did_you_mean, printable
 from policy_engine.files.records import SummaryLine
 
-VERSION = 1
+#: The analysis document's version: 2 added the device view (``gpu_timeline``, ``hta``)
+#: and the ``npu`` basis, and made a GPU step's span its time on the host.
+VERSION = 2
 #: Steps listed in a message about the steps a run captured; the rest are counted.
 LISTED_STEPS = 32
 
@@ -258,14 +260,25 @@ class _Window:
         self.detail = detail
         self.figures = Figures(w, want, detail=detail)
         self.places: list[tuple[Any, int, int]] = []
+        self.by_order: list[int] = []  # ranks numbered by their trace's place
 
     def add(self, entry: Entry, index: int, summary: dict[str, Any]) -> None:
         rank = entry.rank
-        info = (summary.get("facts") or {}).get("distributed_info") or {}
-        if rank is None and not self.manifests:  # no manifest: the trace says its rank
-            rank = info.get("rank") if isinstance(info.get("rank"), int) else index
-            self.w["world"] = self.w["world"] or info.get("world_size")
-        doc = {"rank": rank, "path": entry.path, "status": entry.status, **summary}
+        doc: dict[str, Any] = {"rank": rank, "path": entry.path, "status": entry.status}
+        if not self.manifests:  # no manifest: the trace says its rank, or its name does
+            info = (summary.get("facts") or {}).get("distributed_info") or {}
+            if isinstance(info.get("rank"), int):
+                rank, doc["rank_from"] = info["rank"], "distributedInfo"
+                world = info.get("world_size")
+                self.w["world"] = self.w["world"] or (world if isinstance(world, int)
+                                                      else None)
+            elif rank is not None:
+                doc["rank_from"] = "name"
+            else:
+                rank, doc["rank_from"] = index, "order"
+                self.by_order.append(index)
+            doc["rank"] = rank
+        doc.update(summary)
         doc = self.figures.add(doc)
         if not self.detail:  # the comparison of two runs reads them; analyze shows none
             doc.pop("ops", None)
@@ -303,6 +316,10 @@ class _Window:
             self.add(entry, index, summary)
         for s in self.w["skipped"]:
             self.add(Entry(s["rank"], s["path"], None, None, None), -1, {"error": s["why"]})
+        if self.by_order:
+            self.figures.say("ranks_by_order", "no distributedInfo and no rank in the file "
+                             "names: these ranks are the traces' places in the folder's "
+                             "sorted list", self.by_order)
 
     def finish(self) -> WindowAnalysis:
         w = self.w
@@ -335,11 +352,14 @@ def analyze_run(root: str, *, role: str | None = None, step: int | None = None,
                                               index=index)
     manifests = bool(windows or problems)
     if not manifests:
-        windows = from_folders(root)
+        windows, passed_over = from_folders(root)
+        problems = problems + passed_over
     if not windows:
         raise AnalysisError(f"no traces under {root} (a policy-engine output folder has "
-                            "manifests/*.manifest.jsonl; a torch.profiler folder has "
-                            "*.pt.trace.json[.gz] files)")
+                            "manifests/*.manifest.jsonl; any other folder, Chrome trace "
+                            "files (*.json, *.json.gz) or torch_npu's *_ascend_pt folders)"
+                            + (f"; passed over: {'; '.join(problems[:3])}" if problems
+                               else ""))
     expected = _expected(windows)
     windows = _chosen(windows, role, step, root)
     left = max_traces
