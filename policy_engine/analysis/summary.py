@@ -16,6 +16,7 @@ a worker process; memory holds merged intervals, never the events.
 
 from __future__ import annotations
 
+import heapq
 import os
 import re
 from typing import Any
@@ -52,6 +53,10 @@ TOP_REGIONS = 16
 #: those kept in the summary: the ones with the most time.
 MAX_OPS = 4096
 TOP_OPS = 48
+#: ProfilerSteps a summary lists: the first ones (by start); the rest are counted
+#: (``facts.steps_left_out``), so that a capture of 400,000 steps has a summary of a size
+#: a manifest line holds.
+MAX_SUMMARY_STEPS = 2000
 MAX_NAMES = 5
 #: A gzipped trace inflating past this many times its size is no trace (torch's: 10-20).
 MAX_RATIO = 100
@@ -89,7 +94,11 @@ class _Pass:
         # spans by kind (the first, for _SKIP, is never added to)
         self.spans = (Spans(), self.ops, self.comm, self.k_comp, self.k_comm, self.k_other)
         self.kinds: dict[tuple[str, str], int] = {}
-        self.steps: list[tuple[int, float, float]] = []
+        # The first MAX_SUMMARY_STEPS + 1 steps by start, then by order in the trace (the
+        # one after the last listed ends its window), as a heap of (-start, -order,
+        # number, end); how many there were.
+        self.steps: list[tuple[float, int, int, float]] = []
+        self.step_count = 0
         self.regions: dict[str, list[float]] = {}
         self.regions_left_out = 0
         self.hta_missed: set[str] = set()
@@ -127,7 +136,12 @@ class _Pass:
         else:
             found = STEP.match(key[1])
             assert found is not None  # _kind matched it
-            self.steps.append((int(found.group(1)), ts, ts + dur))
+            self.step_count += 1
+            step = (-ts, -self.step_count, int(found.group(1)), ts + dur)
+            if len(self.steps) <= MAX_SUMMARY_STEPS:
+                heapq.heappush(self.steps, step)
+            elif step > self.steps[0]:  # starts before the latest one kept
+                heapq.heapreplace(self.steps, step)
 
     def _first(self, cat: str, name: str) -> int:
         """The kind of a (category, name) not seen before; notes names for readiness."""
@@ -170,22 +184,22 @@ def _r(value: float) -> float:
     return round(value, 3)
 
 
-def _steps(p: _Pass, gpu: bool, parts: tuple[Merged, Merged, Merged]) -> list[dict[str, Any]]:
-    """Each ProfilerStep's time and breakdown; one step (None) for the whole trace when
-    there is no ProfilerStep row."""
+def _steps(p: _Pass, gpu: bool, parts: tuple[Merged, Merged, Merged],
+           joint: tuple[Merged, Merged]) -> list[dict[str, Any]]:
+    """Each ProfilerStep's time and breakdown (the first MAX_SUMMARY_STEPS); one step
+    (None) for the whole trace when there is no ProfilerStep row."""
     compute, comm, other = parts
     if not p.steps:
-        whole = bounds(union(compute, comm, other))
+        whole = bounds(joint[1])
         if whole is None:
             return []
         return [{"step": None, "time_us": _r(whole[1] - whole[0]),
-                 **_breakdown(compute, comm, other, *whole)}]
+                 **_breakdown(compute, comm, other, *whole, joint)}]
     rows = []
-    joint = (intersect(compute, comm), union(compute, comm, other))  # once, not per step
-    steps = sorted(p.steps, key=lambda s: s[1])
+    steps = [(n, -start, end) for start, _, n, end in sorted(p.steps, reverse=True)]
     last_end = max((b[1] for b in (bounds(x) for x in parts) if b is not None),
                    default=steps[-1][2])
-    for i, (number, start, end) in enumerate(steps):
+    for i, (number, start, end) in enumerate(steps[:MAX_SUMMARY_STEPS]):
         hi = end
         if gpu:  # kernels run after their launch: the step's window lasts to the next step
             hi = steps[i + 1][1] if i + 1 < len(steps) else max(end, last_end)
@@ -201,12 +215,13 @@ def _distributed(meta: dict[str, Any]) -> dict[str, Any] | None:
     return {k: info.get(k) for k in ("rank", "world_size", "backend")}
 
 
-def summarize(path: str) -> dict[str, Any]:
-    """The summary of the trace at ``path``; ``{"error": ...}`` when it cannot be read."""
+def summarize(path: str, *, max_bytes: int | None = None) -> dict[str, Any]:
+    """The summary of the trace at ``path``; ``{"error": ...}`` when it cannot be read
+    (or holds more than ``max_bytes`` of text)."""
     p = _Pass()
     try:
         size = os.path.getsize(path)
-        with TraceReader(path, max_ratio=MAX_RATIO) as reader:
+        with TraceReader(path, max_bytes=max_bytes, max_ratio=MAX_RATIO) as reader:
             for event in reader.events():
                 p.event(event)
             meta, count = reader.meta, reader.count
@@ -220,12 +235,13 @@ def summarize(path: str) -> dict[str, Any]:
         parts = (p.k_comp.merged(), p.k_comm.merged(), p.k_other.merged())
     else:
         parts = (p.ops.merged(), p.comm.merged(), EMPTY)
-    steps = _steps(p, gpu, parts)
+    joint = (intersect(parts[0], parts[1]), union(*parts))  # once, not per step
+    steps = _steps(p, gpu, parts, joint)
     device = None
     if gpu:
-        whole = bounds(union(*parts))
+        whole = bounds(joint[1])
         assert whole is not None  # there are kernels
-        device = _breakdown(*parts, *whole)
+        device = _breakdown(*parts, *whole, joint)
         device["kernel_us"] = device.pop("span_us")
     regions = sorted(p.regions.items(), key=lambda kv: (-kv[1][1], kv[0]))[:TOP_REGIONS]
     ops = sorted(p.names.items(), key=lambda kv: (-kv[1][1], kv[0]))[:TOP_OPS]
@@ -241,7 +257,7 @@ def summarize(path: str) -> dict[str, Any]:
                 "left_out": p.names_left_out},
         "facts": {
             "events": count,
-            "profiler_steps": len(p.steps),
+            "profiler_steps": p.step_count,
             "kernels": kernels,
             "comm_kernels": p.k_comm.count,
             "cpu_comm_ops": p.comm.count,
@@ -249,6 +265,8 @@ def summarize(path: str) -> dict[str, Any]:
             "hta_unrecognised": sorted(p.hta_missed),
             "looks_like_comm": sorted(p.looks_comm),
             "regions_left_out": p.regions_left_out,
+            **({"steps_left_out": p.step_count - len(steps)}
+               if p.step_count > len(steps) else {}),
         },
     }
 
@@ -311,6 +329,8 @@ def problem(summary: Any) -> str | None:
     facts = summary.get("facts")
     if not isinstance(facts, dict) or not all(_count(facts.get(k)) for k in _COUNTS):
         return "its facts lack a count"
+    if not _count(facts.get("steps_left_out", 0)):
+        return "its steps_left_out is not a count"
     info = facts.get("distributed_info")
     if info is not None and not isinstance(info, dict):
         return "its distributed_info is not an object"
