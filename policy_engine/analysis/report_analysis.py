@@ -162,12 +162,14 @@ _STYLE = ("<style>.analysis .key{display:inline-block;padding:0 8px;margin-right
 
 
 def section(root: str, *, jobs: int = 1, max_traces: int = MAX_TRACES,
-            scan: Scan | None = None) -> str:
+            scan: Scan | None = None, limits: tuple[int, int] | None = None) -> str:
     """The analysis section of the report of the run under ``root``: whole windows, oldest
     first, while their traces fit in ``max_traces`` (the page stays quick to write);
-    ``scan``: the manifests, when the report read them already."""
+    ``scan``: the manifests, when the report read them already; ``limits``: the most text
+    read of one trace and of all the traces read (``--max-trace-mb``, ``--max-total-mb``):
+    a rank whose trace is past them says so."""
     try:
-        result = analyze(root, jobs=jobs, max_traces=max_traces, scan=scan)
+        result = analyze(root, jobs=jobs, max_traces=max_traces, scan=scan, limits=limits)
     except AnalysisError as err:
         return (f'<section class="analysis"><h2>Analysis</h2><p class="note">'
                 f"{_esc(err)}</p></section>")

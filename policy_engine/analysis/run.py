@@ -11,9 +11,12 @@ from __future__ import annotations
 
 import concurrent.futures
 import os
+import stat
 from typing import Any
 
+from policy_engine.analysis.chrome_trace import declared_size
 from policy_engine.analysis.errors import AnalysisError
+from policy_engine.analysis.format import size_cell
 from policy_engine.analysis.manifests import Scan
 from policy_engine.analysis.summary import summarize
 from policy_engine.analysis.window import compare
@@ -44,15 +47,70 @@ def _chosen(windows: list[dict[str, Any]], role: str | None, step: int | None,
     return windows
 
 
-def summaries(files: list[str], jobs: int) -> list[dict[str, Any]]:
-    """:func:`summarize` of every file, in order, over ``jobs`` worker processes."""
-    if jobs <= 1 or len(files) <= 1:
-        return [summarize(f) for f in files]
-    jobs = min(jobs, len(files))
-    # Small traces go to workers in batches: 4,096 ranks cost a few round trips each.
-    chunk = max(1, min(64, len(files) // (jobs * 4)))
-    with concurrent.futures.ProcessPoolExecutor(max_workers=jobs) as pool:
-        return list(pool.map(summarize, files, chunksize=chunk))
+def summaries(files: list[str], jobs: int,
+              limits: tuple[int, int] | None = None) -> list[dict[str, Any]]:
+    """:func:`summarize` of every file, in order, over ``jobs`` worker processes;
+    ``limits``: the most text read of one trace and of all of them (bytes)."""
+    caps = allot(files, *limits) if limits else [None] * len(files)
+    todo = [(f, cap) for f, cap in zip(files, caps, strict=True) if not isinstance(cap, str)]
+    if jobs <= 1 or len(todo) <= 1:
+        done = iter([_summarize(f, cap) for f, cap in todo])
+    else:
+        jobs = min(jobs, len(todo))
+        # Small traces go to workers in batches: 4,096 ranks cost a few round trips each.
+        chunk = max(1, min(64, len(todo) // (jobs * 4)))
+        with concurrent.futures.ProcessPoolExecutor(max_workers=jobs) as pool:
+            done = iter(list(pool.map(_summarize, *zip(*todo, strict=True), chunksize=chunk)))
+    return [{"error": cap} if isinstance(cap, str) else next(done) for cap in caps]
+
+
+def _summarize(path: str, cap: int | None) -> dict[str, Any]:
+    return summarize(path, max_bytes=cap)
+
+
+def allot(files: list[str], limit: int, total: int) -> list[int | str]:
+    """What each trace may read (bytes of text) so that none reads more than ``limit``
+    and all together no more than ``total``, in order, before any is read (they are read
+    at once); or why one is not read. A trace's size is its gzip trailer's or the file's
+    (a trailer that lies is stopped at what it said); a trace of unknown size may use
+    what is left."""
+    left = total
+    caps: list[int | str] = []
+    for path in files:
+        size = _text_size(path)
+        if size is not None and size > limit:
+            caps.append(f"not read: it is {size_cell(size)} of text, over the "
+                        f"{size_cell(limit)} read of one trace (--max-trace-mb)")
+            continue
+        need = min(limit, left) if size is None else size
+        if need > left or left <= 0:
+            caps.append(f"not read: the traces before it used up the {size_cell(total)} "
+                        "read in all (--max-total-mb)")
+            continue
+        left -= need
+        caps.append(need)
+    return caps
+
+
+def _text_size(path: str) -> int | None:
+    """The text a trace holds: a plain file's size, a gzip's trailer (None where it
+    cannot be trusted, or the file is not one to read: the reader says why)."""
+    declared = declared_size(path)
+    if declared is not None:
+        return declared
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode) or os.pread(fd, 2, 0) == b"\x1f\x8b":
+            return None
+        return info.st_size
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
 
 
 def _expected(windows: list[dict[str, Any]]) -> dict[tuple[Any, Any], dict[str, set[int]]]:
@@ -81,7 +139,8 @@ def _wanted(expected: dict[tuple[Any, Any], dict[str, set[int]]],
 
 def analyze(root: str, *, role: str | None = None, step: int | None = None,
             jobs: int = 1, max_traces: int | None = None, from_traces: bool = False,
-            scan: Scan | None = None, detail: bool = False) -> dict[str, Any]:
+            scan: Scan | None = None, detail: bool = False,
+            limits: tuple[int, int] | None = None) -> dict[str, Any]:
     """The analysis of every capture window under ``root`` that ``role`` and ``step``
     choose. AnalysisError when nothing is chosen. ``max_traces``: read whole windows, oldest
     first, while their traces fit in it (the first one always); the others say only why
@@ -90,7 +149,8 @@ def analyze(root: str, *, role: str | None = None, step: int | None = None,
     figures are the summary's, and the trace need not be there. ``scan``: the manifests
     under ``root``, when the caller read them already; ``detail``: each rank keeps the
     operators of its summary (``ops``) and each window how it was recorded
-    (``identity``), which the comparison of two runs reads."""
+    (``identity``), which the comparison of two runs reads; ``limits``: the most text
+    read of one trace and of all (bytes), a trace past them reading as an error."""
     if not os.path.isdir(root):
         raise AnalysisError(f"{root} is not a folder")
     windows, problems, notes = from_manifests(root, from_traces=from_traces, scan=scan)
@@ -112,7 +172,7 @@ def analyze(root: str, *, role: str | None = None, step: int | None = None,
         elif left is not None:
             left -= len(w["traces"])
     files = [t["file"] for w in windows for t in w["traces"] if t.get("summary") is None]
-    found = iter(summaries(files, jobs))
+    found = iter(summaries(files, jobs, limits))
     out = []
     for w in windows:
         ranks = []
