@@ -172,7 +172,7 @@ def _kind(mode: int) -> str | None:
         return None
     if stat.S_ISLNK(mode):
         return "a symbolic link"
-    return next((what for test, what in _KINDS if test(mode)), "not a regular file")
+    return next((what for test, what in _KINDS if test(mode)), "of an unknown kind")
 
 
 def _count_lines(fd: int, size: int) -> int:
