@@ -388,12 +388,12 @@ def test_a_rank_captured_for_another_reason_is_said(tmp_path: Path) -> None:
 def _faulty(real: Any, how: str) -> Any:
     """``summarize`` with a fault of the reader on rank 1's trace (no trace is known to
     trip one: the faults are made here): an exception, or the process ending at once."""
-    def summarize(path: str) -> dict[str, Any]:
+    def summarize(path: str, **options: Any) -> dict[str, Any]:
         if "rank1-" in os.path.basename(path):
             if how == "raises":
                 raise KeyError("\x1b[2Jsomething the reader did not expect")
             os._exit(9)
-        return real(path)  # type: ignore[no-any-return]
+        return real(path, **options)  # type: ignore[no-any-return]
     return summarize
 
 

@@ -64,9 +64,10 @@ def _rank_of(folder: str) -> int | None:
     return None
 
 
-def summarize_npu(path: str) -> dict[str, Any]:
+def summarize_npu(path: str, *, max_bytes: int | None = None) -> dict[str, Any]:
     """The summary of the Ascend capture at ``path`` (a ``*_ascend_pt`` folder or its
-    ``trace_view.json``); ``{"error": ...}`` when it cannot be read."""
+    ``trace_view.json``); ``{"error": ...}`` when it cannot be read (or holds more than
+    ``max_bytes`` of text)."""
     try:
         found = find_trace_view(path)
     except AnalysisError as err:
@@ -74,7 +75,7 @@ def summarize_npu(path: str) -> dict[str, Any]:
     view, calls = AscendView(), Collectives()
     try:
         size = os.path.getsize(found)
-        with TraceReader(found, max_ratio=MAX_RATIO) as reader:
+        with TraceReader(found, max_bytes=max_bytes, max_ratio=MAX_RATIO) as reader:
             for event in reader.events():
                 view.event(event)
                 calls.event(event)

@@ -22,6 +22,7 @@ device event, never the events.
 
 from __future__ import annotations
 
+import heapq
 import os
 import re
 from typing import Any
@@ -64,6 +65,10 @@ TOP_REGIONS = 16
 #: those kept in the summary: the ones with the most time.
 MAX_OPS = 4096
 TOP_OPS = 48
+#: ProfilerSteps a summary lists: the first ones (by start); the rest are counted
+#: (``facts.steps_left_out``), so that a capture of 400,000 steps has a summary of a size
+#: a manifest line holds.
+MAX_SUMMARY_STEPS = 1000
 MAX_NAMES = 5
 #: A gzipped trace inflating past this many times its size is no trace (torch's: 10-20).
 MAX_RATIO = 100
@@ -105,7 +110,10 @@ class _Pass:
         # spans by kind (the first, for _SKIP, is never added to)
         self.spans = (Spans(), self.ops, self.comm, self.k_comp, self.k_comm, self.k_other)
         self.kinds: dict[tuple[str, str], int] = {}
-        self.steps: list[tuple[int, float, float]] = []
+        # The first MAX_SUMMARY_STEPS steps by start, then by order in the trace, as a heap
+        # of (-start, -order, number, end); how many there were.
+        self.steps: list[tuple[float, int, int, float]] = []
+        self.step_count = 0
         self.regions: dict[str, list[float]] = {}
         self.regions_left_out = 0
         self.hta_missed: set[str] = set()
@@ -147,7 +155,16 @@ class _Pass:
             if len(digits) > STEP_DIGITS:
                 raise _BadEvent(f"a ProfilerStep row's step number has {len(digits)} digits "
                                 f"(at most {STEP_DIGITS})")
-            self.steps.append((int(digits), ts, ts + dur))
+            self.step_count += 1
+            step = (-ts, -self.step_count, int(digits), ts + dur)
+            if len(self.steps) < MAX_SUMMARY_STEPS:
+                heapq.heappush(self.steps, step)
+            elif step > self.steps[0]:  # starts before the latest one kept
+                heapq.heapreplace(self.steps, step)
+
+    def listed(self) -> list[tuple[int, float, float]]:
+        """The steps kept, as (number, start, end), by start."""
+        return [(n, -start, end) for start, _, n, end in sorted(self.steps, reverse=True)]
 
     def _first(self, cat: str, name: str) -> int:
         """The kind of a (category, name) not seen before; notes names for readiness."""
@@ -209,18 +226,19 @@ def _distributed(meta: dict[str, Any]) -> dict[str, Any] | None:
     return {k: info.get(k) for k in ("rank", "world_size", "backend")}
 
 
-def summarize(path: str) -> dict[str, Any]:
-    """The summary of the trace at ``path``; ``{"error": ...}`` when it cannot be read.
+def summarize(path: str, *, max_bytes: int | None = None) -> dict[str, Any]:
+    """The summary of the trace at ``path``; ``{"error": ...}`` when it cannot be read
+    (or holds more than ``max_bytes`` of text).
     An Ascend capture (a ``*_ascend_pt`` folder, or its ``trace_view.json``) is read by
     :func:`~policy_engine.analysis.npu_summary.summarize_npu`."""
     if os.path.isdir(path) or os.path.basename(path) == "trace_view.json":
         from policy_engine.analysis.npu_summary import summarize_npu
 
-        return summarize_npu(path)
+        return summarize_npu(path, max_bytes=max_bytes)
     p, view, calls = _Pass(), DeviceView(), Collectives()
     try:
         size = os.path.getsize(path)
-        with TraceReader(path, max_ratio=MAX_RATIO) as reader:
+        with TraceReader(path, max_bytes=max_bytes, max_ratio=MAX_RATIO) as reader:
             try:
                 for event in reader.events():
                     p.event(event)
@@ -244,7 +262,7 @@ def summarize(path: str) -> dict[str, Any]:
         row["step"]: row["gpu_timeline"] for row in found["steps"]} if gpu else {}
     if gpu and not p.steps:  # the trace is one step: its device view is the trace's
         device_steps[None] = found["gpu_timeline"]
-    steps = _steps(p.steps, parts, device_steps)
+    steps = _steps(p.listed(), parts, device_steps)
     regions = sorted(p.regions.items(), key=lambda kv: (-kv[1][1], kv[0]))[:TOP_REGIONS]
     ops = sorted(p.names.items(), key=lambda kv: (-kv[1][1], kv[0]))[:TOP_OPS]
     return {
@@ -262,7 +280,7 @@ def summarize(path: str) -> dict[str, Any]:
                 "left_out": p.names_left_out},
         "facts": {
             "events": count,
-            "profiler_steps": len(p.steps),
+            "profiler_steps": p.step_count,
             "kernels": kernels,
             "comm_kernels": p.k_comm.count,
             "cpu_comm_ops": p.comm.count,
@@ -270,6 +288,8 @@ def summarize(path: str) -> dict[str, Any]:
             "hta_unrecognised": sorted(p.hta_missed),
             "looks_like_comm": sorted(p.looks_comm),
             "regions_left_out": p.regions_left_out,
+            **({"steps_left_out": p.step_count - len(steps)}
+               if p.step_count > len(steps) else {}),
         },
     }
 
@@ -469,8 +489,12 @@ def problem(summary: Any, *, ops: bool = True) -> str | None:
     if (basis == "gpu" and not facts["kernels"]) or (basis == "cpu" and facts["kernels"]) \
             or facts["comm_kernels"] > facts["kernels"]:
         return "its basis and its kernel counts disagree"
+    left_out = facts.get("steps_left_out", 0)
+    if not _count(left_out):
+        return "its steps_left_out is not a count"
     numbered = sum(1 for row in steps if row.get("step") is not None)
-    if numbered != facts["profiler_steps"] or len(steps) - numbered > (not numbered):
+    if numbered + left_out != facts["profiler_steps"] or \
+            len(steps) - numbered > (not numbered):
         return "its steps and its count of ProfilerStep rows disagree"
     info = facts.get("distributed_info")
     if info is not None and type(info) is not dict:
