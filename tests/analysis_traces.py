@@ -9,6 +9,7 @@ all-reduces: a rank waits in the collective until the last one arrives, plus the
 
 from __future__ import annotations
 
+import functools
 import gzip
 import json
 import os
@@ -201,3 +202,50 @@ def make_summarised_run(root: str, world: int, *, slow: int = 1, **shape: Any) -
         name = f"node{rank // 8}_pid{pid}_20261202000000{MANIFEST_SUFFIX}"
         with open(os.path.join(root, MANIFEST_DIR, name), "wb") as f:
             f.write(b"".join(lines))
+
+
+def stream_trace(path: str, *, mb: float, ops: int = 600, gpu: bool = True,
+                 steps: int | None = None) -> tuple[int, int]:
+    """A large GPU-shaped trace written as a stream (never held whole): steps of ``ops``
+    operators, each a CPU operator, its kernel launch and a kernel of its own on stream 7
+    (kernels apart from each other, so none merge), and an NCCL all-reduce kernel a
+    step, until about ``mb`` MB of JSON (or ``steps`` steps); gzipped when ``path`` ends
+    with .gz. Returns (bytes on disk, steps written)."""
+    opened: Any = functools.partial(gzip.open, compresslevel=1) if path.endswith(".gz") \
+        else open
+    # Lean events (few args), so that a gigabyte holds millions of kernels and operators.
+    op = ('{"ph": "X", "cat": "cpu_op", "name": "%s", "pid": 100, "tid": 1, "ts": %.3f, '
+          '"dur": %.3f, "args": {"External id": %d}},\n')
+    launch = ('{"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 100, '
+              '"tid": 1, "ts": %.3f, "dur": 4.0, "args": {"correlation": %d}},\n')
+    kernel = ('{"ph": "X", "cat": "kernel", "name": "%s", "pid": 0, "tid": %d, "ts": %.3f, '
+              '"dur": %.3f, "args": {"stream": %d, "correlation": %d}},\n')
+    written, target, n, t, step = 0, int(mb * 1e6), 0, 1_000_000.0, 0
+    with opened(path, "wb") as out:
+        head = b'{"schemaVersion": 1, "distributedInfo": {"backend": "nccl", "rank": 0, ' \
+            b'"world_size": 8}, "traceEvents": [\n'
+        out.write(head)
+        written += len(head)
+        while (written < target) if steps is None else (step < steps):
+            chunk = [op.replace('"cpu_op"', '"user_annotation"', 1) % (
+                f"ProfilerStep#{step}", t, ops * 20.0 + 400.0, n)]
+            for i in range(ops):
+                n += 1
+                start = t + i * 20.0
+                chunk.append(op % (OPS[i % len(OPS)], start + 1, 18.0, n))
+                if gpu:
+                    chunk.append(launch % (start + 3, CORRELATION + n))
+                    chunk.append(kernel % (GEMM, 7, start + 10, 9.0, 7, CORRELATION + n))
+            if gpu:
+                n += 1
+                end = t + ops * 20.0
+                chunk.append(kernel % (NCCL, 20, end - 100.0, 300.0, 20, CORRELATION + n))
+            data = "".join(chunk).encode()
+            out.write(data)
+            written += len(data)
+            t += ops * 20.0 + 500.0
+            step += 1
+        tail = b'{"ph": "M", "name": "process_name", "pid": 100, "args": {"name": "x"}}' \
+            b'], "baseTimeNanoseconds": 1790000000000000000}'
+        out.write(tail)
+    return os.path.getsize(path), step

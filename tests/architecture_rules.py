@@ -284,7 +284,8 @@ def reexports(tree: ast.AST) -> list[str]:
 ANALYSIS_INTERNALS = ("policy_engine.analysis.intervals", "policy_engine.analysis.summary",
                       "policy_engine.analysis.window", "policy_engine.analysis.windows",
                       "policy_engine.analysis.trace_process",
-                      "policy_engine.analysis.device_view", "policy_engine.analysis.ascend")
+                      "policy_engine.analysis.device_view", "policy_engine.analysis.ascend",
+                      "policy_engine.analysis.npu_summary")
 
 
 def analysis_outside(tree: ast.AST) -> list[str]:

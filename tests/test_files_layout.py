@@ -13,6 +13,7 @@ from policy_engine.files.publish import (
     UnsafePathError,
     make_tool_folder,
     moved_from,
+    open_temp,
     rename_folder,
     write_atomic,
 )
@@ -70,3 +71,22 @@ def test_a_folder_is_renamed_only_onto_a_free_name(tmp_path: Path) -> None:
     target = tmp_path / "step6_123_ascend_pt"
     assert rename_folder(str(tool), str(target)) is True
     assert (target / "data").read_text() == "x" and not tool.exists()
+
+
+def test_a_writer_never_writes_into_what_is_swapped_in_for_its_temporary_file(
+        tmp_path: Path) -> None:
+    """A FIFO put in place of the file a writer was handed is refused at once (never
+    waited on); a link is not followed; a regular file is written."""
+    fifo, link, plain = tmp_path / "fifo", tmp_path / "link", tmp_path / "plain"
+    os.mkfifo(fifo)
+    with pytest.raises(UnsafePathError, match="not a regular file"):
+        open_temp(str(fifo))
+    (tmp_path / "victim").write_text("kept")
+    link.symlink_to(tmp_path / "victim")
+    with pytest.raises(OSError):
+        open_temp(str(link), text=True)
+    assert (tmp_path / "victim").read_text() == "kept"
+    plain.write_text("old and longer")
+    with open_temp(str(plain), text=True) as f:
+        f.write("new")
+    assert plain.read_text() == "new"

@@ -6,6 +6,8 @@ import json
 import math
 import os
 import socket
+import stat
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +15,8 @@ import pytest
 
 from policy_engine.analysis import manifests
 from policy_engine.analysis.manifests import ManifestProblem, read_manifests, scan_manifests
-from policy_engine.runtime.process import manifest
+from policy_engine.files import layout
+from policy_engine.runtime.process import manifest, state
 from policy_engine.runtime.process.manifest import append
 
 OPEN = {"event": "open", "capture": "1", "role": "actor", "rank": 0, "steps": [3],
@@ -307,3 +310,126 @@ def test_steps_listed_again_count_towards_what_a_scan_reads(tmp_path: Path) -> N
     assert all(len(r["steps"]) == manifests.LISTED_MOST for r in listed)
     [problem] = scan.problems
     assert problem.line == per_file + 1 and "more than 16 MiB" in problem.why
+
+
+# -- what sits under the manifest's name; files that rotate -----------------------------
+
+def _files(out: Path) -> list[str]:
+    return sorted(os.listdir(out / "manifests"), key=lambda n: layout.manifest_part(n) or ("", 0))
+
+
+@pytest.mark.parametrize("long", [False, True], ids=["short line", "line over a pipe's 64 KiB"])
+def test_a_fifo_under_the_manifest_name_is_never_written_nor_waited_on(
+        out: Path, caplog: Any, long: bool) -> None:
+    append(str(out), OPEN)
+    path = manifest.manifest_path(str(out))
+    os.unlink(path)
+    os.mkfifo(path)
+    record = dict(TRACE, error="x" * (200 << 10) if long else "short")
+    done = threading.Event()
+
+    def write() -> None:
+        for _ in range(3):
+            append(str(out), record)
+        done.set()
+
+    threading.Thread(target=write, daemon=True).start()  # stuck for good if it blocks
+    assert done.wait(60), "append blocked on the FIFO"
+    said = [r.getMessage() for r in caplog.records if "manifest" in r.getMessage()]
+    assert said == [f"policy-engine: the manifest {path} is a FIFO, not a regular file: "
+                    "lines meant for it are not written (training goes on; said once)"]
+    assert stat.S_ISFIFO(os.lstat(path).st_mode)
+
+
+def test_a_folder_under_the_manifest_name_drops_the_line_with_a_word(
+        out: Path, caplog: Any) -> None:
+    os.makedirs(manifest.manifest_path(str(out)))
+    append(str(out), OPEN)  # no IsADirectoryError: training goes on
+    assert "is a folder, not a regular file" in caplog.text
+
+
+def test_no_lock_the_other_threads_need_is_held_while_a_line_is_written(
+        out: Path, monkeypatch: Any) -> None:
+    """The training and export threads take the process's lock (STATE.lock); a write that
+    takes long (a slow disk) must not keep them waiting."""
+    writing, release = threading.Event(), threading.Event()
+    real_write = os.write
+
+    def slow(fd: int, data: bytes) -> int:
+        writing.set()
+        release.wait(60)
+        return real_write(fd, data)
+
+    monkeypatch.setattr(os, "write", slow)
+    thread = threading.Thread(target=append, args=(str(out), OPEN), daemon=True)
+    thread.start()
+    assert writing.wait(60)
+    try:
+        got = state.STATE.lock.acquire(timeout=30)
+        assert got, "the process's lock is held while a manifest line is written"
+        state.STATE.lock.release()
+    finally:
+        release.set()
+        thread.join(60)
+    monkeypatch.undo()
+    assert [json.loads(line) for line in lines_of(out)] == [OPEN]
+
+
+def test_a_manifest_rotates_by_lines_without_losing_or_splitting_one(
+        out: Path, monkeypatch: Any) -> None:
+    monkeypatch.setattr(manifest, "ROTATE_LINES", 5)
+    stem = os.path.basename(manifest.manifest_path(str(out)))[:-len(layout.MANIFEST_SUFFIX)]
+    records = [dict(OPEN, capture=str(n)) for n in range(23)]
+    for record in records:
+        append(str(out), record)
+    names = _files(out)
+    assert names == [layout.manifest_name(stem, k) for k in range(1, 6)]
+    assert names[0] == f"{stem}.manifest.jsonl" and names[1] == f"{stem}.2.manifest.jsonl"
+    assert [layout.manifest_part(n) for n in names] == [(stem, k) for k in range(1, 6)]
+    assert manifest.manifest_path(str(out)) == str(out / "manifests" / names[-1])
+    found = [(Path(out / "manifests" / n).read_bytes()) for n in names]
+    assert [f.count(b"\n") for f in found] == [5, 5, 5, 5, 3]
+    assert all(f.endswith(b"\n") for f in found)
+    assert [json.loads(line) for f in found for line in f.splitlines()] == records
+
+
+def test_a_manifest_rotates_by_bytes_and_a_line_is_never_split(
+        out: Path, monkeypatch: Any) -> None:
+    monkeypatch.setattr(manifest, "ROTATE_BYTES", 1000)
+    records = [dict(OPEN, capture=str(n), host="h" * 200) for n in range(10)]
+    records.insert(4, dict(OPEN, capture="big", host="h" * 3000))  # larger than a file
+    for record in records:
+        append(str(out), record)
+    found = [(out / "manifests" / n).read_bytes() for n in _files(out)]
+    assert all(len(f) <= 1000 or f.count(b"\n") == 1 for f in found)
+    assert [json.loads(line) for f in found for line in f.splitlines()] == records
+    assert [f.count(b"\n") for f in found] == [3, 1, 1, 3, 3]
+
+
+def test_a_full_file_left_under_the_name_is_passed_over(out: Path, monkeypatch: Any) -> None:
+    """A file this process did not write (same pid and second, an earlier state) counts
+    with the lines it holds."""
+    monkeypatch.setattr(manifest, "ROTATE_LINES", 3)
+    first = Path(manifest.manifest_path(str(out)))
+    first.parent.mkdir(parents=True)
+    first.write_bytes(json.dumps(OPEN).encode() + b"\n" + b'{"event": "open"}\n' * 2)
+    append(str(out), CLOSE)
+    assert first.read_bytes().count(b"\n") == 3
+    second = Path(manifest.manifest_path(str(out)))
+    assert layout.manifest_part(second.name) == (first.name[:-len(layout.MANIFEST_SUFFIX)], 2)
+    assert [json.loads(line) for line in second.read_bytes().splitlines()] == [CLOSE]
+
+
+@pytest.mark.parametrize(("name", "part"), [
+    ("h_pid1_20260101000000.manifest.jsonl", ("h_pid1_20260101000000", 1)),
+    ("h_pid1_20260101000000.2.manifest.jsonl", ("h_pid1_20260101000000", 2)),
+    ("h_pid1_20260101000000.137.manifest.jsonl", ("h_pid1_20260101000000", 137)),
+    ("x.1.manifest.jsonl", ("x.1", 1)),  # never written: file 1 has no number
+    ("x.02.manifest.jsonl", ("x.02", 1)),
+    (".manifest.jsonl", None),
+    ("h_pid1_20260101000000.jsonl", None),
+])
+def test_manifest_file_names_read_back(name: str, part: tuple[str, int] | None) -> None:
+    assert layout.manifest_part(name) == part
+    if part is not None and not part[0].endswith((".1", ".02")):
+        assert layout.manifest_name(*part) == name

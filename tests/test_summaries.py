@@ -22,6 +22,7 @@ from analysis_traces import write_trace
 from policy_engine import Topology, profile_session
 from policy_engine.analysis import summarize
 from policy_engine.analysis.manifests import MAX_LINE_BYTES, parse_line, scan_manifests
+from policy_engine.analysis.summary import problem
 from policy_engine.files.layout import MANIFEST_SUFFIX
 from policy_engine.files.records import summary_line, trace_line
 from policy_engine.runtime.process import manifest, summaries
@@ -109,7 +110,8 @@ def test_a_corrupt_trace_gives_a_failed_summary_and_stays(tmp_path: Path) -> Non
     assert (out / line["path"]).read_bytes() == data
 
 
-def test_a_summary_too_large_is_trimmed_then_refused(tmp_path: Path, monkeypatch: Any) -> None:
+def test_a_summary_too_large_is_trimmed_cut_then_refused(tmp_path: Path,
+                                                         monkeypatch: Any) -> None:
     out = tmp_path / "out"
     # Sixteen regions with long names: over 64 KiB, trimmed to the top four.
     events = [{"ph": "X", "cat": "user_annotation", "name": f"r{i}" + "x" * 6000, "ts": 10 * i,
@@ -121,15 +123,26 @@ def test_a_summary_too_large_is_trimmed_then_refused(tmp_path: Path, monkeypatch
     assert found["status"] == "complete" and "64 KiB" in found["trimmed"]
     assert list(found["summary"]["regions"]) == list(whole["regions"])[:4]
     assert found["summary"]["steps"] == whole["steps"]
-    # Steps past what a line may hold even trimmed (here 16 KiB, 200 steps): it fails.
+    # Steps past what a line may hold even trimmed (here 16 KiB, 200 steps): the worker
+    # keeps the first ones that fit and counts the others.
     monkeypatch.setattr(summaries, "MAX_SUMMARY_BYTES", 8 << 10)
     monkeypatch.setattr(summaries, "MAX_KEPT_BYTES", 16 << 10)
     path = out / "trainer" / "many.pt.trace.json"
     write_trace(str(path), 0, 1, steps=200, ops=1, comm=None)
     hand_over(out, path.name, path.read_bytes())
-    failed = [r for r in records(out, "summary") if r["path"].endswith("many.pt.trace.json")]
-    assert [(r["status"], r["kept"]) for r in failed] == [("failed", True)]
-    assert "over the 16 KiB a manifest line may hold" in failed[0]["error"]
+    [cut] = [r for r in records(out, "summary") if r["path"].endswith("many.pt.trace.json")]
+    whole = summarize(str(path))
+    kept = cut["summary"]["steps"]
+    assert (cut["status"], cut["kept"]) == ("complete", True) and 0 < len(kept) < 200
+    assert kept == whole["steps"][:len(kept)]
+    assert cut["summary"]["facts"]["steps_left_out"] == 200 - len(kept)
+    assert f"steps past the first {len(kept)} were left out" in cut["trimmed"]
+    assert len(json.dumps(cut["summary"])) <= 16 << 10 and problem(cut["summary"]) is None
+    # Four region names of 6,000 characters are more than a 16 KiB line: refused.
+    hand_over(out, "long2.pt.trace.json", data)
+    [failed] = [r for r in records(out, "summary") if r["path"].endswith("long2.pt.trace.json")]
+    assert (failed["status"], failed["kept"]) == ("failed", True)
+    assert "over the 16 KiB a manifest line may hold" in failed["error"]
 
 
 CHILD = textwrap.dedent("""\
@@ -189,7 +202,7 @@ def test_the_worker_prints_one_line_and_imports_no_torch(tmp_path: Path) -> None
     done = subprocess.run([sys.executable, "-X", "importtime", "-m", summaries.WORKER,
                            str(path)], capture_output=True, text=True, env=env, timeout=60)
     assert done.returncode == 0
-    assert json.loads(done.stdout) == summarize(str(path))
+    assert json.loads(done.stdout) == {"summary": summarize(str(path))}
     assert done.stdout.count("\n") == 1
     imported = {line.split("|")[-1].strip() for line in done.stderr.splitlines()}
     assert "torch" not in imported and "policy_engine.runtime" not in imported

@@ -92,11 +92,14 @@ def test_a_forged_cpu_summary_is_refused(cpu_summary: dict[str, Any], where: str
 
 
 @pytest.mark.parametrize(("where", "value", "why"), [
-    ("device.idle_us", -3.0, "its device breakdown: a figure is negative"),
-    ("device.compute_us", 0.0, "its device breakdown: its parts do not sum to its span"),
-    ("device.kernel_us", None, "its device breakdown is not numbers"),
+    ("gpu_timeline.idle_us", -3.0, "its gpu_timeline holds a figure below zero"),
+    ("gpu_timeline.computation_us", 0.0, "its gpu_timeline does not add up to its total"),
+    ("gpu_timeline.total_us", None, "its gpu_timeline lacks total_us"),
+    ("steps.0.gpu_timeline.idle_us", 1e9, "step 0: its gpu_timeline does not add up to its "
+                                          "total"),
+    ("hta.compute_us", "1.0", "its device view: HTA's breakdown is not times"),
     ("facts.comm_kernels", 10 ** 6, "its basis and its kernel counts disagree"),
-    ("basis", "cpu", "step 0's time is not its span (on the CPU they are one range)"),
+    ("basis", "cpu", "its basis and its kernel counts disagree"),
 ])
 def test_a_forged_gpu_summary_is_refused(gpu_summary: dict[str, Any], where: str,
                                          value: Any, why: str) -> None:

@@ -85,7 +85,8 @@ class Ranks(Sequence[RankAnalysis]):
 #: A window's keys before its ranks, and after them, in the document's order.
 HEAD = ("title", "role", "region", "steps", "cycle", "capture", "world", "why", "limits",
         "dropped", "other")
-TAIL = ("step_times", "regions", "breakdown", "straggler", "readiness", "hta")
+TAIL = ("step_times", "regions", "breakdown", "gpu_timeline", "straggler", "readiness",
+        "hta")
 
 
 @attrs.frozen(eq=False)
@@ -108,6 +109,8 @@ class WindowAnalysis:
     step_times: list[dict[str, Any]]
     regions: list[dict[str, Any]]
     breakdown: dict[str, Any] | None
+    #: the device view across the ranks (TraceLens's gpu_timeline, each figure's spread)
+    gpu_timeline: dict[str, Any] | None
     straggler: Mapping[str, Any] | None
     readiness: list[dict[str, Any]]
     hta: Mapping[str, Any] | None = None

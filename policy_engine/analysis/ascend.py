@@ -172,6 +172,10 @@ class AscendView:
         self._flow_from: dict[_Key, float] = {}  # flow id -> host time
         self._flow_to: dict[tuple[_Key, _Key, float], _Key] = {}  # (pid, tid, task's ts) -> id
         self._error: str | None = None
+        #: after result(): computing, communication and memory copies as merged intervals,
+        #: and the host's ProfilerStep rows (number, start, end), on the trace's own clock
+        self.merged: tuple[Merged, Merged, Merged] | None = None
+        self.host_steps: list[tuple[int, float, float]] = []
 
     def event(self, e: Mapping[str, Any]) -> None:
         """Take one event of the trace."""
@@ -270,6 +274,8 @@ class AscendView:
         for part, s, e, _ in tasks:
             whole[part].add(s, e)
         comp, comm, mem = (x.merged() for x in whole)
+        self.merged = (comp, comm, mem)
+        self.host_steps = steps
         return {"gpu_timeline": gpu_timeline(comp, comm, mem), "overlap": _overlap(comp, comm),
                 "lanes": _lanes(lanes), "steps": self._step_rows(steps, tasks, lanes),
                 "device_events": len(tasks), "error": None}

@@ -356,3 +356,29 @@ def problem(obj: Any) -> str | None:
         return str(err)
     return None
 
+
+
+def shrink(obj: dict[str, Any], most: int) -> dict[str, Any]:
+    """The record ``obj`` (as the extractor made it) listing at most its first ``most``
+    calls, the others folded per (group, name, bytes) with their count and time, as the
+    cap folds them (a summary that must fit a manifest line gives up listing calls
+    before it gives up anything else)."""
+    calls = obj.get("calls") or {}
+    n = len(calls.get("start") or ())
+    if n <= most:
+        return obj
+    most = max(most, 0)
+    folded: dict[tuple[int, int, int], list[Any]] = {}
+    for row in obj.get("folded") or ():
+        folded[(row[0], row[1], row[2])] = [row[0], row[1], row[2], row[3], row[4]]
+    for i in range(most, n):
+        key = (calls["group"][i], calls["name"][i], calls["bytes"][i])
+        found = folded.get(key)
+        if found is None:
+            if len(folded) >= MAX_FOLDED:
+                continue  # counted in total, neither listed nor folded
+            found = folded[key] = [*key, 0, 0.0]
+        found[3] += 1
+        found[4] = round(found[4] + max(calls["end"][i] - calls["start"][i], 0.0), 3)
+    return {**obj, "calls": {k: list(v[:most]) for k, v in calls.items()},
+            "folded": list(folded.values()), "capped": True}

@@ -187,13 +187,15 @@ def gather(root: str) -> tuple[dict[str, Any], Index]:
 
 
 def section(root: str, *, jobs: int = 1, max_traces: int = MAX_TRACES,
-            index: Index | None = None) -> str:
+            index: Index | None = None, limits: tuple[int, int] | None = None) -> str:
     """The analysis section of the report of the run under ``root``: whole windows, oldest
     first, while their traces fit in ``max_traces`` (the page stays quick to write);
     ``index``: what the windows need of the manifests, when the report read them
-    already."""
+    already; ``limits``: the most text read of one trace and of all the traces read
+    (``--max-trace-mb``, ``--max-total-mb``): a rank whose trace is past them says so."""
     try:
-        result = analyze_run(root, jobs=jobs, max_traces=max_traces, index=index)
+        result = analyze_run(root, jobs=jobs, max_traces=max_traces, index=index,
+                             limits=limits)
     except AnalysisError as err:
         return (f'<section class="analysis"><h2>Analysis</h2><p class="note">'
                 f"{_esc(err)}</p></section>")

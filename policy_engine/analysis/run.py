@@ -16,12 +16,15 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import os
+import stat
 from collections.abc import Iterator
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any
 
 from policy_engine.analysis.answers import RunAnalysis, WindowAnalysis
+from policy_engine.analysis.chrome_trace import declared_size
 from policy_engine.analysis.errors import AnalysisError
+from policy_engine.analysis.format import size_cell
 from policy_engine.analysis.manifests import Scan, load_summary
 from policy_engine.analysis.spool import RankView, Spool
 from policy_engine.analysis.summary import problem, summarize
@@ -39,7 +42,9 @@ from policy_engine.analysis.windows import (
 from policy_engine.errors import did_you_mean, printable
 from policy_engine.files.records import SummaryLine
 
-VERSION = 1
+#: The analysis document's version: 2 added the device view (``gpu_timeline``, ``hta``)
+#: and the ``npu`` basis, and made a GPU step's span its time on the host.
+VERSION = 2
 #: Steps listed in a message about the steps a run captured; the rest are counted.
 LISTED_STEPS = 32
 
@@ -81,12 +86,12 @@ def _chosen(windows: list[dict[str, Any]], role: str | None, step: int | None,
     return windows
 
 
-def _summary(path: str) -> dict[str, Any]:
+def _summary(path: str, cap: int | None = None) -> dict[str, Any]:
     """:func:`summarize` of one trace, or its rank's ``error`` when summarising it raises:
     a trace is untrusted, and one that trips a fault of the reader is that rank's problem
     (said with the exception's type and message), not the end of the whole command."""
     try:
-        return summarize(path)
+        return summarize(path, max_bytes=cap)
     except MemoryError:
         return {"error": "out of memory while reading it"}
     except Exception as err:  # the last line of defence: summarize returns its errors
@@ -94,18 +99,69 @@ def _summary(path: str) -> dict[str, Any]:
                          f"{printable(str(err), 300)}"}
 
 
-def summaries(files: list[str], jobs: int) -> list[dict[str, Any]]:
-    """:func:`summarize` of every file, in order, over ``jobs`` worker processes."""
-    with _Readers(jobs) as readers:
+def summaries(files: list[str], jobs: int,
+              limits: tuple[int, int] | None = None) -> list[dict[str, Any]]:
+    """:func:`summarize` of every file, in order, over ``jobs`` worker processes;
+    ``limits``: the most text read of one trace and of all of them (bytes)."""
+    with _Readers(jobs, limits) as readers:
         return list(readers.map(files))
 
 
-class _Readers:
-    """Traces summed up over ``jobs`` worker processes (started when first needed)."""
+def _text_size(path: str) -> int | None:
+    """The text a trace holds: a plain file's size, a gzip's trailer (None where it
+    cannot be trusted, or the file is not one to read: the reader says why)."""
+    declared = declared_size(path)
+    if declared is not None:
+        return declared
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode) or os.pread(fd, 2, 0) == b"\x1f\x8b":
+            return None
+        return info.st_size
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
 
-    def __init__(self, jobs: int) -> None:
+
+class _Readers:
+    """Traces summed up over ``jobs`` worker processes (started when first needed), each
+    reading at most ``limits[0]`` bytes of text and all together ``limits[1]``."""
+
+    def __init__(self, jobs: int, limits: tuple[int, int] | None = None) -> None:
         self.jobs = jobs
         self.pool: concurrent.futures.ProcessPoolExecutor | None = None
+        self.limits = limits
+        self.left = limits[1] if limits else 0
+
+    def allot(self, files: list[str]) -> list[int | str | None]:
+        """What each trace may read (bytes of text) so that none reads more than the
+        limit and all together no more than the total, in order, before any is read
+        (they are read at once); or why one is not read. A trace's size is its gzip
+        trailer's or the file's (a trailer that lies is stopped at what it said); a trace
+        of unknown size may use what is left."""
+        if self.limits is None:
+            return [None] * len(files)
+        limit, total = self.limits
+        caps: list[int | str | None] = []
+        for path in files:
+            size = _text_size(path)
+            if size is not None and size > limit:
+                caps.append(f"not read: it is {size_cell(size)} of text, over the "
+                            f"{size_cell(limit)} read of one trace (--max-trace-mb)")
+                continue
+            need = min(limit, self.left) if size is None else size
+            if need > self.left or self.left <= 0:
+                caps.append(f"not read: the traces before it used up the "
+                            f"{size_cell(total)} read in all (--max-total-mb)")
+                continue
+            self.left -= need
+            caps.append(need)
+        return caps
 
     def __enter__(self) -> _Readers:
         return self
@@ -115,12 +171,19 @@ class _Readers:
             self.pool.shutdown(cancel_futures=True)
 
     def map(self, files: list[str]) -> Iterator[dict[str, Any]]:
-        """:func:`_summary` of each file, in order. A worker that dies (killed for its
-        memory, say) loses the traces it held: they are read again one at a time, each in
-        a worker of its own, so that only the trace that ends its worker again is
-        unreadable, and says so."""
+        """:func:`_summary` of each file, in order, within the limits. A worker that dies
+        (killed for its memory, say) loses the traces it held: they are read again one at
+        a time, each in a worker of its own, so that only the trace that ends its worker
+        again is unreadable, and says so."""
+        caps = self.allot(files)
+        todo = [(f, cap) for f, cap in zip(files, caps, strict=True) if not isinstance(cap, str)]
+        done = self._map([f for f, _ in todo], [cap for _, cap in todo])
+        for cap in caps:
+            yield {"error": cap} if isinstance(cap, str) else next(done)
+
+    def _map(self, files: list[str], caps: list[int | None]) -> Iterator[dict[str, Any]]:
         if self.jobs <= 1 or len(files) <= 1:
-            yield from map(_summary, files)
+            yield from map(_summary, files, caps)
             return
         if self.pool is None:
             self.pool = concurrent.futures.ProcessPoolExecutor(max_workers=self.jobs)
@@ -128,20 +191,20 @@ class _Readers:
         chunk = max(1, min(64, len(files) // (self.jobs * 4)))
         done = 0
         try:
-            for found in self.pool.map(_summary, files, chunksize=chunk):
+            for found in self.pool.map(_summary, files, caps, chunksize=chunk):
                 yield found
                 done += 1
         except BrokenProcessPool:
             self.pool.shutdown(cancel_futures=True)
             self.pool = None
-            yield from map(_alone, files[done:])
+            yield from map(_alone, files[done:], caps[done:])
 
 
-def _alone(path: str) -> dict[str, Any]:
+def _alone(path: str, cap: int | None) -> dict[str, Any]:
     """:func:`_summary` in a worker of its own; the trace is unreadable if it ends it."""
     with concurrent.futures.ProcessPoolExecutor(max_workers=1) as pool:
         try:
-            return pool.submit(_summary, path).result()
+            return pool.submit(_summary, path, cap).result()
         except BrokenProcessPool as err:
             return {"error": "the process reading it ended abruptly "
                              f"({type(err).__name__}: {err})"}
@@ -258,14 +321,25 @@ class _Window:
         self.detail = detail
         self.figures = Figures(w, want, detail=detail)
         self.places: list[tuple[Any, int, int]] = []
+        self.by_order: list[int] = []  # ranks numbered by their trace's place
 
     def add(self, entry: Entry, index: int, summary: dict[str, Any]) -> None:
         rank = entry.rank
-        info = (summary.get("facts") or {}).get("distributed_info") or {}
-        if rank is None and not self.manifests:  # no manifest: the trace says its rank
-            rank = info.get("rank") if isinstance(info.get("rank"), int) else index
-            self.w["world"] = self.w["world"] or info.get("world_size")
-        doc = {"rank": rank, "path": entry.path, "status": entry.status, **summary}
+        doc: dict[str, Any] = {"rank": rank, "path": entry.path, "status": entry.status}
+        if not self.manifests:  # no manifest: the trace says its rank, or its name does
+            info = (summary.get("facts") or {}).get("distributed_info") or {}
+            if isinstance(info.get("rank"), int):
+                rank, doc["rank_from"] = info["rank"], "distributedInfo"
+                world = info.get("world_size")
+                self.w["world"] = self.w["world"] or (world if isinstance(world, int)
+                                                      else None)
+            elif rank is not None:
+                doc["rank_from"] = "name"
+            else:
+                rank, doc["rank_from"] = index, "order"
+                self.by_order.append(index)
+            doc["rank"] = rank
+        doc.update(summary)
         doc = self.figures.add(doc)
         if not self.detail:  # the comparison of two runs reads them; analyze shows none
             doc.pop("ops", None)
@@ -303,6 +377,10 @@ class _Window:
             self.add(entry, index, summary)
         for s in self.w["skipped"]:
             self.add(Entry(s["rank"], s["path"], None, None, None), -1, {"error": s["why"]})
+        if self.by_order:
+            self.figures.say("ranks_by_order", "no distributedInfo and no rank in the file "
+                             "names: these ranks are the traces' places in the folder's "
+                             "sorted list", self.by_order)
 
     def finish(self) -> WindowAnalysis:
         w = self.w
@@ -319,7 +397,8 @@ class _Window:
 def analyze_run(root: str, *, role: str | None = None, step: int | None = None,
                 jobs: int = 1, max_traces: int | None = None, from_traces: bool = False,
                 scan: Scan | None = None, index: Index | None = None,
-                detail: bool = False) -> RunAnalysis:
+                detail: bool = False, limits: tuple[int, int] | None = None
+                ) -> RunAnalysis:
     """The analysis of every capture window under ``root`` that ``role`` and ``step``
     choose. AnalysisError when nothing is chosen. ``max_traces``: read whole windows, oldest
     first, while their traces fit in it (the first one always); the others say only why
@@ -328,18 +407,23 @@ def analyze_run(root: str, *, role: str | None = None, step: int | None = None,
     figures are the summary's, and the trace need not be there. ``scan``: the manifests
     under ``root``, when the caller read them already (or ``index``: what the windows need
     of them, gathered already); ``detail``: each window keeps what
-    the comparison of two runs reads (operators, how it was recorded)."""
+    the comparison of two runs reads (operators, how it was recorded); ``limits``: the
+    most text read of one trace and of all (bytes), a trace past them reading as an
+    error."""
     if not os.path.isdir(root):
         raise AnalysisError(f"{root} is not a folder")
     windows, problems, notes = from_manifests(root, from_traces=from_traces, scan=scan,
                                               index=index)
     manifests = bool(windows or problems)
     if not manifests:
-        windows = from_folders(root)
+        windows, passed_over = from_folders(root)
+        problems = problems + passed_over
     if not windows:
         raise AnalysisError(f"no traces under {root} (a policy-engine output folder has "
-                            "manifests/*.manifest.jsonl; a torch.profiler folder has "
-                            "*.pt.trace.json[.gz] files)")
+                            "manifests/*.manifest.jsonl; any other folder, Chrome trace "
+                            "files (*.json, *.json.gz) or torch_npu's *_ascend_pt folders)"
+                            + (f"; passed over: {'; '.join(problems[:3])}" if problems
+                               else ""))
     expected = _expected(windows)
     windows = _chosen(windows, role, step, root)
     left = max_traces
@@ -352,7 +436,7 @@ def analyze_run(root: str, *, role: str | None = None, step: int | None = None,
             left -= len(w["traces"])
     spool = Spool()
     out = []
-    with _Readers(jobs) as readers:
+    with _Readers(jobs, limits) as readers:
         for w in windows:
             want = _wanted(expected, w) if manifests else set()
             one = _Window(w, want, spool, manifests=manifests, detail=detail)

@@ -1,33 +1,43 @@
-"""One rank's trace, summed up: where each step's time went.
+"""One rank's trace, summed up: where each step's time went, seen two ways.
 
 :func:`summarize` streams a torch Chrome trace once (through the one trace reader) and
-returns a small JSON-ready summary: per ``ProfilerStep#N`` its time and how much of it was
-compute, communication, both at once (overlap), other device work (memory copies) and
-idle; the same over every GPU kernel of the trace (what Holistic Trace Analysis's
-temporal breakdown measures); region ranges; and the facts the readiness checks need.
+returns a small JSON-ready summary (docs/analysis.md's definitions table names each
+figure and its name in TraceLens, HTA and msprof-analyze):
 
-Where the time goes is measured on the GPU when the trace holds kernels (kernels named
-``nccl*``/``hccl*``/``rccl*`` are communication, memory copies and sets are other work,
-the rest compute), else on the CPU (c10d, gloo, nccl and hccl operators and ranges are
-communication, other operators compute). A kernel counts in the step in which it
-starts: a step's GPU window runs from its ``ProfilerStep`` to the next one. This runs in
-a worker process; memory holds merged intervals, never the events.
+- **the step view**, per ``ProfilerStep#N``: its wall time on the host, and what the
+  device did within that time: compute, communication, both at once (overlap), other
+  device work (memory copies) and idle, which sum to it. Idle here is the device waiting
+  while the host works: what says a step is host-bound. Without kernels (a CPU trace) the
+  host's operators are the work (c10d, gloo, nccl and hccl operators and ranges are
+  communication, other operators compute).
+- **the device view** (:mod:`~policy_engine.analysis.device_view`), per step and for the
+  trace: TraceLens's ``gpu_timeline`` over the kernels each step launched, in its
+  device-side window, and HTA's temporal breakdown and overlap.
+
+Also its region ranges, its operators by time, its collective calls
+(:mod:`~policy_engine.analysis.collectives`) and the facts the readiness checks need.
+This runs in a worker process; memory holds merged intervals and a few numbers per
+device event, never the events.
 """
 
 from __future__ import annotations
 
+import heapq
 import os
 import re
 from typing import Any
 
 from policy_engine.analysis.chrome_trace import TraceError, TraceReader
+from policy_engine.analysis.collective_form import problem as collectives_problem
+from policy_engine.analysis.collectives import Collectives
+from policy_engine.analysis.device_view import DeviceView
 from policy_engine.analysis.intervals import (
     EMPTY,
     Merged,
     Spans,
     bounds,
+    breakdown,
     intersect,
-    length,
     union,
 )
 
@@ -55,6 +65,10 @@ TOP_REGIONS = 16
 #: those kept in the summary: the ones with the most time.
 MAX_OPS = 4096
 TOP_OPS = 48
+#: ProfilerSteps a summary lists: the first ones (by start); the rest are counted
+#: (``facts.steps_left_out``), so that a capture of 400,000 steps has a summary of a size
+#: a manifest line holds.
+MAX_SUMMARY_STEPS = 1000
 MAX_NAMES = 5
 #: A gzipped trace inflating past this many times its size is no trace (torch's: 10-20).
 MAX_RATIO = 100
@@ -96,7 +110,10 @@ class _Pass:
         # spans by kind (the first, for _SKIP, is never added to)
         self.spans = (Spans(), self.ops, self.comm, self.k_comp, self.k_comm, self.k_other)
         self.kinds: dict[tuple[str, str], int] = {}
-        self.steps: list[tuple[int, float, float]] = []
+        # The first MAX_SUMMARY_STEPS steps by start, then by order in the trace, as a heap
+        # of (-start, -order, number, end); how many there were.
+        self.steps: list[tuple[float, int, int, float]] = []
+        self.step_count = 0
         self.regions: dict[str, list[float]] = {}
         self.regions_left_out = 0
         self.hta_missed: set[str] = set()
@@ -138,7 +155,16 @@ class _Pass:
             if len(digits) > STEP_DIGITS:
                 raise _BadEvent(f"a ProfilerStep row's step number has {len(digits)} digits "
                                 f"(at most {STEP_DIGITS})")
-            self.steps.append((int(digits), ts, ts + dur))
+            self.step_count += 1
+            step = (-ts, -self.step_count, int(digits), ts + dur)
+            if len(self.steps) < MAX_SUMMARY_STEPS:
+                heapq.heappush(self.steps, step)
+            elif step > self.steps[0]:  # starts before the latest one kept
+                heapq.heapreplace(self.steps, step)
+
+    def listed(self) -> list[tuple[int, float, float]]:
+        """The steps kept, as (number, start, end), by start."""
+        return [(n, -start, end) for start, _, n, end in sorted(self.steps, reverse=True)]
 
     def _first(self, cat: str, name: str) -> int:
         """The kind of a (category, name) not seen before; notes names for readiness."""
@@ -162,46 +188,34 @@ class _Pass:
         found[1] += dur
 
 
-def _breakdown(compute: Merged, comm: Merged, other: Merged, lo: float,
-               hi: float, joint: tuple[Merged, Merged] | None = None) -> dict[str, float]:
-    """How [lo, hi) splits into compute, communication, overlap, other work and idle.
-    ``joint``: compute and communication intersected, and all three united, when the
-    caller made them once for many ranges."""
-    span = max(hi - lo, 0.0)
-    c, m = length(compute, lo, hi), length(comm, lo, hi)
-    overlap, all_work = joint or (intersect(compute, comm), union(compute, comm, other))
-    both = length(overlap, lo, hi)
-    busy = length(all_work, lo, hi)
-    return {"span_us": _r(span), "compute_us": _r(c), "comm_us": _r(m),
-            "overlap_us": _r(both), "other_us": _r(max(busy - c - m + both, 0.0)),
-            "idle_us": _r(max(span - busy, 0.0))}
-
-
 def _r(value: float) -> float:
     return round(value, 3)
 
 
-def _steps(p: _Pass, gpu: bool, parts: tuple[Merged, Merged, Merged]) -> list[dict[str, Any]]:
-    """Each ProfilerStep's time and breakdown; one step (None) for the whole trace when
+def _steps(steps: list[tuple[int, float, float]], parts: tuple[Merged, Merged, Merged],
+           device: dict[int | None, Any]) -> list[dict[str, Any]]:
+    """Each ProfilerStep's step view (its wall time on the host, and what the device, or
+    on the CPU the host's operators, did within it) and its device view (``device``: the
+    step's ``gpu_timeline`` by its number); one step (None) for the whole trace when
     there is no ProfilerStep row."""
     compute, comm, other = parts
-    if not p.steps:
+    if not steps:
         whole = bounds(union(compute, comm, other))
         if whole is None:
             return []
-        return [{"step": None, "time_us": _r(whole[1] - whole[0]),
-                 **_breakdown(compute, comm, other, *whole)}]
+        row: dict[str, Any] = {"step": None, "time_us": _r(whole[1] - whole[0]),
+                               **breakdown(compute, comm, other, *whole)}
+        if device:
+            row["gpu_timeline"] = device.get(None)
+        return [row]
     rows = []
     joint = (intersect(compute, comm), union(compute, comm, other))  # once, not per step
-    steps = sorted(p.steps, key=lambda s: s[1])
-    last_end = max((b[1] for b in (bounds(x) for x in parts) if b is not None),
-                   default=steps[-1][2])
-    for i, (number, start, end) in enumerate(steps):
-        hi = end
-        if gpu:  # kernels run after their launch: the step's window lasts to the next step
-            hi = steps[i + 1][1] if i + 1 < len(steps) else max(end, last_end)
-        rows.append({"step": number, "time_us": _r(end - start),
-                     **_breakdown(compute, comm, other, start, hi, joint)})
+    for number, start, end in sorted(steps, key=lambda s: s[1]):
+        row = {"step": number, "time_us": _r(end - start),
+               **breakdown(compute, comm, other, start, end, joint)}
+        if device:
+            row["gpu_timeline"] = device.get(number)
+        rows.append(row)
     return rows
 
 
@@ -212,15 +226,24 @@ def _distributed(meta: dict[str, Any]) -> dict[str, Any] | None:
     return {k: info.get(k) for k in ("rank", "world_size", "backend")}
 
 
-def summarize(path: str) -> dict[str, Any]:
-    """The summary of the trace at ``path``; ``{"error": ...}`` when it cannot be read."""
-    p = _Pass()
+def summarize(path: str, *, max_bytes: int | None = None) -> dict[str, Any]:
+    """The summary of the trace at ``path``; ``{"error": ...}`` when it cannot be read
+    (or holds more than ``max_bytes`` of text).
+    An Ascend capture (a ``*_ascend_pt`` folder, or its ``trace_view.json``) is read by
+    :func:`~policy_engine.analysis.npu_summary.summarize_npu`."""
+    if os.path.isdir(path) or os.path.basename(path) == "trace_view.json":
+        from policy_engine.analysis.npu_summary import summarize_npu
+
+        return summarize_npu(path, max_bytes=max_bytes)
+    p, view, calls = _Pass(), DeviceView(), Collectives()
     try:
         size = os.path.getsize(path)
-        with TraceReader(path, max_ratio=MAX_RATIO) as reader:
+        with TraceReader(path, max_bytes=max_bytes, max_ratio=MAX_RATIO) as reader:
             try:
                 for event in reader.events():
                     p.event(event)
+                    view.event(event)
+                    calls.event(event)
             except _BadEvent as err:
                 return {"error": f"{err}, at event {reader.count} of traceEvents"}
             meta, count = reader.meta, reader.count
@@ -234,20 +257,22 @@ def summarize(path: str) -> dict[str, Any]:
         parts = (p.k_comp.merged(), p.k_comm.merged(), p.k_other.merged())
     else:
         parts = (p.ops.merged(), p.comm.merged(), EMPTY)
-    steps = _steps(p, gpu, parts)
-    device = None
-    if gpu:
-        whole = bounds(union(*parts))
-        assert whole is not None  # there are kernels
-        device = _breakdown(*parts, *whole)
-        device["kernel_us"] = device.pop("span_us")
+    found = view.result()
+    device_steps: dict[int | None, Any] = {
+        row["step"]: row["gpu_timeline"] for row in found["steps"]} if gpu else {}
+    if gpu and not p.steps:  # the trace is one step: its device view is the trace's
+        device_steps[None] = found["gpu_timeline"]
+    steps = _steps(p.listed(), parts, device_steps)
     regions = sorted(p.regions.items(), key=lambda kv: (-kv[1][1], kv[0]))[:TOP_REGIONS]
     ops = sorted(p.names.items(), key=lambda kv: (-kv[1][1], kv[0]))[:TOP_OPS]
     return {
         "bytes": size,
         "basis": "gpu" if gpu else "cpu",
         "steps": steps,
-        "device": device,
+        "gpu_timeline": found["gpu_timeline"] if gpu else None,
+        "hta": found["hta"] if gpu else None,
+        "device_error": found["error"] if gpu else None,
+        "collectives": calls.result(meta),
         "regions": {name: {"count": int(n), "time_us": _r(t)} for name, (n, t) in regions},
         # time inside each call, nested calls included (a stream keeps no stack)
         "ops": {"top": [{"cat": cat, "name": name, "calls": int(n), "time_us": _r(t)}
@@ -255,7 +280,7 @@ def summarize(path: str) -> dict[str, Any]:
                 "left_out": p.names_left_out},
         "facts": {
             "events": count,
-            "profiler_steps": len(p.steps),
+            "profiler_steps": p.step_count,
             "kernels": kernels,
             "comm_kernels": p.k_comm.count,
             "cpu_comm_ops": p.comm.count,
@@ -263,6 +288,8 @@ def summarize(path: str) -> dict[str, Any]:
             "hta_unrecognised": sorted(p.hta_missed),
             "looks_like_comm": sorted(p.looks_comm),
             "regions_left_out": p.regions_left_out,
+            **({"steps_left_out": p.step_count - len(steps)}
+               if p.step_count > len(steps) else {}),
         },
     }
 
@@ -340,6 +367,49 @@ def _parts_problem(row: dict[str, Any], span: float) -> str | None:
     return None
 
 
+#: A summary's bases: GPU kernels, the host's operators, an Ascend NPU's tasks.
+BASES = ("cpu", "gpu", "npu")
+#: The keys of TraceLens's ``gpu_timeline`` (device_view.GpuTimeline), in µs.
+TIMELINE = ("computation_us", "exposed_comm_us", "exposed_memcpy_us", "busy_us", "idle_us",
+            "total_us")
+_HTA_TIMES = ("idle_us", "compute_us", "non_compute_us", "kernel_us", "comm_us",
+              "overlap_us")
+
+
+def _timeline_problem(found: Any) -> str | None:
+    """Why a ``gpu_timeline`` read back is not one (None is none: no device work)."""
+    if found is None:
+        return None
+    if type(found) is not dict:
+        return "is not an object"
+    for key in TIMELINE:
+        if not _number(found.get(key)):
+            return "holds a figure below zero" if _negative(found.get(key)) else \
+                f"lacks {key}"
+    total = found["total_us"]
+    slack = _SLACK * 4 + total * 1e-9
+    parts = found["computation_us"] + found["exposed_comm_us"] + found["exposed_memcpy_us"]
+    if abs(parts + found["idle_us"] - total) > slack or abs(found["busy_us"] - parts) > slack:
+        return "does not add up to its total"
+    return None
+
+
+def _hta_problem(found: Any) -> str | None:
+    """Why HTA's figures read back are not numbers. They are HTA's own, quirks included:
+    HTA rounds each event to whole microseconds inward, so a kernel shorter than a
+    microsecond counts as a negative length, and its sums can fall below zero as HTA's
+    do."""
+    if found is None:
+        return None
+    if type(found) is not dict or not all(
+            _number(v) or _negative(v) for v in (found.get(k) for k in _HTA_TIMES)):
+        return "HTA's breakdown is not times"
+    pct = found.get("overlap_pct")
+    if pct is not None and not (_number(pct) or _negative(pct)):
+        return "HTA's overlap is not a share"
+    return None
+
+
 def _ops_problem(ops: Any) -> str | None:
     if type(ops) is not dict or not _count(ops.get("left_out")):
         return "its operators are not an object with a count"
@@ -360,16 +430,33 @@ def problem(summary: Any, *, ops: bool = True) -> str | None:
     check the operators too (a reader that drops them need not)."""
     if type(summary) is not dict:
         return "it is not an object"
-    if summary.get("basis") not in ("cpu", "gpu"):
-        return "its basis is neither cpu nor gpu"
+    if summary.get("basis") not in BASES:
+        return "its basis is not one of cpu, gpu, npu"
     steps = summary.get("steps")
     if type(steps) is not list or len(steps) > MAX_STEPS:
         return "its steps are not a list"
     cpu = summary["basis"] == "cpu"
     for i, row in enumerate(steps):
-        why = _step_problem(i, row, cpu)
+        why = _step_problem(i, row, cpu) or _timeline_problem(row.get("gpu_timeline"))
         if why is not None:
-            return why
+            return why if why.startswith("step") else f"step {i}: its gpu_timeline {why}"
+    why = _timeline_problem(summary.get("gpu_timeline"))
+    if why is not None:
+        return f"its gpu_timeline {why}"
+    why = _hta_problem(summary.get("hta"))
+    if why is not None:
+        return f"its device view: {why}"
+    if summary.get("device_error") is not None and type(summary["device_error"]) is not str:
+        return "its device_error is not text"
+    ascend = summary.get("ascend")
+    if ascend is not None and not (type(ascend) is dict and all(
+            v is None or (type(v) is dict and all(_number(x) for x in v.values()))
+            for v in (ascend.get("overlap"), ascend.get("lanes")))):
+        return "its Ascend figures are not times"
+    if summary.get("collectives") is not None:
+        why = collectives_problem(summary["collectives"])
+        if why is not None:
+            return f"its collectives: {why}"
     device = summary.get("device")
     if device is not None:
         if type(device) is not dict:
@@ -398,11 +485,16 @@ def problem(summary: Any, *, ops: bool = True) -> str | None:
     for key in _COUNTS:
         if not _count(facts.get(key)):
             return "its facts lack a count"
-    if (summary["basis"] == "gpu") != (facts["kernels"] > 0) or \
-            facts["comm_kernels"] > facts["kernels"]:
+    basis = summary["basis"]
+    if (basis == "gpu" and not facts["kernels"]) or (basis == "cpu" and facts["kernels"]) \
+            or facts["comm_kernels"] > facts["kernels"]:
         return "its basis and its kernel counts disagree"
+    left_out = facts.get("steps_left_out", 0)
+    if not _count(left_out):
+        return "its steps_left_out is not a count"
     numbered = sum(1 for row in steps if row.get("step") is not None)
-    if numbered != facts["profiler_steps"] or len(steps) - numbered > (not numbered):
+    if numbered + left_out != facts["profiler_steps"] or \
+            len(steps) - numbered > (not numbered):
         return "its steps and its count of ProfilerStep rows disagree"
     info = facts.get("distributed_info")
     if info is not None and type(info) is not dict:

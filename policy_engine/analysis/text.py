@@ -77,23 +77,29 @@ def _ranks(ranks: list[Any]) -> str:
     return ", ".join(map(str, ints)) or "?"
 
 
-def rank_rows(w: WindowAnalysis) -> list[tuple[Any, str, dict[str, float]]]:
+def rank_rows(w: WindowAnalysis) -> list[tuple[Any, str, dict[str, Any]]]:
     """(rank, basis, totals) of the readable ranks, in rank order."""
     if w.figures is None:
         return []
     return sorted(w.figures.rows(), key=lambda r: (not isinstance(r[0], int), r[0] or 0))
 
 
-def _rank_rows(read: list[tuple[Any, str, dict[str, float]]], straggler: Any) -> list[str]:
-    rows: Iterable[tuple[Any, str, dict[str, float]]] = read
+def _rank_rows(read: list[tuple[Any, str, dict[str, Any]]], straggler: Any) -> list[str]:
+    rows: Iterable[tuple[Any, str, dict[str, Any]]] = read
     if len(read) > RANK_ROWS:
         rows = sorted(read, key=lambda r: -r[2]["compute_us"])[:SLOWEST]
-    lines = ["  rank   basis  time ms    compute   comm      overlap   idle"]
+    rows = list(rows)
+    device = any(t.get("gpu_timeline") for _r, _b, t in rows)
+    lines = ["  rank   basis  time ms    compute   comm      overlap   idle"
+             + ("      device total / idle ms" if device else "")]
     for rank, basis, t in rows:
         mark = "  <- straggler" if rank == straggler else ""
+        seen = t.get("gpu_timeline")
+        on_device = (f"      {ms(seen['total_us'])} / {ms(seen['idle_us'])}" if seen
+                     else "      -") if device else ""
         lines.append(f"  {rank!s:<6} {basis:<6} {ms(t['time_us']):<10} "
                      f"{ms(t['compute_us']):<9} {ms(t['comm_us']):<9} "
-                     f"{ms(t['overlap_us']):<9} {ms(t['idle_us'])}{mark}")
+                     f"{ms(t['overlap_us']):<9} {ms(t['idle_us']):<9}{on_device}{mark}")
     if len(read) > RANK_ROWS:
         lines[0] += f"   ({SLOWEST} of {len(read)} ranks with the most compute)"
     return lines
@@ -113,15 +119,21 @@ def window_text(window: WindowAnalysis) -> list[str]:
             f"(median)")
     elif any(step["collectives"] for step in w["step_times"]):
         lines.append("  no straggler: no rank is consistently the one the others wait for")
+    device = any(step.get("gpu_timeline") for step in w["step_times"])
     if w["step_times"]:
         lines.append("  profiler step   time ms min / median / max     comm ms median   "
-                     "straggler")
+                     + ("device total / idle ms   " if device else "") + "straggler")
         for step in w["step_times"]:
             name = "whole trace" if step["step"] is None else str(step["step"])
             late = (f"rank {step['straggler']} (+{ms(step['late_us'])} ms)"
                     if step["straggler"] is not None else "-")
             comm = step["comm_us"]["median"] if step["comm_us"] else None
-            lines.append(f"  {name:<15} {_spread(step['time_us']):<31} {ms(comm):<16} {late}")
+            seen = step.get("gpu_timeline")
+            on_device = f"{_median(seen, 'total_us')} / {_median(seen, 'idle_us')}" \
+                if device else ""
+            lines.append(f"  {name:<15} {_spread(step['time_us']):<31} {ms(comm):<16} "
+                         + (f"{on_device:<25}" if device else "") + late)
+    lines += device_lines(w.get("gpu_timeline"), len(window.docs))
     b = w.get("breakdown")
     read = rank_rows(window)
     if b and len(read) > RANK_ROWS:
@@ -138,6 +150,30 @@ def window_text(window: WindowAnalysis) -> list[str]:
     if hta:
         lines += ["  " + line for line in hta_text(hta)]
     return lines
+
+
+def _median(found: dict[str, Any] | None, key: str) -> str:
+    spread = (found or {}).get(key)
+    return ms(spread["median"]) if spread else "-"
+
+
+#: What the two views' idle means, said under a window that has both.
+VIEWS = ("step view: a step's wall time on the host and what the device did in it (idle: "
+         "the device waiting on the host); device view: TraceLens's gpu_timeline over the "
+         "kernels a step launched, in its window on the device (idle: gaps between them). "
+         "docs/analysis.md#definitions")
+
+
+def device_lines(timeline: dict[str, Any] | None, ranks: int) -> list[str]:
+    """The device view of a window across its ranks, and what it means."""
+    if not timeline:
+        return []
+    said = ", ".join(f"{label} {_median(timeline, key)}" for key, label in (
+        ("computation_us", "computation"), ("exposed_comm_us", "exposed comm"),
+        ("exposed_memcpy_us", "exposed memcpy"), ("busy_us", "busy"), ("idle_us", "idle"),
+        ("total_us", "total")))
+    across = " (median across ranks)" if ranks > 1 else ""
+    return [f"  device view, whole trace{across}, ms: {said}", f"  ({VIEWS})"]
 
 
 def hta_text(hta: dict[str, Any]) -> list[str]:

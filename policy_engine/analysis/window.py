@@ -20,6 +20,7 @@ same rank is the straggler in more than half of its steps with collectives.
 
 from __future__ import annotations
 
+import math
 import statistics
 from array import array
 from collections.abc import Iterable, Iterator
@@ -86,25 +87,67 @@ def compared_steps(steps: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], i
     return (steps[1:] if len(steps) >= 2 else steps), len(steps)
 
 
-class _Step:
-    """One ProfilerStep across the ranks: each rank's time, wait and compute in it."""
+#: The keys of TraceLens's ``gpu_timeline`` (the device view), in µs.
+TIMELINE = ("computation_us", "exposed_comm_us", "exposed_memcpy_us", "busy_us", "idle_us",
+            "total_us")
 
-    __slots__ = ("comm", "compute", "ranks", "time")
+
+class _Device:
+    """The device view of many ranks: each ``gpu_timeline`` figure, one value a rank (NaN
+    for a rank without one)."""
+
+    __slots__ = ("columns", "count")
+
+    def __init__(self) -> None:
+        self.columns = {key: array("d") for key in TIMELINE}
+        self.count = 0
+
+    def add(self, found: dict[str, float] | None) -> None:
+        if found is None:
+            for key in TIMELINE:
+                self.columns[key].append(math.nan)
+            return
+        self.count += 1
+        for key in TIMELINE:
+            self.columns[key].append(found[key])
+
+    def get(self, i: int) -> dict[str, float] | None:
+        """The ``i``-th rank's figures (None: it has none)."""
+        total = self.columns["total_us"][i]
+        if math.isnan(total):
+            return None
+        return {key: self.columns[key][i] for key in TIMELINE}
+
+    def spreads(self) -> dict[str, Any] | None:
+        """Each figure's min, median and max across the ranks (None: no device work)."""
+        if not self.count:
+            return None
+        return {key: spread(v for v in self.columns[key] if not math.isnan(v))
+                for key in TIMELINE}
+
+
+class _Step:
+    """One ProfilerStep across the ranks: each rank's time, wait and compute in it, and
+    its device view."""
+
+    __slots__ = ("comm", "compute", "device", "ranks", "time")
 
     def __init__(self) -> None:
         self.ranks: list[Any] = []
         self.time, self.comm, self.compute = array("d"), array("d"), array("d")
+        self.device = _Device()
 
     def add(self, rank: Any, row: dict[str, Any]) -> None:
         self.ranks.append(rank)
         self.time.append(row["time_us"])
         self.comm.append(row["comm_us"])
         self.compute.append(row["compute_us"])
+        self.device.add(row.get("gpu_timeline"))
 
     def figures(self, step: Any) -> dict[str, Any]:
         return {"step": step, "ranks": len(self.ranks), "time_us": spread(self.time),
                 "comm_us": spread(self.comm), "collectives": max(self.comm) > 0,
-                **self.straggler()}
+                **self.straggler(), "gpu_timeline": self.device.spreads()}
 
     def straggler(self) -> dict[str, Any]:
         """The straggler of this step."""
@@ -208,13 +251,14 @@ class Figures:
         self.ranks: list[Any] = []
         self.basis: list[str] = []
         self.columns = {key: array("d") for key in TOTALS}
+        self.device = _Device()  # each rank's gpu_timeline over its whole trace
         self.count = 0  # ranks added, readable or not
         self.unreadable: dict[str, list[Any]] = {}
         self.reasons_left_out = 0
         self.seen: dict[Any, Any] = {}  # rank -> the path of its trace analysed
         self.times: dict[Any, int] = {}  # rank -> its traces, where it has several
         self.twice: list[tuple[Any, str]] = []  # ranks left out, and what is said of them
-        self.said: list[tuple[str, str, Any]] = []  # (code, message, rank) to say
+        self.said: list[tuple[str, str, Iterable[Any]]] = []  # (code, message, ranks)
         self.no_steps: list[Any] = []
         self.no_info: list[Any] = []
         self.any_kernels = False
@@ -264,6 +308,7 @@ class Figures:
                     continue
                 found = self.regions[name] = array("d")
             found.append(region["time_us"])
+        self.device.add(doc.get("gpu_timeline"))
         self._facts(rank, doc["facts"])
         if self.compared is not None:
             self.compared.add(doc)
@@ -279,9 +324,10 @@ class Figures:
                 "error": f"another trace of rank {rank} in this window is used instead: "
                          f"{used} ({USED_FIRST})"}
 
-    def say(self, code: str, message: str, rank: Any) -> None:
-        """Something the window's readiness says of one rank (``code``: its kind)."""
-        self.said.append((code, message, rank))
+    def say(self, code: str, message: str, ranks: Any) -> None:
+        """Something the window's readiness says of a rank, or a list of them (``code``:
+        its kind)."""
+        self.said.append((code, message, ranks if isinstance(ranks, list) else [ranks]))
 
     def _unreadable(self, why: str, rank: Any) -> None:
         found = self.unreadable.get(why)
@@ -314,10 +360,13 @@ class Figures:
 
     # -- the window's figures ----------------------------------------------------------
 
-    def rows(self) -> Iterator[tuple[Any, str, dict[str, float]]]:
-        """(rank, basis, totals) of every readable rank, in the order added."""
+    def rows(self) -> Iterator[tuple[Any, str, dict[str, Any]]]:
+        """(rank, basis, totals) of every readable rank, in the order added; the totals
+        hold the rank's device view too (``gpu_timeline``, None without one)."""
         for i, rank in enumerate(self.ranks):
-            yield rank, self.basis[i], {k: self.columns[k][i] for k in TOTALS}
+            totals: dict[str, Any] = {k: self.columns[k][i] for k in TOTALS}
+            totals["gpu_timeline"] = self.device.get(i)
+            yield rank, self.basis[i], totals
 
     def finish(self) -> dict[str, Any]:
         """The window's figures: ``step_times``, ``regions``, ``breakdown``,
@@ -329,6 +378,7 @@ class Figures:
             "regions": self._regions(),
             "breakdown": {key: spread(self.columns[key]) for key in TOTALS}
             if self.ranks else None,
+            "gpu_timeline": self.device.spreads(),
             "straggler": self._straggler(steps),
             "readiness": self._readiness(),
         }
@@ -374,8 +424,8 @@ class Figures:
             add("ranks_missing", f"{len(missing)} rank(s) that record this role have no "
                 "readable trace in this window: they are left out of every comparison",
                 missing)
-        for code, message, rank in self.said:  # what reading the window's ranks showed
-            add(code, message, [rank])
+        for code, message, ranks in self.said:  # what reading the window's ranks showed
+            add(code, message, ranks)
         for rank, message in self.twice:
             add("duplicate_rank", message, [rank])
         for why, ranks in self.unreadable.items():

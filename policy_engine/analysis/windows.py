@@ -23,6 +23,7 @@ import json
 import os
 from typing import Any, NamedTuple
 
+from policy_engine.analysis import folders
 from policy_engine.analysis.manifests import (
     ManifestProblem,
     Place,
@@ -33,7 +34,6 @@ from policy_engine.analysis.manifests import (
 from policy_engine.analysis.spool import dumps_sorted
 from policy_engine.analysis.window import USED_FIRST
 from policy_engine.analysis.window_roles import (
-    TORCH_SUFFIXES,
     is_torch,
     participants,
     window_keys,
@@ -427,24 +427,12 @@ def inside(path: str, root: str) -> bool:
     return os.path.commonpath([top, os.path.realpath(path)]) == top
 
 
-def from_folders(root: str) -> list[dict[str, Any]]:
-    """Without manifests: each folder holding torch traces is one window (ranks come
-    from each trace's distributedInfo once it is read)."""
-    windows = []
-    for folder, dirs, files in os.walk(root):
-        dirs.sort()
-        names = sorted(f for f in files if f.endswith(TORCH_SUFFIXES))
-        if not names:
-            continue
-        rel = os.path.relpath(folder, root)
-        windows.append({
-            "role": rel if rel != "." else os.path.basename(os.path.abspath(root)),
-            "region": None, "steps": [], "cycle": None, "capture": 1, "world": None,
-            "why": None, "traces": [Entry(None, os.path.normpath(os.path.join(rel, n)),
-                                          os.path.join(folder, n), None, None)
-                                    for n in names],
-            "skipped": [], "limits": [], "dropped": [], "other": [], "twice": []})
-    return windows
+def from_folders(root: str) -> tuple[list[dict[str, Any]], list[str]]:
+    """Without manifests: each folder holding traces is one window, whatever its files
+    are named (:mod:`~policy_engine.analysis.folders`); and notes on the files passed
+    over."""
+    return folders.from_folders(
+        root, lambda rank, rel, full: Entry(rank, rel, full, None, None))
 
 
 __all__ = ["IDENTITY", "Entry", "Index", "describe", "from_folders", "from_manifests",

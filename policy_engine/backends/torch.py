@@ -26,7 +26,7 @@ from typing import Any, ClassVar
 
 from policy_engine.backends.base import Artifact, BackendUnavailable, CaptureInfo, Session
 from policy_engine.backends.files import torch_extension
-from policy_engine.files.publish import write_atomic
+from policy_engine.files.publish import open_temp, write_atomic
 from policy_engine.settings.torch import ACTIVITIES as _ACTIVITIES
 from policy_engine.settings.torch import FLAGS as _FLAGS
 
@@ -80,8 +80,7 @@ def _write_trace(finished: Any, path: str, *, gz: bool) -> None:
     try:
         finished.export_chrome_trace(raw)
         check_trace(raw)
-        fd = os.open(path, os.O_WRONLY | os.O_TRUNC | os.O_NOFOLLOW)
-        with open(raw, "rb") as src, open(fd, "wb") as out, \
+        with open(raw, "rb") as src, open_temp(path) as out, \
                 gzip.GzipFile(fileobj=out, mode="wb", compresslevel=6) as dst:
             shutil.copyfileobj(src, dst, 1 << 20)
     finally:

@@ -41,8 +41,10 @@ def add_parser(sub: Any, name: str, help: str) -> None:
                         help="torch traces to read operators from, those that need "
                              "attention first (default: 32; 0 reads none)")
     for flag, default, what in (
-            ("--max-trace-mb", 128, "skip the operators of a trace longer than this"),
-            ("--max-total-mb", 512, "read at most this much trace text for operators in all")):
+            ("--max-trace-mb", 128, "skip the operators and the figures of a trace longer "
+                                    "than this"),
+            ("--max-total-mb", 512, "read at most this much trace text for operators in "
+                                    "all, and as much for the analysis section")):
         parser.add_argument(flag, type=whole_number, default=default, metavar="MB",
                             help=f"{what}, uncompressed (default: {default})")
     parser.set_defaults(run=run)
@@ -61,7 +63,8 @@ def run(args: argparse.Namespace) -> int:
                               limit=args.max_trace_mb << 20, total=args.max_total_mb << 20)
     title = f"Captures under {os.path.abspath(args.dir)}"
     jobs = os.cpu_count() or 1
-    extra = [section(args.dir, jobs=jobs, index=index)]
+    extra = [section(args.dir, jobs=jobs, index=index,
+                     limits=(args.max_trace_mb << 20, args.max_total_mb << 20))]
     if args.baseline is not None:
         extra.insert(0, comparison(args.baseline, args.dir, jobs=jobs))
     page = render(data, entries, ops, title=title, notes=notes, extra=extra)

@@ -4,7 +4,9 @@
 
     <output_dir>/
       <trace names>...          the policy's name templates (language.naming)
-      manifests/<host>_pid<pid>_<start><MANIFEST_SUFFIX>  one per process (runtime.process)
+      manifests/<host>_pid<pid>_<start><MANIFEST_SUFFIX>  a process's manifest (runtime.process)
+      manifests/<host>_pid<pid>_<start>.<k><MANIFEST_SUFFIX>  its k-th file (k >= 2) once
+                                the ones before were full: :func:`manifest_name`
       triggers/                 requests to capture (runtime.triggers.requests, cli.trigger)
       .policy-engine-<pid>-<random>.tmp<ext>   a file being written (files.publish)
 
@@ -24,6 +26,7 @@ import socket
 #: The folder of the per-process manifests, and the ending of their names.
 MANIFEST_DIR = "manifests"
 MANIFEST_SUFFIX = ".manifest.jsonl"
+_MANIFEST_PART = re.compile(r"(.+)\.([1-9][0-9]{0,8})$")
 #: The folder trigger requests are dropped into.
 TRIGGERS_DIR = "triggers"
 #: The longest file or folder name most file systems take.
@@ -39,6 +42,28 @@ _TEMP_PID = re.compile(re.escape(TEMP_PREFIX) + r"(\d+)-")
 def host_name() -> str:
     """The short host name that starts this host's manifest file names."""
     return socket.gethostname().split(".")[0] or "host"
+
+
+def manifest_name(stem: str, number: int = 1) -> str:
+    """The name of file ``number`` of the manifest ``stem`` (``<host>_pid<pid>_<start>``):
+    the first keeps the plain name, the ones after it (written once the file before was
+    full, runtime.process.manifest) say their number before the suffix."""
+    if number < 1:
+        raise ValueError(f"manifest files are numbered from 1, not {number}")
+    return f"{stem}{MANIFEST_SUFFIX}" if number == 1 else f"{stem}.{number}{MANIFEST_SUFFIX}"
+
+
+def manifest_part(name: str) -> tuple[str, int] | None:
+    """``(stem, number)`` of a manifest file's name, as :func:`manifest_name` makes it;
+    None when ``name`` is no manifest's. A ``.1`` is never written: ``x.1.manifest.jsonl``
+    is file 1 of the stem ``x.1``."""
+    if not name.endswith(MANIFEST_SUFFIX) or len(name) == len(MANIFEST_SUFFIX):
+        return None
+    stem = name[:-len(MANIFEST_SUFFIX)]
+    found = _MANIFEST_PART.match(stem)
+    if found is None or found.group(2) == "1":
+        return stem, 1
+    return found.group(1), int(found.group(2))
 
 
 def temp_name(ext: str = "") -> str:

@@ -191,6 +191,30 @@ def write_atomic(output_dir: str, stem: str, ext: str, writer: Callable[[str], A
     return final, info.st_size
 
 
+# O_NONBLOCK and O_NOCTTY: a FIFO or terminal swapped in is refused, not waited on or adopted.
+_WRITE_FLAGS = (os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_NONBLOCK
+                | os.O_NOCTTY | os.O_CLOEXEC)
+
+
+def open_temp(path: str, *, text: bool = False) -> IO[Any]:
+    """The temporary file :func:`write_atomic` hands a writer, opened for writing (emptied,
+    or made; UTF-8 text when ``text``). Its folder is shared, and anyone may swap something
+    in under its name: a link is refused (OSError), and anything but a regular file too
+    (:class:`UnsafePathError`), without waiting for the reader of a FIFO."""
+    with contextlib.suppress(FileNotFoundError):
+        mode = os.lstat(path).st_mode
+        if not stat.S_ISREG(mode) and not stat.S_ISLNK(mode):  # a link: open() refuses it
+            raise UnsafePathError(f"{path} was replaced by something not a regular file")
+    fd = os.open(path, _WRITE_FLAGS, 0o644)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise UnsafePathError(f"{path} was replaced by something not a regular file")
+        return os.fdopen(fd, "w", encoding="utf-8") if text else os.fdopen(fd, "wb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
 class DiskFullError(OSError):
     """The output folder's file system (or the user's quota there) has no room left."""
 

@@ -16,6 +16,8 @@ import sys
 from collections.abc import Callable
 from typing import Any, Protocol
 
+from policy_engine.files.publish import open_temp
+
 #: An out-of-memory observer: (device, bytes asked, the device's limit, device free). The
 #: limit is the device's total memory, or the allowed maximum when a memory fraction is set
 #: (torch's CUDACachingAllocator and torch_npu's call it so).
@@ -198,7 +200,7 @@ class NpuMemory:
 
     def dump(self, path: str) -> None:
         snapshot = self._module()._snapshot()
-        with open(path, "wb") as f:
+        with open_temp(path) as f:
             pickle.dump(snapshot, f)
 
     def stop(self) -> None:

@@ -25,7 +25,7 @@ from typing import Any, ClassVar, Protocol
 from policy_engine.backends.base import Artifact, BackendUnavailable, CaptureInfo, Session
 from policy_engine.backends.files import OOM, SNAPSHOT
 from policy_engine.backends.memory.device import MemoryApi, detect
-from policy_engine.files.publish import write_atomic
+from policy_engine.files.publish import open_temp, write_atomic
 
 log = logging.getLogger("policy_engine")
 
@@ -118,7 +118,7 @@ class MemorySession(Session):
         stem = snapshot[len(self._info.output_dir):].lstrip("/")[: -len(".pickle")]
 
         def write(temp: str) -> None:
-            with open(temp, "w", encoding="utf-8") as f:
+            with open_temp(temp, text=True) as f:
                 f.write(page)
         path = write_atomic(self._info.output_dir, stem, ".html", write)[0]
         return os.path.relpath(path, self._info.output_dir)

@@ -160,8 +160,12 @@ class ProcessState:
         self.slots: dict[str, Slot[Any]] = {}
         self.capture_ids = itertools.count(1)
         self.warned: set[object] = set()
-        # (pid, output_dir) -> this process's manifest file (a forked child has its own)
-        self.manifests: dict[tuple[int, str], str] = {}
+        # (pid, output_dir) -> this process's manifest there (runtime.process.manifest's
+        # record of its current file; a forked child has its own)
+        self.manifests: dict[tuple[int, str], Any] = {}
+        # The manifests' own lock: one line at a time, and a SIGTERM waits for the line
+        # to be whole; never held while anything but a regular file is written.
+        self.manifest_lock = GuardedLock()
         self.started = time.strftime("%Y%m%d%H%M%S")
         self.hooks = hooks or Hooks()
         # (id(worker), role) -> (worker's weak reference, profiler, role.wrapping.Patches)
@@ -245,6 +249,7 @@ def _after_fork() -> None:
     """A forked child (a data-loader worker) starts with no capture of its own: the
     parent's profilers are the parent's. Locks a parent thread held are made anew."""
     STATE.lock = GuardedLock()
+    STATE.manifest_lock = GuardedLock()
     STATE.exporter = None  # its thread stayed in the parent
     STATE.summaries = None  # so did the summary workers
     for found in STATE.slots.values():

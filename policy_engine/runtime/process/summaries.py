@@ -2,17 +2,20 @@
 
 Once a torch trace is written and its ``trace`` line appended (runtime.capture.lines), it is
 handed here. A worker process (``python -m policy_engine.analysis.summarize_main``, at
-the lowest CPU priority, no stdin, no inherited descriptors) reads it, and a daemon
-thread of this process, blocked in ``communicate()`` (which releases the GIL), appends
-one ``summary`` line to the manifest: the figures ``analyze`` reads, or why there are
-none. The pure-Python work never runs on a thread of the training process.
+the lowest CPU priority, no stdin, no inherited descriptors, its data segment held to
+:data:`MEMORY_BYTES`) reads it, and a daemon thread of this process, blocked reading the
+worker's pipes (which releases the GIL), appends one ``summary`` line to the manifest:
+the figures ``analyze`` reads, or why there are none. The pure-Python work never runs on
+a thread of the training process.
 
 At most :data:`WORKERS` workers run at once and :data:`MAX_WAITING` traces wait; past
 that a trace is not summarised (its line says so). A worker that runs past
-:data:`TIMEOUT` is killed. A summary larger than :data:`MAX_SUMMARY_BYTES` loses the
-regions beyond the top :data:`TRIM_REGIONS`, operators beyond the top :data:`TRIM_OPS`
-and the facts' name lists (the line's ``trimmed`` says so); one whose steps alone pass
-:data:`MAX_KEPT_BYTES` fails.
+:data:`TIMEOUT` is killed. The worker fits its summary to the line itself: past
+:data:`MAX_SUMMARY_BYTES` it leaves out the bulky parts, past :data:`MAX_KEPT_BYTES` the
+last steps (the line's ``trimmed`` says so). This process reads at most
+:data:`MAX_OUT` bytes of its output and :data:`MAX_ERR` of what it says on stderr, and
+kills a worker that prints more: a worker's output costs the training process the same
+memory whatever it is.
 
 With ``keep: summaries`` a trace whose summary is complete is removed after its line is
 written, and its bytes go back to the role's ``limits.bytes``; a trace whose summary
@@ -27,6 +30,7 @@ import contextlib
 import json
 import logging
 import os
+import selectors
 import signal
 import stat
 import subprocess
@@ -37,6 +41,7 @@ from collections import deque
 from collections.abc import Mapping
 from typing import Any
 
+from policy_engine.analysis.summarize_main import MAX_KEPT_BYTES, MAX_SUMMARY_BYTES, MEMORY_BYTES
 from policy_engine.backends.files import TORCH_GZIP, TORCH_PLAIN
 from policy_engine.files.publish import folder
 from policy_engine.files.records import summary_line
@@ -55,11 +60,9 @@ TIMEOUT = 1800.0
 EXIT_WAIT = 5.0
 #: The workers' nice value: the lowest priority.
 NICE = 19
-#: A summary (as JSON) past this loses its bulky parts; one still past the second fails.
-MAX_SUMMARY_BYTES = 64 << 10
-MAX_KEPT_BYTES = 512 << 10
-TRIM_REGIONS = 4
-TRIM_OPS = 8
+#: What a worker's stdout (its one line) and stderr may hold: past it, it is killed.
+MAX_OUT = MAX_KEPT_BYTES + (4 << 10)
+MAX_ERR = 64 << 10
 WORKER = "policy_engine.analysis.summarize_main"
 #: The folder this package is imported from: the worker imports the same one.
 _SOURCE = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -146,13 +149,23 @@ class Pool:
             cut = job.done
         if cut:  # the process began to end while the worker started
             proc.kill()
+        deadline = job.started + TIMEOUT
         try:
-            out, said = proc.communicate(timeout=TIMEOUT)
+            out, said, stopped = _read(proc, deadline)
+            if stopped is None:  # both pipes closed: the worker is ending
+                proc.wait(max(deadline - time.monotonic(), 1.0))
         except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.communicate()
-            self.conclude(job, ("failed", None, f"the summary took longer than {TIMEOUT:g} s: "
-                                "its worker was killed", None))
+            stopped = _too_long()
+        finally:
+            if proc.returncode is None:  # cut off, or this thread failed
+                with contextlib.suppress(OSError):
+                    proc.kill()
+                proc.wait()
+            for pipe in (proc.stdout, proc.stderr):
+                if pipe is not None:
+                    pipe.close()
+        if stopped is not None:
+            self.conclude(job, ("failed", None, stopped, None))
             return
         self.conclude(job, _outcome(out, said, proc.returncode))
 
@@ -200,12 +213,49 @@ def _spawn(path: str) -> subprocess.Popen[bytes]:
     env = dict(os.environ)  # the worker imports this very package
     env["PYTHONPATH"] = os.pathsep.join(p for p in (_SOURCE, env.get("PYTHONPATH")) if p)
     proc = subprocess.Popen(
-        [sys.executable, "-m", WORKER, path, "--parent", str(os.getpid())],
+        [sys.executable, "-m", WORKER, path, "--parent", str(os.getpid()),
+         "--trim-bytes", str(MAX_SUMMARY_BYTES), "--max-bytes", str(MAX_KEPT_BYTES),
+         "--memory-bytes", str(MEMORY_BYTES)],
         stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
         close_fds=True, env=env)
     with contextlib.suppress(OSError, AttributeError):  # a platform without setpriority
         os.setpriority(os.PRIO_PROCESS, proc.pid, NICE)
     return proc
+
+
+def _read(proc: subprocess.Popen[bytes], deadline: float) -> tuple[bytes, bytes, str | None]:
+    """What the worker writes to stdout and stderr until it closes both, at most
+    :data:`MAX_OUT` and :data:`MAX_ERR` bytes; and why it was cut off (None when it was
+    not): past either or past ``deadline`` (monotonic), the caller kills it."""
+    assert proc.stdout is not None and proc.stderr is not None
+    kept = {proc.stdout.fileno(): bytearray(), proc.stderr.fileno(): bytearray()}
+    most = {proc.stdout.fileno(): MAX_OUT, proc.stderr.fileno(): MAX_ERR}
+    with selectors.DefaultSelector() as pipes:
+        for fd in kept:
+            pipes.register(fd, selectors.EVENT_READ)
+        while pipes.get_map():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return b"", b"", _too_long()
+            for key, _ in pipes.select(min(left, 1.0)):
+                fd = key.fd
+                data = os.read(fd, most[fd] + 1 - len(kept[fd]))
+                if not data:
+                    pipes.unregister(fd)
+                    continue
+                kept[fd] += data
+                if len(kept[fd]) > most[fd]:
+                    what = "printed" if fd == proc.stdout.fileno() else "wrote to stderr"
+                    return b"", b"", (f"the summary worker {what} more than {most[fd]} "
+                                      "bytes: it was killed")
+    return bytes(kept[proc.stdout.fileno()]), bytes(kept[proc.stderr.fileno()]), None
+
+
+def _too_long() -> str:
+    return f"the summary took longer than {TIMEOUT:g} s: its worker was killed"
+
+
+_MEMORY_SIGNALS = (signal.SIGSEGV, signal.SIGABRT, signal.SIGKILL, signal.SIGBUS)
 
 
 def _said(data: bytes) -> str:
@@ -218,10 +268,12 @@ def _said(data: bytes) -> str:
 def _outcome(out: bytes, err: bytes, code: int) -> Outcome:
     """What a worker's output says: the summary, or why there is none."""
     if code < 0:
+        name = f"signal {-code}"
         with contextlib.suppress(ValueError):
-            return ("failed", None, f"the summary worker was ended by "
-                    f"{signal.Signals(-code).name}", None)
-        return "failed", None, f"the summary worker was ended by signal {-code}", None
+            name = signal.Signals(-code).name
+        hint = (f" (perhaps out of memory: a worker is held to {MEMORY_BYTES >> 20} MiB)"
+                if -code in _MEMORY_SIGNALS else "")
+        return "failed", None, f"the summary worker was ended by {name}{hint}", None
     if code != 0:
         return ("failed", None, f"the summary worker exited with status {code}: "
                 f"{_said(err)}", None)
@@ -234,37 +286,10 @@ def _outcome(out: bytes, err: bytes, code: int) -> Outcome:
         return "failed", None, "the summary worker printed no summary object", None
     if "error" in found:
         return "failed", None, str(found["error"])[:_SAID], None
-    return _fit(found)
-
-
-def _size(summary: Mapping[str, Any]) -> int:
-    return len(json.dumps(summary))
-
-
-def _fit(summary: dict[str, Any]) -> Outcome:
-    """``summary`` as a manifest line may hold it: whole, trimmed, or refused."""
-    size = _size(summary)
-    if size <= MAX_SUMMARY_BYTES:
-        return "complete", summary, None, None
-    trimmed = dict(summary)
-    regions = summary.get("regions")
-    if isinstance(regions, dict):  # the longest regions first (analysis.summary)
-        trimmed["regions"] = dict(list(regions.items())[:TRIM_REGIONS])
-    facts = summary.get("facts")
-    if isinstance(facts, dict):
-        trimmed["facts"] = dict(facts, hta_unrecognised=[], looks_like_comm=[])
-    ops = summary.get("ops")
-    if isinstance(ops, dict) and isinstance(ops.get("top"), list):  # the most time first
-        top = ops["top"]
-        trimmed["ops"] = dict(ops, top=top[:TRIM_OPS],
-                              left_out=int(ops.get("left_out") or 0) + len(top[TRIM_OPS:]))
-    left = _size(trimmed)
-    if left > MAX_KEPT_BYTES:
-        return ("failed", None, f"the summary is {left} bytes even trimmed, over the "
-                f"{MAX_KEPT_BYTES >> 10} KiB a manifest line may hold of it", None)
-    return ("complete", trimmed, None, f"the summary was {size} bytes, over "
-            f"{MAX_SUMMARY_BYTES >> 10} KiB: regions beyond the top {TRIM_REGIONS}, "
-            f"operators beyond the top {TRIM_OPS} and the facts' name lists were left out")
+    summary, trimmed = found.get("summary"), found.get("trimmed")
+    if not isinstance(summary, dict) or not isinstance(trimmed, (str, type(None))):
+        return "failed", None, "the summary worker printed no summary object", None
+    return "complete", summary, None, trimmed
 
 
 def _record(job: Job, outcome: Outcome) -> None:

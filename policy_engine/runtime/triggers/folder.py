@@ -20,7 +20,13 @@ import stat
 import time
 from typing import Any
 
-from policy_engine.files.publish import make_folders, open_folder, publish, write_atomic
+from policy_engine.files.publish import (
+    make_folders,
+    open_folder,
+    open_temp,
+    publish,
+    write_atomic,
+)
 from policy_engine.runtime.process.state import warn_once
 from policy_engine.runtime.triggers.channel import MAX_LISTENERS
 from policy_engine.runtime.triggers.messages import Arrived, NotARequest
@@ -267,6 +273,6 @@ def read_progress(output_dir: str, role: str) -> list[Any]:
 
 def post_request(output_dir: str, rid: str, body: str) -> None:
     def write(path: str) -> None:
-        with open(path, "w", encoding="utf-8") as f:
+        with open_temp(path, text=True) as f:
             f.write(body)
     write_atomic(output_dir, f"{REQUESTS_DIR}/{rid}", REQUEST_SUFFIX, write)

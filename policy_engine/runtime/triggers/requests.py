@@ -25,7 +25,7 @@ from typing import Any
 import attrs
 
 from policy_engine.files.layout import TRIGGERS_DIR, host_name
-from policy_engine.files.publish import write_atomic
+from policy_engine.files.publish import open_temp, write_atomic
 
 __all__ = ["MAX_ALSO", "MAX_BYTES", "MAX_COUNT", "MAX_STEP", "MAX_TEXT", "REQUESTS_DIR",
            "REQUEST_SUFFIX", "WHYS", "BadRequest", "Request", "is_request_name", "load_bounded",
@@ -118,7 +118,7 @@ def write_request(output_dir: str, *, role: str, ranks: Any, step: int | None,
     rid = request["id"]
 
     def write(path: str) -> None:
-        with open(path, "w", encoding="utf-8") as f:
+        with open_temp(path, text=True) as f:
             f.write(body)
     write_atomic(output_dir, f"{REQUESTS_DIR}/{rid}", REQUEST_SUFFIX, write)
     return request
