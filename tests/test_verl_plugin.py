@@ -86,6 +86,17 @@ PROBE = ("import verl; from verl.utils.profiler import DistProfiler; "
          "print(DistProfiler.__dict__.get('__policy_engine_patched__', False))")
 
 
+@pytest.mark.slow  # pip reads every installed package's metadata: seconds
+def test_install_verl_breaks_nothing_but_leaves_verls_extras_out() -> None:
+    """scripts/install_verl.sh installs verl without what its profiler does not need (the
+    script names those); nothing else installed is left with a requirement unmet (before,
+    tensordict's pyvers took packaging below what virtualenv needs)."""
+    done = subprocess.run([sys.executable, "-m", "pip", "check"], env=child_env(),
+                          capture_output=True, text=True, timeout=180)
+    left_out = re.compile(r"verl \S+ requires [\w.-]+, which is not installed\.")
+    assert [line for line in done.stdout.splitlines() if not left_out.fullmatch(line)] == []
+
+
 @pytest.mark.slow  # the process imports verl (Ray, transformers): seconds
 def test_without_policy_import_verl_patches_nothing() -> None:
     """The plugin is loaded (the entry point is installed) and changes nothing. With
