@@ -682,3 +682,13 @@ def test_npu_rollout_engines_are_listed(composed: dict[str, Any], tmp_path: Path
         "profiler inside the rollout engine (actor_rollout_ref.rollout.name=vllm) has no policy "
         "backend (the engine backends record with torch in vLLM and SGLang); role 'rollout' is "
         "off\n")
+
+
+def test_validate_knows_the_roles_verl_workers_are_profiled_as() -> None:
+    """validate's misspelling warning reads the language's copy of the plugin's table."""
+    from policy_engine.integrations.verl import roles as verl_roles
+    from policy_engine.language.rules.role_names import VERL_ROLES
+
+    table = {role for role, together in verl_roles.WORKERS.values() for role in
+             (role, *together)} | {verl_roles.UNNAMED}
+    assert sorted(VERL_ROLES) == sorted(table)
