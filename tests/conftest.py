@@ -71,6 +71,39 @@ TOGETHER = {
 }
 
 
+def _group(nodeid: str) -> str:
+    """The group of a test: its file's, from :data:`TOGETHER` or the file itself."""
+    path = nodeid.split("::", 1)[0]
+    return TOGETHER.get(path.rsplit("/", 1)[-1], path)
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own, which makes -n alone `load`
+def pytest_cmdline_main(config: pytest.Config) -> None:
+    """``-n N`` alone distributes by group (``--dist loadgroup``), as .ci/run asks: test by
+    test, the files whose tests share a job or a Ray cluster would race. A ``--dist``
+    given on the command line stays; without pytest-xdist nothing changes."""
+    if config.getoption("numprocesses", None) and config.getoption("dist", None) == "no" \
+            and not config.getoption("distload", False):
+        config.option.dist = "loadgroup"
+
+
+@pytest.hookimpl(optionalhook=True)  # a pytest-xdist hook: absent without it
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """``--dist loadgroup`` by :func:`_group`, decided where the tests are handed out.
+    pytest-xdist's own loadgroup reads the ``xdist_group`` marks in each worker and tells
+    the controller by renaming the test, which pytest 9 no longer lets a plugin do: under
+    it every test would be its own group."""
+    if config.getoption("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class FileGroupScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return _group(nodeid)
+
+    return FileGroupScheduling(config, log)
+
+
 @pytest.hookimpl(tryfirst=True)  # before -m deselects by marker, and before xdist reads groups
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:

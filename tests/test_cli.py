@@ -389,6 +389,17 @@ def test_every_synopsis_shows_every_option(page: str) -> None:
         assert missing == [], f"{page}: policy-engine {name}"
 
 
+def test_every_install_command_works_from_a_checkout() -> None:
+    """policy-engine is not published on an index: the pages, the example policies and the
+    docstrings install it from a checkout (``pip install -e '.[verl]'``), never by name."""
+    pages = [ROOT / "README.md", *(ROOT / "docs").glob("*.md"), *(ROOT / "policies").iterdir(),
+             *(ROOT / "policy_engine").rglob("*.py")]
+    by_name = re.compile(r"pip install[^\n`&;|#]*?[\s'\"]policy-engine\b")
+    found = [f"{page.relative_to(ROOT)}: {hit}" for page in pages if page.is_file()
+             for hit in by_name.findall(page.read_text(encoding="utf-8"))]
+    assert found == []
+
+
 def test_help_lists_the_commands_in_the_order_of_the_work(
         capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["--help"]) == 0

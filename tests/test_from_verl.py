@@ -442,6 +442,32 @@ def test_no_torch_hydra_or_omegaconf_imported() -> None:
 
 
 
+UNCOMPOSED = "defaults:\n  - actor@actor_rollout_ref.actor: dp_actor\n  - _self_\ntrainer: {}\n"
+
+
+def test_an_uncomposed_config_without_hydra_is_refused(tmp_path: Path) -> None:
+    """A Hydra config still to compose (a top-level defaults: list) holds none of verl's
+    profiler blocks: without Hydra it is refused, never converted to a policy that profiles
+    nothing. (Hydra is kept from importing in the child; the shared venv has none anyway.)"""
+    import subprocess
+    import sys
+
+    cfg = tmp_path / "ppo_trainer.yaml"
+    cfg.write_text(UNCOMPOSED, encoding="utf-8")
+    code = ("import sys; sys.modules['hydra'] = None; from policy_engine.cli.main import main; "
+            f"sys.exit(main(['from-verl', {str(cfg)!r}, '-o', {str(tmp_path / 'p.yaml')!r}]))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120)
+    assert (done.returncode, done.stdout) == (2, "")
+    assert done.stderr == (
+        f"policy-engine from-verl: error: {cfg} is an uncomposed Hydra config (its top-level "
+        "defaults: list names the files it is made from, which hold verl's profiler "
+        "settings), and hydra-core is not installed here: pass the composed config Hydra "
+        "saves in the run's folder (.hydra/config.yaml), or install hydra-core (pip install "
+        "hydra-core) for from-verl to compose it\n")
+    assert not (tmp_path / "p.yaml").exists()
+
+
 # -- verl's own example scripts, composed by Hydra from the installed wheel -------------------
 
 #: The profiling-relevant command-line overrides of verl's examples/profile/ scripts, with
@@ -682,3 +708,64 @@ def test_npu_rollout_engines_are_listed(composed: dict[str, Any], tmp_path: Path
         "profiler inside the rollout engine (actor_rollout_ref.rollout.name=vllm) has no policy "
         "backend (the engine backends record with torch in vLLM and SGLang); role 'rollout' is "
         "off\n")
+
+
+def test_validate_knows_the_roles_verl_workers_are_profiled_as() -> None:
+    """validate's misspelling warning reads the language's copy of the plugin's table."""
+    from policy_engine.integrations.verl import roles as verl_roles
+    from policy_engine.language.rules.role_names import VERL_ROLES
+
+    table = {role for role, together in verl_roles.WORKERS.values() for role in
+             (role, *together)} | {verl_roles.UNNAMED}
+    assert sorted(VERL_ROLES) == sorted(table)
+
+
+def _shipped_trainer() -> Path:
+    pytest.importorskip("hydra", reason="the verl tests need hydra-core (pip install hydra-core)")
+    pytest.importorskip("verl.utils.profiler", reason="the verl tests need verl==0.9.1")
+    import verl
+
+    return Path(verl.__file__).parent / "trainer" / "config" / "ppo_trainer.yaml"
+
+
+def test_verls_shipped_trainer_yaml_is_composed_first(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """verl's own ppo_trainer.yaml (a defaults: list) converts to what Hydra's composition
+    of it converts to, --set applied after; as it ships it profiles nothing, and the
+    warning says so."""
+    trainer = _shipped_trainer()
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    monkeypatch.chdir(tmp_path)
+    sets = ["global_profiler.tool=torch", "global_profiler.steps=[2,3]",
+            f"{ACTOR}.enable=True", f"{ACTOR}.ranks=[0,3]"]
+    out = tmp_path / "p.yaml"
+    assert main(["from-verl", str(trainer), "-o", str(out),
+                 *(arg for text in sets for arg in ("--set", text))]) == 0
+    assert capsys.readouterr().err == ""
+    with initialize_config_dir(config_dir=str(trainer.parent), version_base=None):
+        composed = OmegaConf.to_container(compose(config_name="ppo_trainer"), resolve=False)
+    import yaml
+
+    expected = convert_mapping(composed, sets).policy
+    assert yaml.safe_load(out.read_text(encoding="utf-8")) == expected
+    assert load_policy(out).role("actor").enabled
+    assert main(["from-verl", str(trainer), "-o", str(out), "--force"]) == 0
+    captured = capsys.readouterr()
+    assert captured.out == f"wrote {out}\n"
+    assert captured.err.endswith("warning: no role is enabled: the policy profiles nothing "
+                                 "(set enabled: true on a role under roles, or in defaults) "
+                                 "(at $.roles)\n")
+
+
+def test_a_config_hydra_cannot_compose_is_unreadable(tmp_path: Path,
+                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    _shipped_trainer()
+    cfg = tmp_path / "trainer.yaml"
+    cfg.write_text(UNCOMPOSED, encoding="utf-8")  # no actor/ group beside it
+    assert main(["from-verl", str(cfg), "-o", str(tmp_path / "p.yaml")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"policy-engine from-verl: error: Hydra cannot compose {cfg}: "
+                          "MissingConfigException: ")

@@ -59,16 +59,18 @@ def test_the_repository_examples_and_init_resolve(tmp_path: Path,
 
 def test_toml_lines_json_keys_and_urls(tmp_path: Path,
                                        capsys: pytest.CaptureFixture[str]) -> None:
-    (tmp_path / "p.toml").write_text("#:schema ./missing.json\nversion = 1\n")
+    (tmp_path / "p.toml").write_text("#:schema ./missing.json\nversion = 1\n"
+                                     "[defaults]\nenabled = true\nsteps = [2]\n")
     code, lines = validate(capsys, str(tmp_path / "p.toml"))
     assert code == 0 and lines[0].startswith(f"{tmp_path}/p.toml:1:10: warning: $schema "
                                              "./missing.json names no file")
-    (tmp_path / "p.json").write_text(json.dumps({"$schema": "schemas/x.json", "version": 1}))
+    (tmp_path / "p.json").write_text(json.dumps({"$schema": "schemas/x.json", "version": 1,
+                                                 "defaults": {"enabled": True, "steps": [2]}}))
     code, lines = validate(capsys, str(tmp_path / "p.json"))
     assert lines[0].startswith(f"{tmp_path}/p.json:1:13: warning: $schema schemas/x.json "
                                "names no file")
     assert lines[0].endswith("(at $['$schema'])")
     (tmp_path / "u.yaml").write_text(
         "# yaml-language-server: $schema=https://example.org/profile_policy.schema.json\n"
-        "version: 1\n")
+        "version: 1\ndefaults: {enabled: true, steps: [2]}\n")
     assert validate(capsys, "--strict", str(tmp_path / "u.yaml"))[0] == 0

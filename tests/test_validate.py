@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -346,7 +347,8 @@ INVALID_CASES: dict[str, tuple[tuple[str, ...], list[str]]] = {
 
 # Valid files: the warnings each prints (none for most).
 VALID_CASES: dict[str, list[str]] = {
-    "minimal.yaml": [],
+    "minimal.yaml": ["minimal.yaml:1:1: warning: no role is enabled: the policy profiles "
+                     "nothing (set enabled: true on a role under roles, or in defaults) (at $)"],
     "full.yaml": [],
     "policy.toml": [],
     "policy.json": [],
@@ -428,8 +430,9 @@ def test_every_file_is_checked_and_the_worst_exit_code_wins(
                               "invalid/unknown_key.yaml", "valid/policy.toml")
     assert code == 1
     summaries = [line for line in lines if line.endswith(("valid", ")"))
-                 and ": error: " not in line]
-    assert summaries == ["valid/minimal.yaml: valid", "invalid/backend.yaml: invalid (1 error)",
+                 and ": error: " not in line and ": warning: " not in line]
+    assert summaries == ["valid/minimal.yaml: valid (1 warning)",
+                         "invalid/backend.yaml: invalid (1 error)",
                          "invalid/unknown_key.yaml: invalid (1 error)",
                          "valid/policy.toml: valid"]
     code, lines, _ = validate(capsys, "invalid/backend.yaml", "missing.yaml")
@@ -458,7 +461,10 @@ def test_json_format_lists_every_problem(capsys: pytest.CaptureFixture[str],
     assert code == 1
     assert report["valid"] is False
     [bad, good] = report["files"]
-    assert good == {"file": "valid/minimal.yaml", "valid": True, "problems": [], "notes": []}
+    assert good == {"file": "valid/minimal.yaml", "valid": True, "notes": [], "problems": [{
+        "file": "valid/minimal.yaml", "line": 1, "column": 1, "json_path": "$",
+        "severity": "warning", "message": "no role is enabled: the policy profiles nothing "
+        "(set enabled: true on a role under roles, or in defaults)"}]}
     assert bad["file"] == "invalid/semantic_several.yaml"
     assert bad["valid"] is False
     assert bad["problems"][0] == {
@@ -828,3 +834,45 @@ def test_problems_come_in_the_order_of_the_file_and_point_at_the_character(
     assert [line.split(": error: ")[0] for line in lines[:-1]] == [
         f"{path}:5:25", f"{path}:6:26", f"{path}:7:21"]
     assert "unknown field <bogus>" in lines[0]  # column 25: the '<' of <bogus>
+
+
+@pytest.mark.parametrize(("roles", "expected"), [
+    ({"actor": {"enabled": False}}, ["7:3: warning: no role is enabled: the policy profiles "
+                                     "nothing (set enabled: true on a role under roles, or in "
+                                     "defaults) (at $.roles)"]),
+    ({}, []),  # defaults.enabled: true below
+    ({"actor": {"enabled": True}}, []),
+])
+def test_a_policy_that_enables_no_role_is_valid_with_a_warning(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], roles: dict[str, Any],
+        expected: list[str]) -> None:
+    body = {"version": 1, "defaults": {"enabled": not roles, "steps": [2]}, "roles": roles}
+    path = tmp_path / "p.yaml"
+    path.write_text(yaml.safe_dump(body, sort_keys=False))
+    code, lines, _ = validate(capsys, str(path))
+    assert code == 0
+    assert [line.removeprefix(f"{path}:") for line in lines
+            if ": warning: " in line] == expected
+    if expected:  # --strict fails on it, as on every warning
+        assert validate(capsys, "--strict", str(path))[0] == 1
+
+
+@pytest.mark.parametrize(("name", "close"), [
+    ("actr", "actor"), ("reff", "ref"), ("Actor", "actor"), ("rollot", "rollout"),
+    ("crtic", "critic"), ("actors", "actor"),
+    ("r", None), ("critic2", None), ("rollout_vllm", None), ("reward", None),
+    ("trainer", None), ("value", None),
+])
+def test_a_role_named_one_slip_away_from_a_verl_role_is_a_warning(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], name: str,
+        close: str | None) -> None:
+    path = tmp_path / "p.yaml"
+    path.write_text(yaml.safe_dump({"version": 1, "roles": {
+        name: {"enabled": True, "steps": [2]}}}))
+    code, lines, _ = validate(capsys, "--format", "json", str(path))
+    found = [p["message"] for p in json.loads("\n".join(lines))["files"][0]["problems"]]
+    assert code == 0
+    assert found == ([] if close is None else [
+        f"role {name!r} looks like a misspelling of {close!r} (did you mean {close!r}?), a "
+        f"role verl's workers are profiled as: a process asking for role {close!r} does not "
+        "get this one"])

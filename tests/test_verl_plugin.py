@@ -20,6 +20,7 @@ import pytest
 import yaml
 from job_env import child_env
 
+from policy_engine.errors import PolicyError
 from policy_engine.integrations import verl as plugin
 from policy_engine.integrations.verl import driver as verl_driver
 from policy_engine.integrations.verl.roles import ENV_ROLES, assign, env_mapping, stage_role
@@ -83,6 +84,17 @@ def test_the_switch_is_the_languages() -> None:
 # -- the entry point ----------------------------------------------------------------------
 PROBE = ("import verl; from verl.utils.profiler import DistProfiler; "
          "print(DistProfiler.__dict__.get('__policy_engine_patched__', False))")
+
+
+@pytest.mark.slow  # pip reads every installed package's metadata: seconds
+def test_install_verl_breaks_nothing_but_leaves_verls_extras_out() -> None:
+    """scripts/install_verl.sh installs verl without what its profiler does not need (the
+    script names those); nothing else installed is left with a requirement unmet (before,
+    tensordict's pyvers took packaging below what virtualenv needs)."""
+    done = subprocess.run([sys.executable, "-m", "pip", "check"], env=child_env(),
+                          capture_output=True, text=True, timeout=180)
+    left_out = re.compile(r"verl \S+ requires [\w.-]+, which is not installed\.")
+    assert [line for line in done.stdout.splitlines() if not left_out.fullmatch(line)] == []
 
 
 @pytest.mark.slow  # the process imports verl (Ray, transformers): seconds
@@ -258,7 +270,7 @@ def test_a_profiler_failure_never_stops_training(policy: Any,
                for r in caplog.records)
 
 
-@pytest.mark.parametrize(("config", "tool", "message"), [
+CANNOT_SAY = [
     (ProfilerConfig(tool="precision_debugger", enable=True, save_path="x", tool_config={}),
      PrecisionDebuggerToolConfig(),
      "tool precision_debugger (msprobe's precision dumps) has no backend in the policy "
@@ -267,15 +279,121 @@ def test_a_profiler_failure_never_stops_training(policy: Any,
      TorchProfilerToolConfig(profile_token_start=10),
      "profile_token_start (a window of response tokens in the rollout engine) has no "
      "equivalent in the policy language"),
-])
-def test_what_the_policy_cannot_say_is_an_error_at_start(
-        policy: Any, config: ProfilerConfig, tool: Any, message: str) -> None:
+]
+WHO = "verl worker 'actor_rollout_ref' (Hybrid, rank 0)"
+OFF = ("; profiling is off in this process (verl's own profiler too) and training goes on")
+
+
+def errors(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+
+
+def trains_unprofiled(rec: Any) -> Any:
+    """A hybrid worker built and trained through verl's steps 1-3; nothing recorded, and
+    verl's own profiler not built either."""
+    worker = hybrid()
+    for n in (1, 2, 3):
+        worker.step(n, profiled=True)
+    assert worker.calls == ["ref_compute_log_prob", "actor_update"] * 3
+    assert rec.calls == []
+    assert type(worker.profiler._impl).__name__ == "_NoOpProfiler"
+    return worker
+
+
+@pytest.mark.parametrize(("config", "tool", "message"), CANNOT_SAY)
+def test_what_the_policy_cannot_say_turns_profiling_off(
+        policy: Any, config: ProfilerConfig, tool: Any, message: str,
+        caplog: pytest.LogCaptureFixture) -> None:
     policy(BASE)
+    with recording_backend("torch") as rec:
+        worker = hybrid(config, tool)
+        worker.step(2, profiled=True)
+    assert worker.calls == ["ref_compute_log_prob", "actor_update"]
+    assert rec.calls == []
+    assert errors(caplog) == [
+        f"policy-engine: {WHO} cannot be profiled: verl's profiler config asks for what the "
+        f"policy cannot express: {message}; remove it from verl's profiler config or unset "
+        f"PROFILE_POLICY{OFF}"]
+
+
+@pytest.mark.parametrize(("config", "tool", "message"), CANNOT_SAY)
+def test_what_the_policy_cannot_say_raises_under_on_error_raise(
+        policy: Any, config: ProfilerConfig, tool: Any, message: str) -> None:
+    policy({**BASE, "defaults": {**BASE["defaults"], "on_error": "raise"}})
     with pytest.raises(ValueError) as err:
         hybrid(config, tool)
     assert str(err.value) == (
-        f"verl worker 'actor_rollout_ref' asks for what the policy cannot express: "
-        f"{message}; remove it from verl's profiler config or unset PROFILE_POLICY")
+        f"verl's profiler config asks for what the policy cannot express: {message}; remove "
+        "it from verl's profiler config or unset PROFILE_POLICY")
+
+
+TYPO = ("the worker's policy role is 'actor' (by the table), which the policy does not "
+        "name; the policy's role 'actr' looks like a misspelling of it (did you mean "
+        "'actor'?): rename it 'actor', or map the worker with "
+        "PROFILE_POLICY_VERL_ROLES=actor_rollout_ref=actr")
+
+
+def test_a_misspelt_role_turns_profiling_off_with_one_line(
+        policy: Any, caplog: pytest.LogCaptureFixture) -> None:
+    """`roles: {actr: ...}` validates (with a warning); the worker is still built and
+    trains, and one line says what is wrong and what to do."""
+    policy({"defaults": {"ranks": "all", "steps": [2]}, "roles": {"actr": {"enabled": True}}})
+    with recording_backend("torch") as rec:
+        trains_unprofiled(rec)
+        trains_unprofiled(rec)  # the process stays off, without a second line
+    assert errors(caplog) == [f"policy-engine: {WHO} cannot be profiled: {TYPO}{OFF}"]
+
+
+def test_a_malformed_roles_variable_turns_profiling_off_with_one_line(
+        policy: Any, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    monkeypatch.setenv(ENV_ROLES, "critic=value,actor")
+    policy(BASE)
+    with recording_backend("torch") as rec:
+        trains_unprofiled(rec)
+    assert errors(caplog) == [
+        f"policy-engine: {WHO} cannot be profiled: PROFILE_POLICY_VERL_ROLES item 2 'actor' "
+        f"is not VERL_NAME=ROLE (for example language_model=trainer){OFF}"]
+
+
+@pytest.mark.parametrize(("roles", "body", "raised", "message"), [
+    ("", {"roles": {"actr": {"enabled": True}}}, PolicyError, TYPO),
+    ("critic=value,actor", BASE, ValueError,
+     "PROFILE_POLICY_VERL_ROLES item 2 'actor' is not VERL_NAME=ROLE (for example "
+     "language_model=trainer)"),
+])
+def test_under_on_error_raise_the_worker_is_not_built(
+        policy: Any, monkeypatch: pytest.MonkeyPatch, roles: str, body: dict[str, Any],
+        raised: type[Exception], message: str) -> None:
+    """``on_error: raise`` in defaults (no role could be told, or the worker's role is not
+    in the policy): the failure reaches verl, as the policy asks."""
+    monkeypatch.setenv(ENV_ROLES, roles)
+    policy({**body, "defaults": {"on_error": "raise", "steps": [2]}})
+    with pytest.raises(raised) as err:
+        hybrid()
+    assert message in str(err.value)
+
+
+def test_a_fault_in_a_window_turns_profiling_off_with_one_line(
+        policy: Any, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A step verl's caller passes that is no step number: the window cannot open; the
+    open capture of another worker of the process is saved partial, and training goes
+    on unprofiled in every worker."""
+    policy(BASE)
+    with recording_backend("torch") as rec:
+        first, second = hybrid(), hybrid()
+        first.start_profile(profile_step=2)
+        second.start_profile(profile_step="second")
+        first.update_actor()
+        first.stop_profile(run_command=False)
+        for n in (3, 4):
+            second.step(n, profiled=True)
+    assert second.calls == ["ref_compute_log_prob", "actor_update"] * 2
+    assert errors(caplog) == [
+        "policy-engine: verl worker 'actor_rollout_ref' (Hybrid, rank 0) cannot be profiled: "
+        f"start_profile failed: the step verl passed, 'second', is no step number{OFF}"]
+    assert [(line["status"]) for line in trace_lines(tmp_path) if line["event"] == "trace"] \
+        == ["partial"]
+    assert [c[0] for c in rec.calls].count("range_start") == 0  # nothing after the fault
 
 
 def test_verl_config_is_kept_for_its_finish_hook(policy: Any) -> None:
@@ -289,19 +407,23 @@ def test_verl_config_is_kept_for_its_finish_hook(policy: Any) -> None:
     assert type(prof._impl).__name__ == "_NoOpProfiler"  # verl's torch tool never built
 
 
-def test_a_broken_policy_turns_all_profiling_off(
+def test_a_broken_policy_turns_all_profiling_off_with_one_line(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
         caplog: pytest.LogCaptureFixture) -> None:
     path = tmp_path / "profile_policy.yaml"
-    path.write_text("version: 1\nroles: {actor: {enabled: maybe}}\n")
+    path.write_text("version: 1\nroles: {actor: {enabled: maybe, ranks: x}}\n")
     monkeypatch.setenv(ENV_FILE, str(path))
     assert plugin.install()
     with recording_backend("torch") as rec:
-        worker = hybrid()
-        worker.step(1, profiled=True)
-    assert rec.calls == []
-    assert type(worker.profiler._impl).__name__ == "_NoOpProfiler"  # nor verl's own
-    assert any("enabled must be a boolean" in r.getMessage() for r in caplog.records)
+        trains_unprofiled(rec)  # verl's own profiler is off too
+    assert len(errors(caplog)) == 1
+    assert errors(caplog)[0].startswith(
+        f"policy-engine: {WHO} cannot be profiled: the policy PROFILE_POLICY={path} does not "
+        f"load: {path}:2:")
+    assert errors(caplog)[0].endswith(
+        f"(and 1 more); `policy-engine validate {path}` (with the same PROFILE_POLICY_SET) "
+        f"lists every problem{OFF}")
+    assert "enabled must be a boolean" in errors(caplog)[0]
     state.reset()
 
 

@@ -226,4 +226,35 @@ def test_an_engine_that_cannot_be_profiled_never_stops_the_rollout(
     with caplog.at_level("WARNING", logger="policy_engine"):
         asyncio.run(_trainer([server], steps=3))
     assert caplog.text.count("cannot be profiled") == 1
-    assert "verl's vLLM server of replica 1 cannot be profiled (TypeError" in caplog.text
+    assert ("policy-engine: verl's vLLM server of replica 1 cannot be profiled: role 'rollout': "
+            "TypeError: object has no start_profile/stop_profile") in caplog.text
+    assert [r.levelname for r in caplog.records] == ["ERROR"]
+
+
+@pytest.mark.parametrize(("roles", "text", "said"), [
+    # A malformed PROFILE_POLICY_VERL_ROLES: the replica's role cannot be told.
+    ("rollout", yaml.safe_dump(POLICY),
+     "cannot be profiled: PROFILE_POLICY_VERL_ROLES item 1 'rollout' is not VERL_NAME=ROLE"),
+    # A policy that does not load: verl's own rollout profiler block does not apply either.
+    ("", "version: 1\nroles: {rollout: {enabled: maybe}}\n",
+     "cannot be profiled: the policy PROFILE_POLICY="),
+])
+def test_a_plugin_failure_leaves_every_engine_unprofiled_with_one_line(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture,
+        roles: str, text: str, said: str) -> None:
+    path = tmp_path / "p.yaml"
+    path.write_text(text)
+    monkeypatch.setenv(ENV_FILE, str(path))
+    monkeypatch.setenv("PROFILE_POLICY_VERL_ROLES", roles)
+    module = _module()
+    verl_rollout.patch_vllm_server(module)
+    with caplog.at_level("WARNING", logger="policy_engine"):
+        servers = [module.vLLMHttpServer(replica) for replica in (0, 1)]
+        asyncio.run(_trainer(servers, steps=3))
+    for server in servers:
+        assert server.engine.workers.config == {} and server.engine.workers.calls == []
+        assert server.verl_calls == []  # verl's own start/stop bodies do not run either
+    assert [r.levelname for r in caplog.records] == ["ERROR"]
+    assert caplog.records[0].getMessage().startswith(
+        f"policy-engine: verl's vLLM server of replica 0 {said}")
+    state.reset()

@@ -38,6 +38,7 @@ from policy_engine.analysis.windows import (
     from_folders,
     from_manifests,
     inside,
+    readable,
 )
 from policy_engine.errors import did_you_mean, printable
 from policy_engine.files.records import SummaryLine
@@ -357,13 +358,13 @@ class _Window:
                 pending.append((index, entry))
                 continue
             file = os.path.join(root, entry.path) if entry.path else ""
-            readable = bool(file) and inside(file, root) and os.path.isfile(file)
-            found, refused, said = _chosen_summary(entry, self.detail, readable)
+            there = bool(file) and inside(file, root) and readable(file)
+            found, refused, said = _chosen_summary(entry, self.detail, there)
             for code, message in said:
                 self.figures.say(code, f"rank {entry.rank}: {message}", entry.rank)
             if found is not None:
                 self.add(entry, index, found)
-            elif readable:
+            elif there:
                 pending.append((index, entry._replace(file=file)))  # read the trace instead
             else:
                 why = ("outside the folder analysed: not read" if file and not inside(

@@ -81,6 +81,17 @@ def families(records: Iterable[Record]) -> dict[str, str]:
 TORCH_SUFFIXES = (".pt.trace.json", ".pt.trace.json.gz")
 
 
+#: The ending of torch_npu's folder of one capture (the mstx backend's trace).
+ASCEND_SUFFIX = "_ascend_pt"
+
+
+def is_analysed(record: Record) -> bool:
+    """Whether ``analyze`` reads the file a trace line names: a torch trace, or an Ascend
+    capture (torch_npu's folder)."""
+    path = record.get("path")
+    return is_torch(record) or (isinstance(path, str) and path.endswith(ASCEND_SUFFIX))
+
+
 def is_torch(record: Record) -> bool:
     """Whether a trace line names a torch trace (its backend, or its file's ending)."""
     path = record.get("path")

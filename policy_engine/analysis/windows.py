@@ -34,7 +34,8 @@ from policy_engine.analysis.manifests import (
 from policy_engine.analysis.spool import dumps_sorted
 from policy_engine.analysis.window import USED_FIRST
 from policy_engine.analysis.window_roles import (
-    is_torch,
+    ASCEND_SUFFIX,
+    is_analysed,
     participants,
     window_keys,
 )
@@ -385,14 +386,14 @@ def _place(window: dict[str, Any], r: _Trace, root: str, index: Index) -> None:
     if r.status == "failed" or full is None:
         window["dropped"].append({"rank": rank, "backend": r.backend,
                                   "why": r.error or "no file written"})
-    elif not is_torch(r):
+    elif not is_analysed(r):
         window["other"].append({"rank": rank, "backend": r.backend, "path": rel})
     elif summary is not None:  # the trace is read only if the summary cannot be used
         window["traces"].append(Entry(rank, rel, None, r.status, summary))
     elif not inside(full, root):
         window["skipped"].append({"rank": rank, "path": rel,
                                   "why": "outside the folder analysed: not read"})
-    elif not os.path.isfile(full):
+    elif not readable(full):
         window["skipped"].append({"rank": rank, "path": rel, "why": absent(full)})
     else:
         window["traces"].append(Entry(rank, rel, full, r.status, None))
@@ -414,10 +415,19 @@ def _identify(identity: dict[str, Any], r: _Trace) -> None:
 
 
 def absent(path: str) -> str:
-    """Why a trace the manifest names cannot be read as one: not there, or not a file."""
+    """Why a trace the manifest names cannot be read as one: not there, or not a file
+    (an Ascend capture: not a folder)."""
     if not os.path.lexists(path):
         return "missing: the manifest names it, but it is not on disk"
+    if path.endswith(ASCEND_SUFFIX):
+        return "not a folder (an Ascend capture is torch_npu's folder)"
     return "not a regular file (a folder, a FIFO or a device where the trace should be)"
+
+
+def readable(path: str) -> bool:
+    """Whether the trace at ``path`` is there to read: a regular file, or an Ascend
+    capture's folder."""
+    return os.path.isdir(path) if path.endswith(ASCEND_SUFFIX) else os.path.isfile(path)
 
 
 def inside(path: str, root: str) -> bool:

@@ -1,5 +1,6 @@
 """policy-engine from-verl CONFIG: write the policy equivalent to a verl run's profiler
-settings (Hydra's saved .hydra/config.yaml, or any composed verl trainer YAML), with verl's
+settings (Hydra's saved .hydra/config.yaml, or any composed verl trainer YAML; one still to
+compose, with a top-level defaults: list, is composed by Hydra first), with verl's
 command-line overrides applied first. Each key of the policy says which verl key it comes
 from; what a policy cannot express is listed at its top and printed here."""
 
@@ -24,7 +25,8 @@ def add_parser(sub: Any, name: str, help: str) -> None:
     parser.add_argument(
         "config",
         metavar="CONFIG",
-        help="a composed verl config: .hydra/config.yaml of a run, or a trainer YAML",
+        help="a verl config: .hydra/config.yaml of a run, or a trainer YAML (composed by "
+        "Hydra first when it has a defaults: list)",
     )
     parser.add_argument(
         "-o",

@@ -1,6 +1,6 @@
 """verl's profiler driven by a policy, with no change to verl's code.
 
-    pip install policy-engine[verl]
+    pip install -e '.[verl]'    # in a checkout of policy-engine (not on PyPI)
     PROFILE_POLICY=profile_policy.yaml python -m verl.trainer.main_ppo ...
 
 ``import verl`` loads every ``verl.plugins`` entry point, in the driver and in each Ray

@@ -11,14 +11,16 @@ and stages to the outer worker of its process.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import weakref
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import AbstractContextManager
 from typing import Any
 
 from policy_engine.integrations.verl import roles as verl_roles
+from policy_engine.integrations.verl import switch
 from policy_engine.runtime.apply import Profiler
 from policy_engine.runtime.role.profiler import RoleProfiler
 
@@ -77,12 +79,19 @@ class _StageRange:
 
 class VerlDriver:
     """The profilers of one verl worker: ``main`` first, then the colocated roles (none:
-    the worker profiles nothing, its role runs in a rollout engine)."""
+    the worker profiles nothing, its role runs in a rollout engine, or the plugin is off).
 
-    def __init__(self, worker: str, main: str, profilers: Mapping[str, Profiler]) -> None:
+    ``who`` names the worker in the line a failure says; ``raise_errors`` (the role's
+    ``on_error: raise``) lets a failure propagate to verl instead of turning the plugin
+    off in the process (:mod:`.switch`)."""
+
+    def __init__(self, worker: str, main: str, profilers: Mapping[str, Profiler], *,
+                 who: str = "", raise_errors: bool = False) -> None:
         self.worker = worker
         self.main = main
         self.profilers = dict(profilers)
+        self.who = who or f"verl worker {worker!r}"
+        self.raise_errors = raise_errors
         self.window: int | None = None  # the step whose window is open
         self._blocks: list[AbstractContextManager[None]] = []
         self._starts = 0
@@ -90,15 +99,36 @@ class VerlDriver:
             _OUTER[:] = [ref for ref in _OUTER if ref() is not None]
             _OUTER.append(weakref.ref(self))
 
+    @contextlib.contextmanager
+    def _guarded(self, what: str, may_raise: bool = True) -> Iterator[None]:
+        """Run a profiling call: a failure propagates under ``on_error: raise`` (unless
+        ``may_raise`` is false: a stage's own exception is leaving), else it turns the
+        plugin off in this process and ends every window it holds."""
+        try:
+            yield
+        except Exception as err:
+            if self.raise_errors and may_raise:
+                raise
+            switch.turn_off(self.who, f"{what} failed: {switch.failure(err)}")
+            close_all(err)
+
     # -- windows ------------------------------------------------------------------------
     def start(self, **kwargs: Any) -> None:
         """``start_profile(profile_step=N)``: enter ``training_step(N)`` for every role
         (a window still open ends first). Without a step, start calls count from 1."""
+        if not switch.is_off():
+            with self._guarded("start_profile"):
+                self._start(kwargs)
+
+    def _start(self, kwargs: Mapping[str, Any]) -> None:
         self._starts += 1
         step = kwargs.get("profile_step", kwargs.get("global_step"))
-        n = self._starts if step is None else int(step)
+        try:
+            n = self._starts if step is None else int(step)
+        except (TypeError, ValueError):
+            raise ValueError(f"the step verl passed, {step!r}, is no step number") from None
         if self.window is not None:
-            self.stop()
+            self._stop()
         self.window = n
         for prof in self.profilers.values():
             block = prof.training_step(n)
@@ -107,6 +137,11 @@ class VerlDriver:
 
     def stop(self, error: BaseException | None = None) -> None:
         """``stop_profile()``: leave the open window (``partial`` with ``error``)."""
+        if not switch.is_off():
+            with self._guarded("stop_profile", may_raise=error is None):
+                self._stop(error)
+
+    def _stop(self, error: BaseException | None = None) -> None:
         blocks, self._blocks, self.window = self._blocks, [], None
         for block in reversed(blocks):  # the colocated roles leave before the opener
             if error is None:
@@ -116,10 +151,11 @@ class VerlDriver:
 
     def step(self) -> None:
         """A mini-batch ended: an inner step of the window's captures."""
-        if self.window is not None:
+        if self.window is not None and not switch.is_off():
             prof = self.profilers.get(self.main)
             if isinstance(prof, RoleProfiler):
-                prof.step()
+                with self._guarded("the mini-batch step"):
+                    prof.step()
 
     # -- stages -------------------------------------------------------------------------
     def _region(self, stage: str) -> AbstractContextManager[None] | None:
@@ -151,36 +187,50 @@ class VerlDriver:
                   kwargs: Mapping[str, Any]) -> Any:
         """Run ``fn`` once as stage ``stage``. An exception leaving it ends the window
         with the capture saved ``partial``, then propagates unchanged."""
+        if switch.is_off():
+            return fn(*args, **kwargs)
         block = None
-        try:
-            block = self._region(stage)
-            if block is not None:
-                block.__enter__()
-        except Exception as err:  # a profiler that cannot open must not stop the stage
-            log.warning("policy-engine: verl stage %r of worker %r: the region could not "
-                        "start (%s: %s); the stage runs unprofiled", stage, self.worker,
-                        type(err).__name__, err)
-            block = None
+        with self._guarded(f"stage {stage!r}"):
+            found = self._region(stage)
+            if found is not None:
+                found.__enter__()
+                block = found
         _RUNNING.stack.append(self)
         try:
             result = fn(*args, **kwargs)
         except BaseException as err:
             _RUNNING.stack.pop()
-            if block is not None:
-                block.__exit__(type(err), err, err.__traceback__)
-            if self not in _RUNNING.stack:  # the outermost stage ends the window
-                self.stop(err)
+            with self._guarded(f"stage {stage!r}", may_raise=False):
+                if block is not None:
+                    block.__exit__(type(err), err, err.__traceback__)
+                if self not in _RUNNING.stack:  # the outermost stage ends the window
+                    self._stop(err)
             raise
         _RUNNING.stack.pop()
-        if block is not None:
-            block.__exit__(None, None, None)
+        if block is not None and not switch.is_off():
+            with self._guarded(f"stage {stage!r}"):
+                block.__exit__(None, None, None)
         return result
 
-    def close(self) -> None:
-        """End an open window and every profiler (process end, tests)."""
-        self.stop()
+    def close(self, error: BaseException | None = None) -> None:
+        """End an open window (``partial`` with ``error``) and every profiler (process
+        end, tests, the plugin turning off)."""
+        self._stop(error)
         for prof in self.profilers.values():
             prof.close()
+
+
+def close_all(error: BaseException) -> None:
+    """The plugin turned off: end every window of this process as ``partial``, each
+    driver whatever another one raises (nothing may reach training from here)."""
+    with _OUTER_LOCK:
+        live = [d for d in (ref() for ref in _OUTER) if d is not None]
+    for driver in live:
+        try:
+            driver.close(error)
+        except Exception as err:
+            log.warning("policy-engine: %s: its windows could not be closed (%s: %s)",
+                        driver.who, type(err).__name__, err)
 
 
 class Forward:

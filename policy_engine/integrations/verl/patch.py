@@ -19,12 +19,16 @@ from types import ModuleType
 from typing import Any
 
 from policy_engine import settings as registry
+from policy_engine.errors import PolicyError, closest
 from policy_engine.integrations._driver import place
+from policy_engine.integrations.verl import driver as verl_driver
 from policy_engine.integrations.verl import roles as verl_roles
+from policy_engine.integrations.verl import switch
 from policy_engine.integrations.verl.driver import Forward, VerlDriver, outer_driver
 from policy_engine.language.load import ENV_FILE
+from policy_engine.language.model import Policy
 from policy_engine.plan.topology import Topology
-from policy_engine.runtime.apply import Profiler, profile_session, resolve_policy
+from policy_engine.runtime.apply import Profiler, profile_session
 from policy_engine.runtime.process.state import STATE
 
 log = logging.getLogger("policy_engine")
@@ -78,29 +82,67 @@ def _world(rank: int) -> int:
     return max(world, rank + 1)
 
 
+def _off(name: str) -> VerlDriver:
+    """The driver of a profiler the plugin leaves off: it records nothing, and verl's own
+    tool is not built either (the user asked for the policy, not for verl's settings)."""
+    return VerlDriver(name, name, {})
+
+
+def _typo(policy: Policy, given: verl_roles.Assignment) -> str | None:
+    """What to say when the worker's role is missing from the policy because a role the
+    policy does name looks like a misspelling of it (None: it is not)."""
+    if policy.unknown_role(given.role) in (None, ""):
+        return None
+    close = closest(given.role, policy.roles)
+    return (f"the worker's policy role is {given.role!r} (by {given.how}), which the policy "
+            f"does not name; the policy's role {close!r} looks like a misspelling of it "
+            f"(did you mean {given.role!r}?): rename it {given.role!r}, or map the worker "
+            f"with {verl_roles.ENV_ROLES}={given.worker}={close}")
+
+
 def take_over(rank: int, save_file_prefix: str | None, config: Any,
               tool_config: Any, worker_class: str) -> VerlDriver | Forward | None:
-    """The driver of a DistProfiler verl builds now (None: no policy, profiling is off)."""
-    policy = resolve_policy(None)
+    """The driver of a DistProfiler verl builds now (None: no policy, verl profiles as it
+    does). A failure turns the plugin off in the process (:mod:`.switch`), or propagates
+    under ``on_error: raise``."""
+    if not os.environ.get(ENV_FILE):
+        return None
+    name = save_file_prefix or verl_roles.UNNAMED
+    who = f"verl worker {name!r} ({worker_class}, rank {rank})"
+    policy = switch.policy(who)
     if policy is None:
-        if not os.environ.get(ENV_FILE):
-            return None
-        # A broken policy from the environment turns profiling off (its errors logged),
-        # verl's own included: the user asked for the policy, not for verl's settings.
-        name = save_file_prefix or verl_roles.UNNAMED
-        return VerlDriver(name, name, {name: profile_session(None, name, place(rank, 1 + rank))})
+        return _off(name)
+    role = ""  # until the worker's role is known, `defaults` says what a failure does
+    try:
+        given = verl_roles.assign(save_file_prefix, policy.roles)
+        role = given.role
+        typo = _typo(policy, given)
+        if typo is not None:
+            raise PolicyError.single(typo, path=f"$.roles.{closest(role, policy.roles)}")
+        return _drive(policy, given, rank, config, tool_config, worker_class)
+    except Exception as err:
+        if switch.raises(policy, role):
+            raise
+        switch.turn_off(who, switch.failure(err))
+        verl_driver.close_all(err)
+        return _off(name)
+
+
+def _drive(policy: Policy, given: verl_roles.Assignment, rank: int, config: Any,
+           tool_config: Any, worker_class: str) -> VerlDriver | Forward:
+    """The driver of worker ``given`` under a policy that loaded."""
     problems = unsupported(config, tool_config)
     if problems:
         raise ValueError(
-            f"verl worker {save_file_prefix or worker_class!r} asks for what the policy "
-            f"cannot express: {'; '.join(problems)}; remove it from verl's profiler config "
-            "or unset PROFILE_POLICY")
-    given = verl_roles.assign(save_file_prefix, policy.roles)
-    if save_file_prefix in verl_roles.INNER and outer_driver() is not None:
-        _say(("verl-inner", save_file_prefix), "policy-engine: verl's inner %r profiler "
+            f"verl's profiler config asks for what the policy cannot express: "
+            f"{'; '.join(problems)}; remove it from verl's profiler config or unset "
+            f"{ENV_FILE}")
+    if given.worker in verl_roles.INNER and outer_driver() is not None:
+        _say(("verl-inner", given.worker), "policy-engine: verl's inner %r profiler "
              "(%s) hands its mini-batch steps and stages to its outer worker's role",
-             save_file_prefix, worker_class)
+             given.worker, worker_class)
         return Forward(given.worker)
+    raise_errors = switch.raises(policy, given.role)
     if policy.role(given.role).backend in registry.ENGINES:
         _say(("verl-engine", given.worker, given.role),
              "policy-engine: verl worker %r (%s) is policy role %r, whose backend %s runs in "
@@ -119,7 +161,9 @@ def take_over(rank: int, save_file_prefix: str | None, config: Any,
          "(by %s), policy %s", given.worker, worker_class, rank, given.role,
          f" with {', '.join(names[1:])} in its windows" if names[1:] else "", given.how,
          policy.source)
-    return VerlDriver(given.worker, given.role, profilers)
+    return VerlDriver(given.worker, given.role, profilers,
+                      who=f"verl worker {given.worker!r} ({worker_class}, rank {rank})",
+                      raise_errors=raise_errors)
 
 
 def _say(key: object, message: str, *args: object) -> None:

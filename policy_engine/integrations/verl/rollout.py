@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 from contextlib import AbstractAsyncContextManager
 from types import ModuleType
 from typing import Any
@@ -39,11 +40,12 @@ from policy_engine.integrations.engines import (
     apply_engine_policy,
 )
 from policy_engine.integrations.verl import roles as verl_roles
+from policy_engine.integrations.verl import switch
+from policy_engine.language.load import ENV_FILE
 from policy_engine.language.model import Policy
 from policy_engine.language.rules import engine_layout as layout
 from policy_engine.plan.compile import compile_plan
 from policy_engine.plan.topology import Topology
-from policy_engine.runtime.apply import resolve_policy
 from policy_engine.runtime.process.state import warn_once
 
 log = logging.getLogger("policy_engine")
@@ -81,12 +83,14 @@ def launch_args(policy: Policy, role: str) -> dict[str, str]:
 
 
 class _Rollout:
-    """One server's engine under the policy: its driver and the window now open."""
+    """One server's engine under the policy: its driver and the window now open (``role``
+    empty: the server's engine is not profiled)."""
 
     def __init__(self, role: str, replica: int, raise_errors: bool = False) -> None:
         self.role = role
         self.replica = replica
         self.raise_errors = raise_errors
+        self.who = f"verl's vLLM server of replica {replica}"
         self.driver: EngineProfiler | OffEngineProfiler | None = None
         self.window: AbstractAsyncContextManager[None] | None = None
         self.starts = 0
@@ -126,30 +130,46 @@ class _Rollout:
 
     def _failed(self, err: Exception) -> None:
         """The driver could not be made or raised (``on_error: raise``): raise under
-        ``raise``, else warn once and leave the engine alone from now on."""
+        ``raise``, else the plugin is off in this process from now on (said once)."""
         if self.raise_errors:
             raise err
-        warn_once(("verl-rollout", self.role, self.replica),
-                  "policy-engine: role %r: verl's vLLM server of replica %d cannot be "
-                  "profiled (%s: %s); its rollouts go on unprofiled", self.role, self.replica,
-                  type(err).__name__, err)
+        switch.turn_off(self.who, f"role {self.role!r}: {switch.failure(err)}")
         self.role = ""
 
 
+def _engine_role(policy: Policy, backend: str, who: str) -> str | None:
+    """:func:`engine_role`, or None when it cannot be told (a malformed
+    ``PROFILE_POLICY_VERL_ROLES``): then the plugin is off, unless ``defaults`` says
+    ``on_error: raise``."""
+    try:
+        return engine_role(policy, backend)
+    except Exception as err:
+        if switch.raises(policy, ""):
+            raise
+        switch.turn_off(who, switch.failure(err))
+        return None
+
+
 def _rollout_of(server: Any) -> _Rollout | None:
-    """The server's rollout under the policy (None: no policy, verl profiles as it does)."""
+    """The server's rollout under the policy (None: no ``PROFILE_POLICY``, verl profiles
+    as it does; a rollout without a role when the plugin is off or the server's engine
+    is not profiled)."""
     found = getattr(server, ATTR, None)
     if found is not None:
         return found  # type: ignore[no-any-return]
-    policy = resolve_policy(None)
-    if policy is None:
+    if not os.environ.get(ENV_FILE):
         return None
-    role = engine_role(policy, "vllm")
-    replica = int(getattr(server, "replica_rank", 0))
-    if role is not None and replica_profiled(policy, role, replica):
-        rollout = _Rollout(role, replica, policy.role(role).on_error == "raise")
-    else:
-        rollout = _Rollout("", replica)
+    rollout = _Rollout("", int(getattr(server, "replica_rank", 0)))
+    policy = switch.policy(rollout.who)
+    role = None if policy is None else _engine_role(policy, "vllm", rollout.who)
+    if policy is not None and role is not None:
+        try:
+            if replica_profiled(policy, role, rollout.replica):
+                rollout = _Rollout(role, rollout.replica, switch.raises(policy, role))
+        except Exception as err:
+            if switch.raises(policy, role):
+                raise
+            switch.turn_off(rollout.who, f"role {role!r}: {switch.failure(err)}")
     setattr(server, ATTR, rollout)
     return rollout
 
@@ -168,17 +188,26 @@ def patch_vllm_server(module: ModuleType) -> None:
 
     def build_vllm_profiler_args(config: Any, tool_config: Any, rank: int,
                                  legacy_env: bool = True) -> dict[str, Any]:
-        policy = resolve_policy(None)
-        role = None if policy is None else engine_role(policy, "vllm")
-        if policy is None or role is None:
+        if not os.environ.get(ENV_FILE):
             return build(config, tool_config, rank, legacy_env=legacy_env)  # type: ignore[no-any-return]
-        return launch_args(policy, role)
+        who = f"verl's vLLM server of rank {rank}"
+        policy = switch.policy(who)
+        role = None if policy is None else _engine_role(policy, "vllm", who)
+        if policy is None or role is None:
+            return {}  # verl's own rollout profiler block does not apply under a policy
+        try:
+            return launch_args(policy, role)
+        except Exception as err:
+            if switch.raises(policy, role):
+                raise
+            switch.turn_off(who, f"role {role!r}: {switch.failure(err)}")
+            return {}
 
     async def start_profile(self: Any, **kwargs: Any) -> None:
         rollout = _rollout_of(self)
         if rollout is None:
             return await start(self, **kwargs)  # type: ignore[no-any-return]
-        if getattr(self, "node_rank", 0) != 0 or not rollout.role:
+        if getattr(self, "node_rank", 0) != 0 or not rollout.role or switch.is_off():
             return None
         await rollout.start(self, kwargs)
         return None
@@ -201,10 +230,11 @@ def patch_vllm_server(module: ModuleType) -> None:
 
 def patch_sglang_server(module: ModuleType) -> None:
     """verl's SGLang server is not taken over: say so once when the policy asks for it."""
-    policy = resolve_policy(None)
-    if policy is not None and engine_role(policy, "sglang") is not None:
+    who = "verl's SGLang server"
+    policy = switch.policy(who)
+    role = None if policy is None else _engine_role(policy, "sglang", who)
+    if role is not None:
         warn_once(("verl-sglang",),
                   "policy-engine: verl's SGLang rollout servers are not driven by the policy "
                   "(role %r): profile SGLang engines with policy_engine.integrations.engines."
-                  "apply_engine_policy, or profile the rollout with vLLM",
-                  engine_role(policy, "sglang"))
+                  "apply_engine_policy, or profile the rollout with vLLM", role)

@@ -21,7 +21,7 @@ from policy_engine import settings as registry
 from policy_engine.errors import Problem, Severity, json_path
 from policy_engine.language.model import Built, RoleSpec
 from policy_engine.language.read.document import Document
-from policy_engine.language.rules import clash, colocation
+from policy_engine.language.rules import clash, colocation, role_names
 from policy_engine.language.rules.engine_roles import check_role
 from policy_engine.language.values.frozen import FrozenDict
 from policy_engine.language.values.mesh import DIMS, effective_mesh, format_mesh, mesh_size
@@ -381,4 +381,6 @@ def check(doc: Document, built: Built, *, world: int | None = None,
              if built.refused.sound(("colocate", index))] if isinstance(groups, list) else []
     for message, path, severity in colocation.check(data, sound, origin, spec_of, world):
         sink.add(message, path, "error" if severity == "error" else "warning")
+    for message, path, code in role_names.check(data, built, sink.errors):
+        sink.add(message, path, "warning", code=code)
     return sink.problems()

@@ -114,7 +114,8 @@ class Lines:
         self.traces += 1
         if self.budget is not None and artifact is not None:
             self.budget.wrote(artifact.bytes)
-        summarised = artifact is not None and summaries.wanted(artifact.path, part, status)
+        summarised = artifact is not None and summaries.wanted(artifact.path, part, status,
+                                                               artifact.extra)
 
         def line() -> None:
             manifest.append(self.output_dir, record)

@@ -358,10 +358,21 @@ def _remove(job: Job) -> None:
 
 # -- what the runtime calls ---------------------------------------------------------------
 
-def wanted(path: str | None, part: str | None, status: str) -> bool:
-    """Whether a trace line's file is summarised: a torch trace, complete or partial."""
-    return bool(path) and part in (None, "torch") and status in ("complete", "partial") \
-        and str(path).endswith((TORCH_GZIP, TORCH_PLAIN))
+#: torch_npu's folder of one capture (the mstx backend's trace), summarised as a torch
+#: trace is once torch_npu has analysed it (its ``trace_view.json``).
+ASCEND_FOLDER = "_ascend_pt"
+
+
+def wanted(path: str | None, part: str | None, status: str,
+           extra: Mapping[str, Any] | None = None) -> bool:
+    """Whether a trace line's file is summarised: a torch trace, or an Ascend capture
+    torch_npu has analysed (``extra``: its trace line's, which says so), complete or
+    partial."""
+    if not path or status not in ("complete", "partial"):
+        return False
+    if str(path).endswith(ASCEND_FOLDER):
+        return part in (None, "mstx") and bool((extra or {}).get("analysed"))
+    return part in (None, "torch") and str(path).endswith((TORCH_GZIP, TORCH_PLAIN))
 
 
 def order(output_dir: str, trace: Mapping[str, Any], full: str, *, keep: str,
@@ -369,7 +380,7 @@ def order(output_dir: str, trace: Mapping[str, Any], full: str, *, keep: str,
     """Summarise the trace at ``full`` (its trace line ``trace`` is written); never
     raises."""
     try:
-        if not os.path.isfile(full):
+        if not (os.path.isdir(full) if full.endswith(ASCEND_FOLDER) else os.path.isfile(full)):
             return
         job = Job(output_dir, dict(trace), os.path.abspath(full),
                   remove=keep == "summaries", budget=budget)
