@@ -13,7 +13,6 @@ one run per folder, which analyze and compare read alone.
 from __future__ import annotations
 
 import argparse
-import ctypes
 import importlib.util
 import os
 import signal
@@ -23,23 +22,17 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-import attrs
-
-from policy_engine._resources import read_resource
-from policy_engine.cli import traces
+from policy_engine.cli import ppo, traces
 from policy_engine.cli._common import positive_int
+from policy_engine.cli.demo_job import die_with_parent
 from policy_engine.cli.usage import UsageError
 from policy_engine.errors import printable
 from policy_engine.files.interrupt import stopped_cleanly
-from policy_engine.language.load import load_policy
+from policy_engine.files.layout import MANIFEST_DIR
 from policy_engine.language.model import Policy
-from policy_engine.language.read.source import parse_document
 from policy_engine.plan.compile import compile_plan
 from policy_engine.plan.topology import Topology
 
-#: The built-in policies: the one-process demo's, and the job's (every rank profiled).
-DEFAULT_POLICY = "verl_ppo.yaml"
-JOB_POLICY = "demo.yaml"
 WORLD = 4
 #: Mini-batches per training step in the job: the inner steps of each window, enough
 #: samples for `policy-engine compare` to tell a change from noise.
@@ -64,8 +57,8 @@ _LAUNCHER_PREFIXES = ("TORCHELASTIC_", "SLURM_", "OMPI_", "PMI_")
 def add_parser(sub: Any, name: str, help: str) -> None:
     parser = sub.add_parser(name, help=help, description=__doc__)
     parser.add_argument("--policy", metavar="FILE",
-                        help=f"policy to run (default: the built-in {JOB_POLICY}, "
-                             f"{DEFAULT_POLICY} with --world 1)")
+                        help=f"policy to run (default: the built-in {ppo.JOB_POLICY}, "
+                             f"{ppo.DEFAULT_POLICY} with --world 1)")
     parser.add_argument("--out", default="policy-engine-demo", metavar="DIR",
                         help="output folder, new or empty (default: ./policy-engine-demo)")
     parser.add_argument("--steps", type=positive_int, metavar="N",
@@ -99,27 +92,34 @@ def run(args: argparse.Namespace) -> int:
     _fresh_folder(args.out)
     if args.world == 1:
         return _one_process(args, out)
+    return _job(args, out, slow_rank)
+
+
+def _job(args: argparse.Namespace, out: str, slow_rank: int) -> int:
     policy_file = os.path.abspath(args.policy) if args.policy else None
-    _, label = demo_policy(policy_file, out, JOB_POLICY)  # a bad policy stops here, exit 1
+    # A bad policy stops here (exit 1), before any rank starts.
+    _, label = ppo.demo_policy(policy_file, out, ppo.JOB_POLICY)
     steps = args.steps or 3
     slowness = (f"rank {slow_rank} slow (+{args.slow_ms:g} ms before each all-reduce)"
                 if args.slow_ms else "no rank slow")
     print(f"policy-engine demo: a job of {args.world} ranks (torchrun, gloo, CPU), each "
-          f"with rollout, actor and ref; {steps} training steps of {MINI_BATCHES} "
-          f"mini-batches; {slowness}; policy: {label}", flush=True)
+          f"with rollout, actor and ref; {steps} training step{'s' if steps > 1 else ''} "
+          f"of {MINI_BATCHES} mini-batches; {slowness}; policy: {label}", flush=True)
     began = time.perf_counter()
     worker = ["--out", out, "--steps", str(steps), "--mini-batches", str(MINI_BATCHES),
               "--slow-rank", str(slow_rank), "--slow-ms", str(args.slow_ms),
               *(["--policy", policy_file] if policy_file else [])]
-    extra = steps * MINI_BATCHES * args.slow_ms / 1000
-    code, tail = run_job(args.world, worker, os.path.join(out, LOG), JOB_SECONDS + extra)
+    seconds = JOB_SECONDS + steps * MINI_BATCHES * args.slow_ms / 1000
+    code, tail = run_job(args.world, worker, os.path.join(out, LOG), seconds)
     if code != 0:
-        said = (f"did not finish within {JOB_SECONDS + extra:.0f} s and was stopped"
-                if code is None else f"failed (torchrun exited with {code})")
+        said = (f"did not finish within {seconds:.0f} s and was stopped" if code is None
+                else f"failed (torchrun exited with {code})")
         print(f"policy-engine demo: error: the job {said}; its output ends:\n{tail}\n"
               f"(all of it: {os.path.join(out, LOG)})", file=sys.stderr)
-        return 3
+        return 3  # the command's exit for a failure that is not the user's input
     print(f"trained in {time.perf_counter() - began:.1f} s\n", flush=True)
+    if not _captured(out, steps, label):
+        return 0
     traces.run(argparse.Namespace(dir=out, format="text"))
     print(f"\n$ policy-engine analyze {args.out}", flush=True)
     _answer(out, slow_rank if args.slow_ms else None)
@@ -155,32 +155,19 @@ def _fresh_folder(out: str) -> None:
                          f"writes one run per folder; give another folder or remove this one")
 
 
-def demo_policy(path: str | None, out: str, builtin: str) -> tuple[Policy, str]:
-    """The policy the demo runs, writing under ``out``: the file at ``path``, else the
-    built-in ``builtin``; and how to name it."""
-    if path:
-        return load_policy(path, overrides=[f"output_dir={out}"]), path
-    text = read_resource(f"_policies/{builtin}", f"policies/{builtin}")
-    data = parse_document(text, f"<built-in {builtin}>", "yaml").data
-    data["output_dir"] = out
-    label = f"built-in {builtin}"
-    # A mapping has no file: the manifests and the report name the example instead.
-    return attrs.evolve(load_policy(data), source=label), label
-
-
 def _one_process(args: argparse.Namespace, out: str) -> int:
-    policy, label = demo_policy(args.policy, out, DEFAULT_POLICY)
-    from policy_engine.cli import ppo as demo
-
+    policy, label = ppo.demo_policy(args.policy, out, ppo.DEFAULT_POLICY)
     steps = args.steps or 4
     print(f"policy-engine demo: 4 workers (rollout, actor, ref, critic) in one process, "
           f"{steps} PPO steps on the CPU, policy: {label}")
-    for line in past_the_world(policy, demo.ROLES):
+    for line in past_the_world(policy, ppo.ROLES):
         print(f"policy-engine demo: note: {line}")
     began = time.perf_counter()
-    losses = demo.run(policy, steps=steps)
+    losses = ppo.run(policy, steps=steps)
     print(f"trained in {time.perf_counter() - began:.1f} s "
           f"(actor loss {losses['actor']:.3f}, critic loss {losses['critic']:.3f})\n")
+    if not _captured(out, steps, label):
+        return 0
     traces.run(argparse.Namespace(dir=out, format="text"))
     print(f"""
 Traces are under {out}. To look at one:
@@ -190,6 +177,16 @@ Traces are under {out}. To look at one:
 The manifest under {os.path.join(out, 'manifests')} lists each capture's role, rank,
 steps and status; `policy-engine traces {args.out}` prints this table again.""")
     return 0
+
+
+def _captured(out: str, steps: int, label: str) -> bool:
+    """Whether the run captured anything (it wrote manifests); if not, say why."""
+    if os.path.isdir(os.path.join(out, MANIFEST_DIR)):
+        return True
+    print(f"policy-engine demo: nothing was captured in {steps} training "
+          f"step{'s' if steps > 1 else ''}: {label} profiles none of them (the built-in "
+          f"policies profile steps 2 and 3: give --steps 3)")
+    return False
 
 
 def past_the_world(policy: Policy, roles: Sequence[str]) -> list[str]:
@@ -231,9 +228,10 @@ def run_job(world: int, worker: Sequence[str], log: str,
             code: int | None = job.wait(timeout=seconds)
         except subprocess.TimeoutExpired:
             code = None
-        except BaseException:  # Ctrl-C, SIGTERM: the job ends before this process does
-            print("policy-engine demo: interrupted: stopping the job (what its ranks "
-                  "captured is kept, marked partial)", file=sys.stderr, flush=True)
+        except BaseException as err:  # the job ends before this process does
+            if not isinstance(err, Exception):  # Ctrl-C, SIGTERM
+                print("policy-engine demo: interrupted: stopping the job (what its ranks "
+                      "captured is kept, marked partial)", file=sys.stderr, flush=True)
             raise
         finally:
             _stop(job)
@@ -261,21 +259,6 @@ def _stop(job: subprocess.Popen[bytes]) -> None:
         job.wait()
 
 
-def die_with_parent() -> None:
-    """SIGTERM to this process when its parent dies (Linux): torchrun when the demo is
-    killed outright, each rank when torchrun is, so that no process of the job outlives
-    the command."""
-    if not sys.platform.startswith("linux"):
-        return
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        return
-    if os.getppid() == 1:  # the parent died before the call
-        os.kill(os.getpid(), signal.SIGTERM)
-
-
 def _tail(log: str) -> str:
     """The log's last lines, from torchrun's account of the first rank that failed where
     it gave one (every rank's traceback before it is often the same one)."""
@@ -283,7 +266,7 @@ def _tail(log: str) -> str:
         f.seek(0, os.SEEK_END)
         f.seek(max(0, f.tell() - 64 * 1024))
         lines = f.read().decode("utf-8", "backslashreplace").splitlines()
-    cause = [i for i, line in enumerate(lines) if line.startswith(_ROOT_CAUSE)]
+    cause = [i for i, line in enumerate(lines) if _ROOT_CAUSE in line]
     if cause:
         lines = lines[cause[-1]:]
     return "\n".join("  " + printable(line) for line in lines[-TAIL_LINES:])

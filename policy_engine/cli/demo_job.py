@@ -16,13 +16,14 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import ctypes
+import os
+import signal
 import sys
 import time
 from collections.abc import Sequence
 
-from torch.distributed.elastic.multiprocessing.errors import record
-
-from policy_engine.cli import demo, ppo
+from policy_engine.cli import ppo
 from policy_engine.language.model import Policy
 from policy_engine.plan.topology import Topology
 
@@ -76,19 +77,39 @@ def _args(argv: Sequence[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-@record  # a rank's exception reaches torchrun's summary of the failure, traceback and all
 def main(argv: Sequence[str] | None = None) -> None:
-    args = _args(argv)
-    demo.die_with_parent()
+    from torch.distributed.elastic.multiprocessing.errors import record
+
+    # A rank's exception reaches torchrun's account of the failure, traceback and all.
+    record(_rank)(_args(argv))
+
+
+def _rank(args: argparse.Namespace) -> None:
+    die_with_parent()
     import torch.distributed as dist
 
     dist.init_process_group("gloo")
     try:
-        policy, _ = demo.demo_policy(args.policy, args.out, demo.JOB_POLICY)
+        policy, _ = ppo.demo_policy(args.policy, args.out, ppo.JOB_POLICY)
         slow = args.slow_ms / 1000 if dist.get_rank() == args.slow_rank else 0.0
         train(policy, steps=args.steps, mini_batches=args.mini_batches, slow=slow)
     finally:
         dist.destroy_process_group()
+
+
+def die_with_parent() -> None:
+    """SIGTERM to this process when its parent dies (Linux): torchrun when the demo is
+    killed outright, each rank when torchrun is, so that no process of the job outlives
+    the command."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        return
+    if os.getppid() == 1:  # the parent died before the call
+        os.kill(os.getpid(), signal.SIGTERM)
 
 
 if __name__ == "__main__":

@@ -15,7 +15,12 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
+import attrs
+
+from policy_engine._resources import read_resource
+from policy_engine.language.load import load_policy
 from policy_engine.language.model import Policy
+from policy_engine.language.read.source import parse_document
 from policy_engine.plan.topology import Topology
 from policy_engine.runtime.apply import Profiler, apply_policy
 
@@ -23,6 +28,22 @@ HIDDEN = 64
 VOCAB = 128
 #: The roles the demo runs, one worker each.
 ROLES = ("rollout", "actor", "ref", "critic")
+#: The built-in policies: the one-process demo's, and the job's (every rank profiled).
+DEFAULT_POLICY = "verl_ppo.yaml"
+JOB_POLICY = "demo.yaml"
+
+
+def demo_policy(path: str | None, out: str, builtin: str) -> tuple[Policy, str]:
+    """The policy the demo runs, writing under ``out``: the file at ``path``, else the
+    built-in ``builtin``; and how to name it."""
+    if path:
+        return load_policy(path, overrides=[f"output_dir={out}"]), path
+    text = read_resource(f"_policies/{builtin}", f"policies/{builtin}")
+    data = parse_document(text, f"<built-in {builtin}>", "yaml").data
+    data["output_dir"] = out
+    label = f"built-in {builtin}"
+    # A mapping has no file: the manifests and the report name the example instead.
+    return attrs.evolve(load_policy(data), source=label), label
 
 
 class _Worker:
