@@ -3,9 +3,10 @@
 Four workers live in one process as in verl's colocated hybrid engine: rollout, actor,
 ref and critic, each a tiny model. Each training step generates a batch, computes log
 probabilities and values, then updates the critic and the actor over mini-batches,
-calling ``prof.step()`` after each mini-batch. In a job (``policy-engine demo --world N``,
-:mod:`policy_engine.cli.demo_job`) the actor all-reduces its gradients across the ranks
-after each mini-batch, as data-parallel training does.
+calling ``prof.step()`` after each mini-batch. In the demo's job
+(:mod:`policy_engine.cli.demo_job`) each rank holds the rollout, actor and ref, and the
+actor all-reduces its gradients across the ranks after each mini-batch, as data-parallel
+training does.
 """
 
 from __future__ import annotations
