@@ -310,8 +310,8 @@ def test_any_manifest_content_is_reported_never_a_crash(
 
 @pytest.mark.slow
 def test_demo_runs_and_lists_its_traces(tmp_path: Path) -> None:
-    done = subprocess.run([sys.executable, "-m", "policy_engine", "demo", "--out",
-                           str(tmp_path / "demo")], capture_output=True, text=True,
+    done = subprocess.run([sys.executable, "-m", "policy_engine", "demo", "--world", "1",
+                           "--out", str(tmp_path / "demo")], capture_output=True, text=True,
                           timeout=300)
     assert done.returncode == 0, done.stderr
     assert "actor+ref+rollout" in done.stdout and "2 traces (2 complete)" in done.stdout
@@ -320,6 +320,7 @@ def test_demo_runs_and_lists_its_traces(tmp_path: Path) -> None:
     assert [t.parent.name for t in traces] == ["step2", "step3"]
     assert "ui.perfetto.dev" in done.stdout and "tensorboard" not in done.stdout.lower()
     assert "not profiled" not in done.stdout  # the example's ranks all fit in one process
+    assert "in one process" in done.stdout and not (tmp_path / "demo" / ".demo-job.log").exists()
     # The built-in example has no file: the manifests and the report name it instead.
     lines = [json.loads(line) for m in (tmp_path / "demo" / "manifests").iterdir()
              for line in m.read_text().splitlines()]
