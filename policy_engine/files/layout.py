@@ -6,6 +6,8 @@
       <trace names>...          the policy's name templates (language.naming)
       manifests/<host>_pid<pid>_<start><MANIFEST_SUFFIX>  one per process (runtime.process)
       triggers/                 requests to capture (runtime.triggers.requests, cli.trigger)
+      stalls/                   what each process was doing when a step stalled
+                                (runtime.process.stall_report, analysis.stall_record)
       .policy-engine-<pid>-<random>.tmp<ext>   a file being written (files.publish)
 
 A path component is at most :data:`MAX_COMPONENT_BYTES` bytes; a longer one is cut by
@@ -26,6 +28,8 @@ MANIFEST_DIR = "manifests"
 MANIFEST_SUFFIX = ".manifest.jsonl"
 #: The folder trigger requests are dropped into.
 TRIGGERS_DIR = "triggers"
+#: The folder of stall records.
+STALLS_DIR = "stalls"
 #: The longest file or folder name most file systems take.
 MAX_COMPONENT_BYTES = 255
 
