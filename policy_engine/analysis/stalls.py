@@ -179,7 +179,11 @@ def _episodes(records: list[StallRecord], cleared: dict[str, Cleared],
             old = latest.get(key)
             if old is None or (old.why != "stall" and r.why == "stall"):
                 latest[key] = r
-        roll = next((c for c in rolls if c.episode in named), None)
+        # the roll call that asked for these records: by its episode, else asked (its time
+        # less the time it waited) within the episode's first records' reach
+        near = max([EPISODE_SECONDS] + [r.limit or 0.0 for r in group])
+        roll = next((c for c in rolls if c.episode in named), None) or next(
+            (c for c in rolls if -5.0 <= c.time - c.seconds - group[0].time <= near), None)
         mine = {r.name: cleared[r.name] for r in latest.values() if r.name in cleared}
         out.append(Episode(min(named) if named else None, group[0].time,
                            tuple(sorted(latest.values(), key=lambda r: (r.rank, r.pid))),
@@ -284,8 +288,10 @@ def _answer(e: Episode) -> dict[str, Any]:
                       "collectives_from": r.collectives, "where": _where(r),
                       "cleared": None if c is None else c.seconds, "record": r.name})
     stepping = [r for r in records if r.in_step]
-    status = "asked" if not stepping else "cleared" if all(
-        r.name in e.cleared for r in stepping) else "stalled"
+    # records asked for by hand only are no stall; a stall is cleared once every step
+    # its records were written in has ended
+    status = "asked" if all(r.why == "hand" for r in records) or not stepping else \
+        "cleared" if all(r.name in e.cleared for r in stepping) else "stalled"
     return {"episode": e.id, "time": e.first, "world": world or None, "status": status,
             "collectives": collectives, "not_answering": silent, "no_record": no_record,
             "roll_call": None if roll is None else {

@@ -7,7 +7,9 @@ stops before the all-reduce, so the others block in it:
 
 Usage: stall_worker.py POLICY STEPS STALL_STEP STUCK MODE SECONDS
 
-Each rank prints ``step N`` as it ends a step, and ``done`` at the end.
+Each rank writes its pid to ``pid.<rank>`` (for the test to end it), waits WARMUP seconds
+(3; a job runs a while before it hangs: its listener threads have joined the job's
+channel), prints ``step N`` as it ends a step, and ``done`` at the end.
 """
 
 from __future__ import annotations
@@ -40,8 +42,11 @@ def main() -> None:
 
     dist.init_process_group("gloo")
     rank = dist.get_rank()
+    with open(f"pid.{rank}", "w") as f:
+        f.write(str(os.getpid()))
     worker = Worker()
     prof = apply_policy(worker, "trainer", load_policy(policy))
+    time.sleep(float(os.environ.get("WARMUP", "3")))
     grad = torch.ones(16)
     for step in range(1, steps + 1):
         with prof.training_step(step):

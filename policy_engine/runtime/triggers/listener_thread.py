@@ -247,6 +247,18 @@ class ListenerThread:
             self._drop(err)
         self._folder_tick(report)
 
+    def finish(self) -> None:
+        """The thread's last work: the stall watch's last word, and the channel let go."""
+        watch = self.watch
+        try:
+            if watch is not None:
+                watch.finish(self.step, self.stamp, self.done, self.ended)
+        except Exception as err:
+            warn_once(("stall-watch", self.plan.role, type(err).__name__),
+                      "policy-engine: role %r: the stall watch failed (%s: %s)",
+                      self.plan.role, type(err).__name__, err)
+        self.link.close()
+
     def _watch_tick(self, watch: StallWatch) -> None:
         """The stall watch's own part of a poll: nothing in it waits for the channel."""
         try:
@@ -449,7 +461,7 @@ def _run(ref: weakref.ref[ListenerThread], polls: _Polls) -> None:
         if listener is None:
             return  # its channel's call thread ends as the listener is collected
         if listener.stopped:
-            listener.link.close()
+            listener.finish()
             return
         asked = polls.asked  # the polls asked for before this one began
         try:

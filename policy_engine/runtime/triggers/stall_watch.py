@@ -359,13 +359,20 @@ class StallWatch:
             warn_once(("stall-cleared", plan.role, type(err).__name__),
                       "policy-engine: role %r: a stall's clearing could not be written "
                       "(%s: %s)", plan.role, type(err).__name__, err)
-        log.warning("policy-engine: role %r rank %s: the stall at step %s cleared after "
-                    "%.1f s", plan.role, plan.rank, found.step, seconds)
+        if found.stalled:
+            log.warning("policy-engine: role %r rank %s: the stall at step %s cleared after "
+                        "%.1f s", plan.role, plan.rank, found.step, seconds)
         with contextlib.suppress(Exception):
             self.note("stall", status="cleared", step=found.step, seconds=round(seconds, 3),
                       record=os.path.relpath(found.path, plan.output_dir))
 
     # -- the job's channel -----------------------------------------------------------
+    def finish(self, step: int, stamp: float, done: int, ended: float) -> None:
+        """The listener stops (the profiler closed): a step that ended since the last poll
+        is said cleared."""
+        if self.open is not None:
+            self._clear(step, stamp, done, ended)
+
     def on_store(self, channel: JobChannel, kind: str, step: int, stamp: float, done: int,
                  trainer: int) -> None:
         """A poll's part on the store (or the Ray actor): register, post this process's
