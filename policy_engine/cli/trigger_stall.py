@@ -11,15 +11,16 @@ processes registered that did not answer. Without a store it is a request file u
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from typing import Any
 
 from policy_engine.cli import trigger_store
 from policy_engine.cli.usage import UsageError
-from policy_engine.files.publish import UnsafePathError
+from policy_engine.files.publish import UnsafePathError, open_folder
 from policy_engine.runtime.triggers.channel import JobChannel
-from policy_engine.runtime.triggers.requests import EVERY_ROLE, write_request
+from policy_engine.runtime.triggers.requests import EVERY_ROLE, REQUESTS_DIR, write_request
 from policy_engine.runtime.triggers.stall_watch import answers, members, post_episode
 
 _POLL = 0.5
@@ -30,6 +31,17 @@ def run(args: argparse.Namespace) -> int:
     found = trigger_store.find_channel(root, args.store, EVERY_ROLE)
     if isinstance(found, tuple):
         return _over_store(found, args.wait)
+    try:
+        os.close(open_folder(root, REQUESTS_DIR, create=False))
+    except FileNotFoundError:
+        raise UsageError(
+            f"{root}: no process listens for requests here (no {REQUESTS_DIR}/ folder): a "
+            "role watches for stalls with triggers: {stall: ...} and creates it when it "
+            "starts") from None
+    except OSError as err:
+        raise UsageError(f"refused: {err}" if isinstance(err, UnsafePathError) else
+                         f"{root}: cannot open {REQUESTS_DIR}/: {err.strerror or err}") \
+            from None
     if isinstance(found, trigger_store.Unanswered):
         print(f"policy-engine trigger: {found.fell_back(root)}", file=sys.stderr, flush=True)
     try:
