@@ -218,3 +218,22 @@ def test_trigger_stall_takes_no_role_and_needs_listeners(tmp_path: Path) -> None
     assert neither.returncode == 2 and "--role is required (or --stall)" in neither.stderr
     nobody = run_cli("trigger", str(tmp_path), "--stall", cwd=tmp_path, timeout=120)
     assert nobody.returncode == 2 and "no process listens for requests here" in nobody.stderr
+
+
+@pytest.mark.parametrize("planted", [
+    b"not json", b"x" * 10_000, b'{"id": "../../x", "time": 1}', b'{"id": "a", "time": NaN}',
+    json.dumps({"id": "future", "time": time.time() + 3600}).encode()])
+def test_an_episode_key_planted_in_the_store_is_not_joined(store: Any, planted: bytes) -> None:
+    channel = JobChannel(StoreKV(store), "trainer")
+    store.set("policy_engine/triggers/v1/stall/episode", planted)
+    found, began = post_episode(channel, "stall", 0, 5, 60.0)
+    assert began and found is not None and found.id != "future"
+
+
+def test_member_keys_planted_far_apart_are_read_a_bounded_number(store: Any) -> None:
+    channel = JobChannel(StoreKV(store), "trainer")
+    for k in [0] + [1 << i for i in range(20)]:  # what a doubling search follows
+        store.set(f"policy_engine/triggers/v1/stall/member/{k}", b"{}")
+    started = time.monotonic()
+    listed = members(channel)
+    assert len(listed) <= 1 << 16 and time.monotonic() - started < 120

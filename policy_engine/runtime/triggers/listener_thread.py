@@ -18,6 +18,11 @@ the folder only. Every call to the job's channel has a deadline
 (:mod:`~policy_engine.runtime.triggers.deadline`): a store that fails, or stops answering
 without closing its connection, turns the job's channel off with one warning, and the
 folder takes over.
+
+With ``triggers.stall`` the thread also watches the training thread's step, and writes the
+process's stall record when it runs past its limit
+(:mod:`~policy_engine.runtime.triggers.stall_watch`): it runs while the training thread is
+blocked.
 """
 
 from __future__ import annotations

@@ -49,7 +49,7 @@ from policy_engine.plan.plan import Plan
 from policy_engine.runtime.process import signals, stall_report
 from policy_engine.runtime.process.state import STATE, warn_once
 from policy_engine.runtime.triggers import folder as channel_folder
-from policy_engine.runtime.triggers.channel import PREFIX, JobChannel
+from policy_engine.runtime.triggers.channel import MAX_LISTENERS, PREFIX, JobChannel
 from policy_engine.runtime.triggers.requests import (
     EVERY_ROLE,
     MAX_BYTES,
@@ -59,8 +59,8 @@ from policy_engine.runtime.triggers.requests import (
     request_body,
 )
 
-__all__ = ["JOIN_SECONDS", "MIN_SAMPLES", "ROLL_CALL_POLLS", "SAMPLES", "StallClock",
-           "StallWatch"]
+__all__ = ["JOIN_SECONDS", "MIN_SAMPLES", "RECORDS_PER_PROCESS", "ROLL_CALL_POLLS", "SAMPLES",
+           "StallClock", "StallWatch", "answers", "members", "post_episode"]
 
 log = logging.getLogger("policy_engine")
 #: Polls whose step moved that the median step is taken over, and the fewest it needs.
@@ -72,6 +72,9 @@ JOIN_SECONDS = 60.0
 ROLL_CALL_POLLS, ROLL_CALL_MARGIN = 3, 5.0
 #: Episodes answered that this process remembers (a flood of asks is not a list to grow).
 REMEMBERED = 16
+#: Records a process writes at most, asked for or not (a flood of asks is no flood of
+#: files): ``max`` bounds the stalls of its own.
+RECORDS_PER_PROCESS = 100
 _EPISODE = f"{PREFIX}stall/episode"
 _clock = time.perf_counter
 
@@ -148,10 +151,11 @@ class _Episode:
 
 
 def read_episode(channel: JobChannel) -> tuple[bytes, _Episode | None]:
-    """The store's episode key: its raw value, and the episode it holds (None: none)."""
+    """The store's episode key: its raw value (what a compare-and-set replacing it must
+    name, held no longer than that), and the episode it holds (None: none)."""
     raw = channel.kv.get(_EPISODE) or b""
     if not raw or len(raw) > MAX_BYTES:
-        return raw[:MAX_BYTES + 1], None
+        return raw, None
     try:
         value = load_bounded(raw)
     except BadRequest:
@@ -180,7 +184,8 @@ def post_episode(channel: JobChannel, why: str, by: int | None, step: int | None
     (None: always begin one). Returns it and whether this call began it."""
     for _ in range(4):
         raw, found = read_episode(channel)
-        if found is not None and join is not None and time.time() - found.time <= join:
+        # an episode "from the future" (a clock far off, or a planted key) is not joined
+        if found is not None and join is not None and -5.0 <= time.time() - found.time <= join:
             return found, False
         _eid, body = new_episode(why, by, step)
         if channel.kv.compare_set(_EPISODE, raw, body) == body:
@@ -189,8 +194,10 @@ def post_episode(channel: JobChannel, why: str, by: int | None, step: int | None
 
 
 def members(channel: JobChannel) -> list[Any]:
-    """The processes that watch for stalls on the store, by slot (None: not parsed)."""
-    count = channel.end(_member_key)
+    """The processes that watch for stalls on the store, by slot (None: not parsed); at
+    most :data:`~policy_engine.runtime.triggers.channel.MAX_LISTENERS`, whatever keys
+    someone planted."""
+    count = min(channel.end(_member_key), MAX_LISTENERS)
     return [_json(v) for v in _gets(channel, [_member_key(s) for s in range(count)])]
 
 
@@ -238,6 +245,7 @@ class StallWatch:
         self.slot = -1  # this process's member slot on the store
         self.signals = STATE.hooks.usr2_count
         self.started = time.time()
+        self.written = 0  # records written, of every kind
 
     # -- what the listener asks ------------------------------------------------------
     def wait(self, step: int, stamp: float, done: int) -> float | None:
@@ -279,8 +287,13 @@ class StallWatch:
         """Write this process's record now; its path relative to the output folder (None:
         it could not be written)."""
         plan = self.plan
+        self.written += 1
+        if self.written > RECORDS_PER_PROCESS:
+            warn_once(("stall-records", plan.role), "policy-engine: role %r: %s stall records "
+                      "written by this process; no more are", plan.role, RECORDS_PER_PROCESS)
+            return None
         in_step = step >= 0 and done != step
-        position: dict[str, Any] = dict(self.where() if self.where is not None else {})
+        position = self._position()
         position.update(step=None if step < 0 else step, in_step=in_step,
                         running=round(_clock() - stamp, 3) if in_step else None,
                         limit=limit, limit_said=self.clock.said(limit if why == "stall"
@@ -306,6 +319,14 @@ class StallWatch:
             self.open = _Open(step, stamp, path)
         self._said(found, rel)
         return rel
+
+    def _position(self) -> dict[str, Any]:
+        """The role's position; what it cannot tell is said, never raised (the training
+        thread moves while it is read)."""
+        try:
+            return dict(self.where()) if self.where is not None else {}
+        except Exception as err:
+            return {"capture": {"error": f"{type(err).__name__}: {err}"[:200]}}
 
     def _said(self, found: StallRecord, rel: str) -> None:
         """The record's warning and manifest note."""
@@ -333,8 +354,7 @@ class StallWatch:
 
     def _cut(self, step: int, running: float) -> None:
         """Ask the main thread to save the captures it runs, partial."""
-        where = self.where() if self.where is not None else {}
-        capture = where.get("capture")
+        capture = self._position().get("capture")
         if not isinstance(capture, dict) or not capture.get("main"):
             return
         signals.ask_main_thread(f"a stall: step {step} had run {running:.1f} s")
