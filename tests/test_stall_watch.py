@@ -20,7 +20,10 @@ import pytest
 from job_env import run_cli
 
 from policy_engine import PolicyError, Topology, apply_policy, compile_plan, load_policy
+from policy_engine.analysis.manifests import scan_manifests
 from policy_engine.language.values.triggers import Stall, parse_after
+from policy_engine.runtime.process import signals
+from policy_engine.runtime.process.state import STATE, critical, slot
 from policy_engine.runtime.role.wrapping import regions_on
 from policy_engine.runtime.triggers.channel import JobChannel, StoreKV
 from policy_engine.runtime.triggers.requests import parse_request
@@ -31,6 +34,7 @@ from policy_engine.runtime.triggers.stall_watch import (
     members,
     post_episode,
 )
+from policy_engine.testing import recording_backend
 
 
 def policy(out: Path, **triggers: Any) -> dict[str, Any]:
@@ -237,3 +241,30 @@ def test_member_keys_planted_far_apart_are_read_a_bounded_number(store: Any) -> 
     started = time.monotonic()
     listed = members(channel)
     assert len(listed) <= 1 << 16 and time.monotonic() - started < 120
+
+
+def test_a_stall_saves_the_main_threads_capture_after_its_critical_stretch(
+        tmp_path: Path) -> None:
+    assert signals.install_usr2() is None  # pytest's main thread: the handler is ours
+    with recording_backend("torch") as rec:
+        prof = apply_policy(Worker(), "trainer", {"version": 1, "output_dir": str(tmp_path),
+                                                  "roles": {"trainer": {
+                                                      "enabled": True, "steps": [5]}}})
+        with prof.training_step(5):
+            counted = STATE.hooks.usr2_count
+            with critical():  # as a capture's own transition or a manifest line would be
+                said = signals.ask_main_thread("a stall: step 5 had run 6.0 s")
+                time.sleep(0.2)  # the signal arrives here, and waits
+                assert slot("torch").capture is not None
+            assert slot("torch").capture is None  # saved as the stretch ended
+            assert STATE.hooks.usr2_count == counted  # the engine's own, not a user's
+        prof.close()
+    assert said.startswith("saved partial if the main thread runs Python")
+    assert rec.calls[-2][0] == "save" and not rec.violations
+    closed = [r for r in scan_manifests(str(tmp_path)).records if r["event"] == "close"]
+    assert [(c["status"], c["stopped_by"]) for c in closed] == \
+        [("partial", "a stall: step 5 had run 6.0 s")]
+
+
+class Worker:
+    pass
