@@ -226,9 +226,10 @@ def test_trigger_stall_takes_no_role_and_needs_listeners(tmp_path: Path) -> None
 
 @pytest.mark.parametrize("planted", [
     b"not json", b"x" * 10_000, b'{"id": "../../x", "time": 1}', b'{"id": "a", "time": NaN}',
-    json.dumps({"id": "future", "time": time.time() + 3600}).encode()])
+    b'{"id": "future", "time": IN_AN_HOUR}'], ids=["text", "long", "id", "nan", "future"])
 def test_an_episode_key_planted_in_the_store_is_not_joined(store: Any, planted: bytes) -> None:
     channel = JobChannel(StoreKV(store), "trainer")
+    planted = planted.replace(b"IN_AN_HOUR", str(time.time() + 3600).encode())
     store.set("policy_engine/triggers/v1/stall/episode", planted)
     found, began = post_episode(channel, "stall", 0, 5, 60.0)
     assert began and found is not None and found.id != "future"
