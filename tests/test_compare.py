@@ -243,3 +243,28 @@ def test_compare_tells_policies_apart_by_their_digest_less_output_dir(tmp_path: 
         "message": "policy differs (compared all the same; the base run's manifests hold "
                    "only the policy's whole digest, output_dir included: runs into two "
                    "folders differ by it alone)"}]
+
+
+def test_an_inconclusive_window_shows_what_would_decide(tmp_path: Path) -> None:
+    """The text and the report show an inconclusive verdict with the change, p, the steps
+    used and about how many steps a side would decide."""
+    from test_compare_gate import _steps
+
+    from policy_engine.analysis.compare_page import window_html
+    from policy_engine.analysis.compare_text import render
+
+    result = _compare(_run(tmp_path / "base"), _run(tmp_path / "new"))
+    (w,) = result["windows"]
+    w.update(verdict(_steps(7, 30.0, 0.08), _steps(7, 34.5, 0.08)))
+    jsonschema.validate(result, SCHEMA)
+    t = w["test"]
+    assert w["verdict"] == "inconclusive" and t["decide_steps"] is not None
+    html = window_html(w)
+    assert '<span class="inconclusive">inconclusive</span>' in html
+    assert (f"<p>Median step +15.0%, p = {t['p']:.2g} (alpha 0.005), 7 and 7 steps, least "
+            f"change these steps could call: {t['detectable']:.1%}, about {t['decide_steps']} "
+            "steps a side would decide.</p>") in html
+    text = render(result)
+    assert f"  verdict: inconclusive - median step time +15.0% (p = {t['p']:.2g}, 7 and 7 " \
+           "steps; " in text
+    assert f"about {t['decide_steps']} steps a side would decide)\n" in text

@@ -23,13 +23,17 @@ most :data:`MIN_CHANGE` (and the runs' drift under it), and never for a change o
 side drawn like the observed ones (each run's quantiles at ``(i + 0.5) / k``), shifted by
 the change measured (at least :data:`MIN_CHANGE`), and the least ``k`` at which the gate
 calls it with p under :data:`DECIDE_P` rather than :data:`ALPHA`. Typical steps reach the
-p a new pair of runs reaches half the time; asking them for z_(1-ALPHA/2) + z_POWER
-(the rank-sum test's normal approximation of a :data:`POWER` chance) makes the count one
-at which most pairs of runs decide: in simulation (log-normal steps, spreads of 8-30%,
-changes of 10-60%) the whole gate called the change in 3 to 9 pairs of 10 at that count,
-and in 3 of 10 at half of it. An estimate, not a promise. No count narrows the middle
-halves or the drift between windows: where those hold the change back, more steps would
-not decide, and the verdict says so.
+p a new pair of runs reaches half the time; asking them for z_(1-ALPHA/2) + z_POWER (the
+rank-sum test's normal approximation of a :data:`POWER` chance) makes the count one at
+which most pairs of runs decide: in simulation (log-normal steps spreading 5-30%, changes
+of 10-60%) the whole gate called the change in 3 pairs of 4 or more at that count, and in
+about 1 of 3 or fewer at half of it. An estimate, not a promise. No count narrows the
+middle halves or the drift between windows: where those hold the change back, more steps
+would not decide, and the verdict says so.
+
+**What a window rules out** (:func:`told_apart`), for holding the windows of a role to
+each other: the changes the gate, given the new run's steps divided by ``1 + c``, calls
+the other way. A window undecided about 5% may still say its runs did not move by 150%.
 """
 
 from __future__ import annotations
