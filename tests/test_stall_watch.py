@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import signal
 import sys
 import threading
 import time
@@ -246,20 +247,25 @@ def test_member_keys_planted_far_apart_are_read_a_bounded_number(store: Any) -> 
 
 def test_a_stall_saves_the_main_threads_capture_after_its_critical_stretch(
         tmp_path: Path) -> None:
-    assert signals.install_usr2() is None  # pytest's main thread: the handler is ours
-    with recording_backend("torch") as rec:
-        prof = apply_policy(Worker(), "trainer", {"version": 1, "output_dir": str(tmp_path),
-                                                  "roles": {"trainer": {
-                                                      "enabled": True, "steps": [5]}}})
-        with prof.training_step(5):
-            counted = STATE.hooks.usr2_count
-            with critical():  # as a capture's own transition or a manifest line would be
-                said = signals.ask_main_thread("a stall: step 5 had run 6.0 s")
-                time.sleep(0.2)  # the signal arrives here, and waits
-                assert slot("torch").capture is not None
-            assert slot("torch").capture is None  # saved as the stretch ended
-            assert STATE.hooks.usr2_count == counted  # the engine's own, not a user's
-        prof.close()
+    previous = signal.getsignal(signal.SIGUSR2)
+    try:
+        assert signals.install_usr2() is None  # pytest's main thread: the handler is ours
+        with recording_backend("torch") as rec:
+            prof = apply_policy(Worker(), "trainer", {
+                "version": 1, "output_dir": str(tmp_path),
+                "roles": {"trainer": {"enabled": True, "steps": [5]}}})
+            with prof.training_step(5):
+                counted = STATE.hooks.usr2_count
+                with critical():  # as a capture's own transition or a manifest line would be
+                    said = signals.ask_main_thread("a stall: step 5 had run 6.0 s")
+                    time.sleep(0.2)  # the signal arrives here, and waits
+                    assert slot("torch").capture is not None
+                assert slot("torch").capture is None  # saved as the stretch ended
+                assert STATE.hooks.usr2_count == counted  # the engine's own, not a user's
+            prof.close()
+    finally:  # the next test of this process finds SIGUSR2 as it was
+        signal.signal(signal.SIGUSR2, previous)
+        STATE.hooks.usr2_installed = False
     assert said.startswith("saved partial if the main thread runs Python")
     assert rec.calls[-2][0] == "save" and not rec.violations
     closed = [r for r in scan_manifests(str(tmp_path)).records if r["event"] == "close"]

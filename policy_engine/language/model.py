@@ -99,6 +99,8 @@ class Policy:
     source: str | None = None
     sources: tuple[str, ...] = ()
     policy_hash: str = ""
+    #: The digest less ``output_dir``: one policy run into two folders is one policy.
+    policy_content_hash: str = ""
     warnings: tuple[Problem, ...] = ()
     #: ``colocate:``: groups of roles that share a process, each in policy order.
     colocate: tuple[tuple[str, ...], ...] = ()
@@ -364,6 +366,7 @@ def build_policy(doc: Document, built: Built, *,
         source=source,
         sources=doc.sources,
         policy_hash=policy_hash(data),
+        policy_content_hash=policy_hash({k: v for k, v in data.items() if k != "output_dir"}),
         warnings=warnings,
         colocate=_policy_order(data.get("colocate"), data.get("roles") or {}),
     )

@@ -198,6 +198,8 @@ def install_usr2() -> str | None:
             return (f"Python lets only the main thread install signal handlers, and this "
                     f"runs on thread {threading.current_thread().name!r}")
         STATE.hooks.usr2_installed = True
-        STATE.hooks.previous_usr2 = signal.getsignal(signal.SIGUSR2)
+        current = signal.getsignal(signal.SIGUSR2)
+        if current is not _on_usr2:  # never chain to ourselves (installed once before)
+            STATE.hooks.previous_usr2 = current
         signal.signal(signal.SIGUSR2, _on_usr2)
     return None
