@@ -108,10 +108,15 @@ def triggers_idle(out: str) -> dict[str, float]:
     counted as slow would open captures inside the timed loop."""
     plain = apply_policy(Worker(), "actor", policy(out, steps=[], name="<step>"),
                          Topology(rank=0, world=2))
-    listening = apply_policy(Worker(), "actor", policy(out, steps=[], name="<step>", triggers={
-        "on_demand": True, "signal": True,
-        "slow_step": {"factor": 1e9, "after": 10, "scope": "job", "reference": "1"}}),
-        Topology(rank=0, world=2))
+    every = {"on_demand": True, "signal": True,
+             "slow_step": {"factor": 1e9, "after": 10, "scope": "job", "reference": "1"}}
+    listening = apply_policy(Worker(), "actor", policy(out, steps=[], name="<step>",
+                                                       triggers=every),
+                             Topology(rank=0, world=2))
+    # the same with the stall watch on (a limit no step reaches): its listener thread
+    # watches the steps, the training thread writes the step that ended
+    watching = apply_policy(Worker(), "actor", policy(out, steps=[], name="<step>", triggers={
+        **every, "stall": {"after": 3600}}), Topology(rank=0, world=2))
     n = iter(range(10**9))
 
     def loop(prof: Any) -> Callable[[], None]:
@@ -124,16 +129,19 @@ def triggers_idle(out: str) -> dict[str, float]:
     # shared machine the wall clock counts the time other processes ran; interleaved, so
     # that the machine's drift hits both alike.
     base = best(bare, timer=time.process_time)
-    runs: tuple[list[float], list[float]] = ([], [])
+    runs: tuple[list[float], list[float], list[float]] = ([], [], [])
     for _ in range(7):
         runs[0].append(best(loop(plain), repeat=1, timer=time.process_time))
         runs[1].append(best(loop(listening), repeat=1, timer=time.process_time))
-    without, with_triggers = min(runs[0]), min(runs[1])
+        runs[2].append(best(loop(watching), repeat=1, timer=time.process_time))
+    without, with_triggers, with_stall = min(runs[0]), min(runs[1]), min(runs[2])
     plain.close()
     listening.close()  # its listener thread stops before the folder is removed
+    watching.close()
     return {
         "on training_step(n), not profiled / bare call": without / base,
         "on training_step(n) with triggers / without": with_triggers / without,
+        "on training_step(n) with triggers and stall / without": with_stall / without,
     }
 
 

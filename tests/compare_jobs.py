@@ -5,8 +5,8 @@ activities).
 
 The tests share them: ``StragglerJobs`` (the ``straggler_jobs`` fixture of conftest.py)
 runs each job of ``JOBS`` once per session, when a test first asks for it, so that
-test_compare_e2e, test_analyze_e2e and test_summaries_e2e start six jobs between them,
-not nine. The tests only read what a job wrote."""
+test_compare_e2e, test_analyze_e2e and test_summaries_e2e start eight jobs between them,
+not eleven. The tests only read what a job wrote."""
 
 from __future__ import annotations
 
@@ -37,11 +37,16 @@ roles:
 #: what a loaded machine's scheduling adds to a step, so that it is named every time.
 SLOW, EXTRA_MS = 2, 250
 EXTRA_MM = 300  # more 256x256 matrix multiplications per update_actor, on every rank
+#: A smaller change: about 60% more time per step on a loaded 2-core machine (the step
+#: takes some 30 ms there, and each 256x256 product about 1.3 ms), recorded in 8 steps a
+#: window, as few as the rank-sum test can decide on (7 compared, the first left out).
+SOME_MM, FEW_STEPS = 14, 8
 #: The shared jobs: base and again are the same job twice; slow writes each rank's files
-#: under a folder of its own (run/node<rank>), as ranks on separate hosts would. The first
-#: four run one after the other when any of them is first asked for, so that the changed
-#: jobs and the base they are compared with ran close together, under the same load.
-TOGETHER = ("base", "again", "mm", "slow")
+#: under a folder of its own (run/node<rank>), as ranks on separate hosts would. The jobs
+#: of a group run one after the other when any of them is first asked for, so that the
+#: changed jobs and the base they are compared with ran close together, under the same
+#: load.
+TOGETHER = (("base", "again", "mm", "slow"), ("few", "some"))
 JOBS: dict[str, dict[str, Any]] = {
     "base": {},
     "again": {},
@@ -49,6 +54,8 @@ JOBS: dict[str, dict[str, Any]] = {
     "slow": {"slow": SLOW, "extra_ms": EXTRA_MS, "nodes": True},
     "two": {"world": 2},
     "shapes": {"activities": "cpu, cuda", "shapes": True},
+    "few": {"inner": FEW_STEPS},
+    "some": {"inner": FEW_STEPS, "extra_mm": SOME_MM},
 }
 
 
@@ -79,7 +86,8 @@ class StragglerJobs:
         self.done: dict[str, Path | RuntimeError] = {}
 
     def __getitem__(self, name: str) -> Path:
-        for job in TOGETHER if name in TOGETHER else (name,):
+        group = next((g for g in TOGETHER if name in g), (name,))
+        for job in group:
             if job not in self.done:
                 try:
                     self.done[job] = run_job(self.root / job, **JOBS[job])
@@ -91,7 +99,7 @@ class StragglerJobs:
         return found
 
 
-def compare(base: Path, new: Path) -> dict:
+def compare(base: Path, new: Path) -> dict[str, Any]:
     """``policy-engine compare --format json`` of two output folders, as a user runs it."""
     import json
 
@@ -100,4 +108,5 @@ def compare(base: Path, new: Path) -> dict:
                           capture_output=True, text=True, timeout=TIMEOUT, cwd=os.getcwd())
     if done.returncode != 0:
         raise RuntimeError(done.stderr[-4000:])
-    return json.loads(done.stdout)
+    result: dict[str, Any] = json.loads(done.stdout)
+    return result

@@ -15,7 +15,8 @@ from analysis_traces import make_run, make_summarised_run
 from job_env import run_cli
 
 from policy_engine.analysis import AnalysisError
-from policy_engine.analysis.compare import agree, compare_runs, rank_sum, verdict
+from policy_engine.analysis.compare import compare_runs
+from policy_engine.analysis.compare_gate import verdict
 
 REPO = Path(__file__).resolve().parents[1]
 SCHEMA = json.loads((REPO / "schemas" / "compare.schema.json").read_text())
@@ -31,37 +32,6 @@ def _compare(base: str, new: str, **kw: Any) -> dict[str, Any]:
     result = compare_runs(base, new, **kw)
     jsonschema.validate(result, SCHEMA)
     return result
-
-
-def test_the_rank_sum_test_gives_the_textbook_p_values() -> None:
-    # scipy.stats.mannwhitneyu(method="asymptotic") on the same samples: 0.0273034...
-    assert rank_sum([1, 1, 2, 2, 3, 3, 3, 4], [2, 3, 3, 4, 4, 5, 5, 5]) \
-        == pytest.approx(0.027303402992194, rel=1e-9)
-    assert rank_sum([5.0] * 6, [5.0] * 6) == 1.0
-    assert rank_sum([1, 2], [3, 4, 5]) is None
-    same = verdict([10.0, 10.1, 9.9, 10.0, 10.2, 10.1, 9.8],
-                   [10.1, 10.0, 9.9, 10.1, 10.0, 10.2, 9.9])
-    assert same["verdict"] == "no change" and same["why"].startswith("within noise")
-    # significant but small: under the 5% floor, no change
-    small = verdict([100.0 + i / 100 for i in range(40)], [102.0 + i / 100 for i in range(40)])
-    assert small["verdict"] == "no change" and "under 5%" in small["why"]
-    # significant and large, but the steps spread wider than the shift: no change
-    wide = [60.0 + 4 * i for i in range(20)]  # 60 .. 136, median 98
-    shifted = [v + 12 for v in wide]  # median 110: +12%, inside the base's middle half
-    spread = verdict(wide * 5, shifted * 5)
-    assert spread["test"]["p"] < 0.005 and not spread["test"]["apart"]
-    assert spread["verdict"] == "no change" and "middle half" in spread["why"]
-    # six steps a side cannot reach p < 0.005 even fully apart: no verdict, and it says so
-    few = verdict([10.0] * 6, [20.0] * 6)
-    assert few["verdict"] is None and "too few steps" in few["why"]
-    assert verdict([10.0] * 7, [20.0] * 7)["verdict"] == "slower"
-    # every step apart, but one run's own windows lie 50% apart: the machine, not a change
-    drifted = verdict([10.0 + i / 10 for i in range(9)], [13.0 + i / 10 for i in range(9)],
-                      drift=0.5)
-    assert drifted["verdict"] == "no change" and drifted["test"]["drift"] == 0.5
-    assert "no larger than the 50% by which one run's own windows differ" in drifted["why"]
-    assert verdict([10.0 + i / 10 for i in range(9)], [13.0 + i / 10 for i in range(9)],
-                   drift=0.1)["verdict"] == "slower"
 
 
 def test_more_compute_is_slower_and_the_change_is_compute(tmp_path: Path) -> None:
@@ -137,36 +107,6 @@ def test_windows_pair_in_order_or_by_the_steps_named(tmp_path: Path) -> None:
         compare_runs(base, new, steps=(1, 9))
     done = run_cli("compare", base, new, "--step", "1:x", cwd=tmp_path, timeout=120)
     assert done.returncode == 2 and "expected N or A:B" in done.stderr
-
-
-def _said(word: str | None, why: str = "median step time +40.0% (p = 0.0006 < 0.005)",
-          region: str | None = None) -> dict[str, Any]:
-    return {"role": "actor", "region": region, "verdict": word, "why": why,
-            "test": {"agree": None}}
-
-
-def test_a_change_in_one_window_alone_is_the_machines() -> None:
-    """A machine busy for a few seconds slows the window it overlaps; a code change shows
-    in every window that runs the code."""
-    lone = [_said("slower"), _said("no change", "within noise (p = 0.4 >= 0.005)")]
-    agree(lone)
-    assert [w["verdict"] for w in lone] == ["no change", "no change"]
-    assert [w["test"]["agree"] for w in lone] == [False, False]
-    assert lone[0]["why"] == (
-        "within noise (this window alone is median step time +40.0% (p = 0.0006 < 0.005); "
-        "other windows of actor say no change: a change in some windows only is the "
-        "machine's)")
-    both = [_said("slower"), _said("slower"), _said(None, "too few steps")]
-    agree(both)
-    assert [w["verdict"] for w in both] == ["slower", "slower", None]
-    assert [w["test"]["agree"] for w in both] == [True, True, None]
-    torn = [_said("slower", region="gen"), _said("faster", region="gen")]
-    agree(torn)
-    assert [w["verdict"] for w in torn] == ["no change", "no change"]
-    assert "other windows of actor/gen say faster" in torn[0]["why"]
-    one = [_said("faster")]
-    agree(one)
-    assert (one[0]["verdict"], one[0]["test"]["agree"]) == ("faster", True)
 
 
 def test_runs_kept_as_summaries_only_are_compared(tmp_path: Path) -> None:
@@ -251,3 +191,80 @@ def test_region_rows_are_over_the_whole_capture_and_say_so(tmp_path: Path) -> No
     run_cli("report", new, "-o", str(page), "--baseline", base, cwd=tmp_path, timeout=120)
     assert "<th>region (ms per step, over the whole capture: its first step included)</th>" \
         in page.read_text()
+
+
+def test_one_policy_run_into_two_folders_is_one_policy(tmp_path: Path) -> None:
+    """The manifests carry the policy's digest less output_dir beside the whole one: the
+    same policy run into two folders (``--set output_dir=...``, the demo's ``--out``) has
+    one, another setting changes it."""
+    from policy_engine.language.load import load_policy
+    from policy_engine.plan.compile import compile_plan
+    from policy_engine.plan.topology import Topology
+
+    doc = {"version": 1, "roles": {"trainer": {"enabled": True, "steps": [2]}}}
+    here = load_policy({**doc, "output_dir": str(tmp_path / "a")})
+    there = load_policy(doc, overrides=[f"output_dir={tmp_path / 'b'}"])
+    other = load_policy({**doc, "output_dir": str(tmp_path / "a"), "prefix": "other"})
+    assert here.policy_hash != there.policy_hash
+    assert here.policy_content_hash == there.policy_content_hash != other.policy_content_hash
+    identity = compile_plan(there, "trainer", Topology()).identity(None)
+    assert identity["policy_content_hash"] == here.policy_content_hash
+    assert identity["policy_hash"] == there.policy_hash
+
+
+def _stamp(run: str, **fields: str) -> None:
+    """Every manifest line of ``run`` that names a rank given ``fields``, as the runtime
+    writes them (a manifest written before a field existed lacks it)."""
+    from policy_engine.runtime.process.manifest import encode
+
+    for manifest in Path(run, "manifests").iterdir():
+        lines = [json.loads(line) for line in manifest.read_bytes().splitlines()]
+        manifest.write_bytes(b"".join(encode({**line, **fields} if "rank" in line else line)
+                                      for line in lines))
+
+
+def test_compare_tells_policies_apart_by_their_digest_less_output_dir(tmp_path: Path) -> None:
+    base, new = _run(tmp_path / "base"), _run(tmp_path / "new")
+    _stamp(base, policy_hash="a1", policy_content_hash="c1")
+    _stamp(new, policy_hash="b2", policy_content_hash="c1")
+    (w,) = _compare(base, new)["windows"]
+    assert w["differences"] == [] and w["verdict"] == "no change"
+    _stamp(new, policy_hash="b2", policy_content_hash="c2")
+    (w,) = _compare(base, new)["windows"]
+    assert w["differences"] == [{"what": "policy", "base": ["c1"], "new": ["c2"],
+                                 "blocks": False,
+                                 "message": "policy differs (compared all the same)"}]
+    # a run recorded before the digest less output_dir: the whole digests, and it says why
+    old = _run(tmp_path / "old")
+    _stamp(old, policy_hash="a0")
+    (w,) = _compare(old, new)["windows"]
+    assert w["differences"] == [{
+        "what": "policy", "base": ["a0"], "new": ["b2"], "blocks": False,
+        "message": "policy differs (compared all the same; the base run's manifests hold "
+                   "only the policy's whole digest, output_dir included: runs into two "
+                   "folders differ by it alone)"}]
+
+
+def test_an_inconclusive_window_shows_what_would_decide(tmp_path: Path) -> None:
+    """The text and the report show an inconclusive verdict with the change, p, the steps
+    used and about how many steps a side would decide."""
+    from test_compare_gate import _steps
+
+    from policy_engine.analysis.compare_page import window_html
+    from policy_engine.analysis.compare_text import render
+
+    result = _compare(_run(tmp_path / "base"), _run(tmp_path / "new"))
+    (w,) = result["windows"]
+    w.update(verdict(_steps(7, 30.0, 0.08), _steps(7, 34.5, 0.08)))
+    jsonschema.validate(result, SCHEMA)
+    t = w["test"]
+    assert w["verdict"] == "inconclusive" and t["decide_steps"] is not None
+    html = window_html(w)
+    assert '<span class="inconclusive">inconclusive</span>' in html
+    assert (f"<p>Median step +15.0%, p = {t['p']:.2g} (alpha 0.005), 7 and 7 steps, least "
+            f"change these steps could call: {t['detectable']:.1%}, about {t['decide_steps']} "
+            "steps a side would decide.</p>") in html
+    text = render(result)
+    assert f"  verdict: inconclusive - median step time +15.0% (p = {t['p']:.2g}, 7 and 7 " \
+           "steps; " in text
+    assert f"about {t['decide_steps']} steps a side would decide)\n" in text

@@ -8,7 +8,8 @@ imports nothing from the runtime, the integrations or the command line. Its publ
   whose rank wrote its summary to the manifest is not read again, so a run whose traces
   stayed on node-local disks (or were never kept: ``keep: summaries``) is analysed from
   its manifests alone. :meth:`RunAnalysis.to_json` is the document
-  ``policy-engine analyze --format json`` prints (``schemas/analysis.schema.json``).
+  ``policy-engine analyze --format json`` prints (``schemas/analysis.schema.json``); its
+  ``stalls`` answer a hung job from the stall records under the folder.
 - :func:`compare` — two runs, window by window: what differs in how they were recorded,
   the change in step time split into its parts, the regions and operators that moved, the
   straggler then and now, and a verdict gated by the steps' own noise

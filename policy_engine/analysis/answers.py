@@ -17,6 +17,7 @@ from typing import IO, Any, overload
 import attrs
 
 from policy_engine.analysis.spool import RankView, Spool, dumps
+from policy_engine.analysis.stalls import Stalls
 from policy_engine.analysis.window import Figures
 
 _PARTS = ("time_us", "span_us", "compute_us", "comm_us", "overlap_us", "other_us", "idle_us")
@@ -162,12 +163,15 @@ class RunAnalysis:
     notes: tuple[Mapping[str, Any], ...]
     problems: tuple[str, ...]
     spool: Spool | None = attrs.field(default=None, repr=False)
+    #: the stall records under ``root`` (None: it has none), answered (analysis.stalls)
+    stalls: Stalls | None = None
 
     def to_json(self) -> dict[str, Any]:
         """The JSON document of the analysis (its ``version`` says which), a fresh copy."""
         return {"version": self.version, "root": self.root,
                 "windows": [w.to_json() for w in self.windows],
-                "notes": [dict(n) for n in self.notes], "problems": list(self.problems)}
+                "notes": [dict(n) for n in self.notes], "problems": list(self.problems),
+                "stalls": None if self.stalls is None else self.stalls.to_json()}
 
     def write_json(self, out: IO[bytes]) -> None:
         """:meth:`to_json` as a stream, a window and a rank at a time."""
@@ -177,7 +181,8 @@ class RunAnalysis:
             out.write(b"\n" if not i else b",\n")
             w.write_json(out)
         out.write(b'],\n"notes":' + dumps(list(self.notes)) + b',\n"problems":'
-                  + dumps(list(self.problems)) + b"}\n")
+                  + dumps(list(self.problems)) + b',\n"stalls":'
+                  + dumps(None if self.stalls is None else self.stalls.to_json()) + b"}\n")
 
     def close(self) -> None:
         """Let go of the ranks written aside (the windows' ranks cannot be read after)."""

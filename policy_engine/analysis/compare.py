@@ -19,17 +19,15 @@ each run), or by the steps the caller names. For each pair:
 - **a verdict with a noise gate**: the sample is the step, not the (rank, step): ranks
   that meet in collectives finish each step together, so the ranks' times of one step are
   one observation, counted once (the median over the ranks of the n-th step of the
-  window). ``slower`` or ``faster`` only where all of these hold: a two-sided Mann-Whitney
-  rank-sum test over the two runs' steps gives p < :data:`ALPHA`; the medians differ by
-  at least :data:`MIN_CHANGE` of the base's; and each run's median lies outside the other
-  run's middle half of steps (its interquartile range): a shift the steps' own spread
-  covers is not called a change; and, where a run holds several windows of the role and
-  region, the change exceeds how far apart that run's own windows lie (:func:`drift`, the
-  larger of the two runs'): the machine drifts between windows as it does between runs;
-  and every other window of the role and region that the test can judge moved the same
-  way (:func:`agree`): a code change shows in every window that runs the code, while a
-  machine busy for a while slows the windows it overlaps and not the others.
-  Otherwise ``no change`` (within noise). A capture's first
+  window). :func:`~policy_engine.analysis.compare_gate.verdict` says ``slower`` or
+  ``faster`` where a rank-sum test, the medians' distance and the drift between one run's
+  own windows (:func:`drift`, the larger of the two runs') let a change through; ``no
+  change`` only where these steps could have called a change of
+  :data:`~policy_engine.analysis.compare_gate.MIN_CHANGE` either way and did not; else
+  ``inconclusive``, with the change measured, p, the steps used and about how many steps
+  a side would decide. The windows of a role and region are then held to each other
+  (:func:`agree`): a code change shows in every window that runs the code, while a machine
+  busy for a while slows the windows it overlaps and not the others. A capture's first
   step carries the profiler's start and the first run of every code path, and a rank's
   last step, when it is far shorter than its others
   (:data:`~policy_engine.analysis.window.TRAILING`), is the empty step torch opens at the
@@ -38,25 +36,19 @@ each run), or by the steps the caller names. For each pair:
 
 from __future__ import annotations
 
-import math
 import os
 import statistics
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from policy_engine.analysis.answers import WindowAnalysis
+from policy_engine.analysis.compare_gate import told_apart, verdict
 from policy_engine.analysis.errors import AnalysisError
 from policy_engine.analysis.run import analyze_run
-from policy_engine.analysis.text import ms
 from policy_engine.errors import printable
 
-VERSION = 1
-#: The rank-sum test's significance level. Two runs of one unchanged 4-rank job on a
-#: loaded 2-core machine gave p >= 0.015 in 132 of 132 windows (steps vary with the
-#: machine between runs, not only within one); a change gave p <= 0.0022 in 12 of 12.
-ALPHA = 0.005
-#: The least change of the median step time, as a share of the base's, called a change.
-MIN_CHANGE = 0.05
+#: 2: ``inconclusive``, and the test's ``change``, ``detectable`` and ``decide_steps``.
+VERSION = 2
 #: Rows listed per window: ranks, regions, operators.
 TOP = 10
 #: Differences that make a verdict meaningless.
@@ -67,100 +59,6 @@ PARTS = (("compute_us", "compute"), ("exposed_comm_us", "exposed communication")
 
 def _r(value: float) -> float:
     return round(value, 3)
-
-
-# -- the noise gate -----------------------------------------------------------------------
-
-def rank_sum(a: Sequence[float], b: Sequence[float]) -> float | None:
-    """The two-sided p-value of the Mann-Whitney U test of ``a`` against ``b`` (normal
-    approximation with tie and continuity corrections); None with fewer than 3 values on
-    a side; 1 when every value is the same."""
-    n, m = len(a), len(b)
-    if n < 3 or m < 3:
-        return None
-    pooled = sorted([(v, 0) for v in a] + [(v, 1) for v in b])
-    ranks_a = 0.0
-    ties = 0.0
-    i = 0
-    while i < len(pooled):
-        j = i
-        while j + 1 < len(pooled) and pooled[j + 1][0] == pooled[i][0]:
-            j += 1
-        rank = (i + j) / 2 + 1  # the mean rank of a run of ties
-        count = j - i + 1
-        ties += count ** 3 - count
-        ranks_a += rank * sum(1 for k in range(i, j + 1) if pooled[k][1] == 0)
-        i = j + 1
-    u = ranks_a - n * (n + 1) / 2
-    mean = n * m / 2
-    total = n + m
-    var = n * m / 12 * ((total + 1) - ties / (total * (total - 1)))
-    if var <= 0:
-        return 1.0
-    z = (abs(u - mean) - 0.5) / math.sqrt(var)
-    return min(1.0, math.erfc(max(z, 0.0) / math.sqrt(2)))
-
-
-def _quartiles(values: Sequence[float]) -> tuple[float, float]:
-    """The lower and upper quartile (linear between the order statistics)."""
-    ordered = sorted(values)
-
-    def at(share: float) -> float:
-        k = (len(ordered) - 1) * share
-        i = int(k)
-        j = min(i + 1, len(ordered) - 1)
-        return ordered[i] + (ordered[j] - ordered[i]) * (k - i)
-
-    return at(0.25), at(0.75)
-
-
-def _apart(base: Sequence[float], new: Sequence[float]) -> bool:
-    """Each run's median outside the other's interquartile range, on opposite sides."""
-    mb, mn = statistics.median(base), statistics.median(new)
-    (b1, b3), (n1, n3) = _quartiles(base), _quartiles(new)
-    return (mn > b3 and mb < n1) or (mn < b1 and mb > n3)
-
-
-def verdict(base: Sequence[float], new: Sequence[float],
-            drift: float | None = None) -> dict[str, Any]:
-    """slower / faster / no change from the step times of each run, with the test.
-    ``drift``: how far apart the medians of one run's own windows lie (the larger of the
-    two runs'), as a share; a change no larger is within noise."""
-    p = rank_sum(base, new)
-    test = {"name": "Mann-Whitney U (two-sided) over steps", "p": None if p is None
-            else round(p, 6), "alpha": ALPHA, "min_change": MIN_CHANGE,
-            "base_steps": len(base), "new_steps": len(new), "apart": None,
-            "drift": None if drift is None else round(drift, 4), "agree": None}
-    # The least p these counts can give: every step of one run above every step of the other.
-    best = rank_sum(range(len(base)), range(len(base), len(base) + len(new)))
-    if p is None or best is None or best >= ALPHA:
-        return {"verdict": None, "why": f"too few steps to tell a change from noise "
-                f"({len(base)} and {len(new)}: even every step of one run beyond every step "
-                f"of the other could not reach p < {ALPHA})", "test": test}
-    b, n = statistics.median(base), statistics.median(new)
-    # From a median of 0 any change is out of all proportion: the gates on its size pass,
-    # and the change is said in milliseconds (a share of nothing has no percentage).
-    share = (n - b) / b if b > 0 else 0.0 if n == b else math.copysign(math.inf, n - b)
-    change = f"{share:+.1%}" if math.isfinite(share) else \
-        f"{ms(b)} -> {ms(n)} ms (from a median step of 0: no percentage)"
-    apart = _apart(base, new)
-    test["apart"] = apart
-    beyond = drift is None or abs(share) > drift
-    if p < ALPHA and abs(share) >= MIN_CHANGE and apart and beyond:
-        word = "slower" if share > 0 else "faster"
-        return {"verdict": word, "why": f"median step time {change} (p = {p:.2g} < "
-                f"{ALPHA})", "test": test}
-    if p >= ALPHA:
-        reason = f"p = {p:.2g} >= {ALPHA}"
-    elif abs(share) < MIN_CHANGE:
-        reason = f"a change of {change} is under {MIN_CHANGE:.0%}"
-    elif not apart:
-        reason = (f"a change of {change} lies within the middle half of the steps' own "
-                  "spread")
-    else:
-        reason = (f"a change of {change} is no larger than the {drift:.0%} by which one "
-                  "run's own windows differ")
-    return {"verdict": "no change", "why": f"within noise ({reason})", "test": test}
 
 
 # -- one pair of windows ------------------------------------------------------------------
@@ -230,14 +128,31 @@ def _differences(base: WindowAnalysis, new: WindowAnalysis) -> list[dict[str, An
         f"{'/'.join(basis[1]) or 'nothing'}: GPU kernels and CPU operators are not the "
         "same time")
     for key, word, blocks in (("recorded", "what the profiler recorded", True),
-                              ("torch", "torch version", False),
-                              ("policy_hash", "policy", False)):
+                              ("torch", "torch version", False)):
         b, n = bi.get(key), ni.get(key)
         if b is not None and n is not None and b != n:
             out.append({"what": key, "base": b, "new": n, "blocks": blocks,
                         "message": f"{word} differs" + ("" if blocks else
                                                          " (compared all the same)")})
+    out += _policy(bi, ni)
     return out
+
+
+def _policy(bi: Mapping[str, Any], ni: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The policies, by their digest less ``output_dir`` (one policy run into two folders
+    is one policy); by the whole digest where a run's manifests hold only that (written
+    before the other existed), and then the message says a folder alone would differ."""
+    b, n = bi.get("policy_content_hash"), ni.get("policy_content_hash")
+    older = [side for side, h in (("base", b), ("new", n)) if h is None]
+    if older:
+        b, n = bi.get("policy_hash"), ni.get("policy_hash")
+    if b is None or n is None or b == n:
+        return []
+    why = "" if not older else (
+        f"; the {' and '.join(older)} run's manifests hold only the policy's whole digest, "
+        "output_dir included: runs into two folders differ by it alone")
+    return [{"what": "policy", "base": b, "new": n, "blocks": False,
+             "message": f"policy differs (compared all the same{why})"}]
 
 
 def _straggler(window: WindowAnalysis) -> int | None:
@@ -254,20 +169,47 @@ def drift(windows: Sequence[WindowAnalysis]) -> float | None:
     return (max(medians) - min(medians)) / min(medians)
 
 
-def agree(pairs: Sequence[dict[str, Any]]) -> None:
-    """Hold the verdicts of one role and region's windows to each other: a window called
-    ``slower`` or ``faster`` keeps its word only where every other window with a verdict
-    says the same word; otherwise it is within noise. Sets ``test.agree`` on each."""
-    said = [p for p in pairs if p.get("verdict") is not None and p.get("test")]
-    words = {p["verdict"] for p in said}
-    for p in said:
-        p["test"]["agree"] = len(said) < 2 or len(words) == 1
-        if p["verdict"] in ("slower", "faster") and len(words) > 1:
-            others = ", ".join(sorted(w for w in words if w != p["verdict"]))
-            p["verdict"] = "no change"
-            p["why"] = (f"within noise (this window alone is {p['why']}; other windows of "
-                        f"{p['role']}{'' if p['region'] is None else '/' + p['region']} say "
-                        f"{others}: a change in some windows only is the machine's)")
+def agree(pairs: Sequence[dict[str, Any]],
+          steps: Sequence[tuple[Sequence[float], Sequence[float]] | None]) -> None:
+    """Hold the verdicts of one role and region's windows to each other: a code change
+    shows in every window that runs the code, while a machine busy for a while slows the
+    windows it overlaps and not the others. A window called ``slower`` or ``faster`` by a
+    change ``c`` becomes ``inconclusive`` where the steps of another window (``steps``: each
+    pair's base and new step times, None where it has none to compare) tell their own change
+    apart from ``c`` (:func:`~policy_engine.analysis.compare_gate.told_apart`). A window
+    whose steps cannot rule ``c`` out does not vote: an undecided window never turns a clear
+    one, and nothing turns one into ``no change``. Sets ``test.agree`` on each window called
+    slower or faster."""
+    calls = [i for i, p in enumerate(pairs) if p.get("verdict") in ("slower", "faster")
+             and p.get("test") and p["test"]["change"] is not None]
+    if not calls:
+        return
+    told = [None if s is None or pairs[i].get("verdict") is None else told_apart(*s)
+            for i, s in enumerate(steps)]
+    for i in calls:
+        p = pairs[i]
+        c = p["test"]["change"]
+        against = [j for j, t in enumerate(told)
+                   if j != i and t is not None and (c > t[0] if c > 0 else c < t[1])]
+        p["test"]["agree"] = not against
+        if not against:
+            continue
+        group = p["role"] + ("" if p["region"] is None else "/" + p["region"])
+        others = ", ".join(f"{_title(pairs[j])} ({_change(pairs[j])})" for j in against)
+        p["why"] = (f"{p['why'].removesuffix(')')}; in this window only: the steps of "
+                    f"{others} of {group} tell their change apart from this one: a machine "
+                    "busy during some windows, or a change in some steps only; a change of "
+                    "the code shows in every window that runs it)")
+        p["verdict"] = "inconclusive"
+
+
+def _title(p: dict[str, Any]) -> str:
+    return str(p["base"]["title"]) if isinstance(p.get("base"), dict) else "?"
+
+
+def _change(p: dict[str, Any]) -> str:
+    change = (p.get("test") or {}).get("change")
+    return "no share" if change is None else f"{change:+.1%}"
 
 
 def pair(base: WindowAnalysis, new: WindowAnalysis,
@@ -353,11 +295,13 @@ def compare_runs(base: str, new: str, *, role: str | None = None,
     windows, only_base, only_new = [], [], []
     for (_role, _region), (left, right) in groups.items():
         known = [d for d in (drift(left), drift(right)) if d is not None]
-        for x, y in zip(left, right, strict=False):
-            windows.append(pair(x, y, max(known) if known else None))
+        group = [pair(x, y, max(known) if known else None)
+                 for x, y in zip(left, right, strict=False)]
+        agree(group, [(_samples(x), _samples(y)) if _samples(x) and _samples(y) else None
+                      for x, y in zip(left, right, strict=False)])
+        windows += group
         only_base += [w.title for w in left[len(right):]]
         only_new += [w.title for w in right[len(left):]]
-        agree(windows[len(windows) - min(len(left), len(right)):])
     if not windows:
         raise AnalysisError(f"no window of BASE matches one of NEW by role and region: "
                             f"BASE holds {_titles(a)}; NEW holds {_titles(b)}")

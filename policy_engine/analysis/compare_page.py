@@ -1,5 +1,6 @@
 """The report's comparison section (``report --baseline BASE``): per pair of windows the
-verdict, what differs in how the runs were recorded, the step time then and now with the
+verdict (``inconclusive`` with why, and about how many steps a side would decide), the
+test's figures, what differs in how the runs were recorded, the step time then and now with the
 change split into its parts, and the regions and operators that moved most. Plain
 markup: no script, nothing fetched; every value from the runs is escaped."""
 
@@ -15,6 +16,7 @@ from policy_engine.analysis.text import ms
 MAX_WINDOWS, ROWS = 60, 5
 _STYLE = ("<style>.comparison .slower{color:#8b0000;font-weight:bold}"
           ".comparison .faster{color:#006400;font-weight:bold}"
+          ".comparison .inconclusive{color:#8a5a00;font-weight:bold}"
           ".comparison td,.comparison th{padding:1px 8px}</style>")
 
 
@@ -34,11 +36,28 @@ def _rows(rows: list[dict[str, Any]], what: str) -> str:
             f"<th>change</th></tr>{body}</table>")
 
 
+def _figures(t: dict[str, Any]) -> str:
+    """The test's figures in one line: the change, p, the steps used, what they could
+    tell and, where they could not, the steps a side that would."""
+    change = "-" if t["change"] is None else f"{t['change']:+.1%}"
+    p = "-" if t["p"] is None else f"{t['p']:.2g}"
+    out = [f"Median step {change}", f"p = {p} (alpha {t['alpha']})",
+           f"{t['base_steps']} and {t['new_steps']} steps"]
+    if t["detectable"] is not None:
+        out.append(f"least change these steps could call: {t['detectable']:.1%}")
+    if t["decide_steps"] is not None:
+        out.append(f"about {t['decide_steps']} steps a side would decide")
+    return ", ".join(out) + "."
+
+
 def window_html(w: dict[str, Any]) -> str:
     verdict = w.get("verdict") or "no verdict"
-    css = {"slower": "slower", "faster": "faster"}.get(verdict, "")
+    css = {"slower": "slower", "faster": "faster", "inconclusive": "inconclusive"}.get(
+        verdict, "")
     out = [f"<h3>{_esc(w['base']['title'])}</h3>",
            f'<p>Verdict: <span class="{css}">{_esc(verdict)}</span> ({_esc(w["why"])})</p>']
+    if w.get("test"):
+        out.append(f"<p>{_esc(_figures(w['test']))}</p>")
     if w["differences"]:
         out.append("<ul>" + "".join(
             f"<li>{'differs' if d['blocks'] else 'note'}: {_esc(d['message'])}</li>"

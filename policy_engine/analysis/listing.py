@@ -25,6 +25,7 @@ from policy_engine.errors import printable
 from policy_engine.files.layout import (
     MANIFEST_DIR,
     MANIFEST_SUFFIX,
+    STALLS_DIR,
     TRIGGERS_DIR,
     find_leftovers,
     host_name,
@@ -57,8 +58,8 @@ def _on_disk(root: str) -> set[str]:
             dirs[:] = []
             continue
         for d in list(dirs):
-            if d == TRIGGERS_DIR:  # trigger requests (policy-engine trigger), not traces
-                dirs.remove(d)
+            if d == TRIGGERS_DIR or (rel == "." and d == STALLS_DIR):
+                dirs.remove(d)  # trigger requests and stall records, not traces
             elif d.endswith(_TRACE_DIR_SUFFIXES):
                 found.add(os.path.normpath(os.path.join(rel, d)))
                 dirs.remove(d)

@@ -292,9 +292,11 @@ table.ops td{border:0;padding:0 6px} summary{cursor:pointer}
 
 
 def render(data: dict[str, Any], entries: list[PageEntry], ops: dict[int, Ops], *,
-           title: str, notes: Sequence[str], extra: Sequence[str] = ()) -> str:
+           title: str, notes: Sequence[str], extra: Sequence[str] = (),
+           first: Sequence[str] = ()) -> str:
     """The whole page. ``extra``: more sections of HTML (escaped by whoever made them),
-    placed after the roles' sections."""
+    placed after the roles' sections; ``first``: sections placed before everything else
+    (a hung job's answer)."""
     roles: dict[str, list[PageEntry]] = {}
     for c in entries:
         roles.setdefault(c.role, []).append(c)
@@ -323,6 +325,7 @@ def render(data: dict[str, Any], entries: list[PageEntry], ops: dict[int, Ops], 
 <p>{_esc(_summary(data))}. Written {html.escape(time.strftime("%Y-%m-%d %H:%M:%S"))}.</p>
 <p>Policies (file, hash): {policies or "none"}.</p>
 {"".join(f'<p class="note">{_esc(n)}</p>' for n in notes)}
+{"".join(first)}
 <h2>Needs attention</h2>
 {_attention(entries)}
 <p class="legend">{legend}<span class="lost">dashed: file missing</span>

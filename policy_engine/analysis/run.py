@@ -27,6 +27,7 @@ from policy_engine.analysis.errors import AnalysisError
 from policy_engine.analysis.format import size_cell
 from policy_engine.analysis.manifests import Scan, load_summary
 from policy_engine.analysis.spool import RankView, Spool
+from policy_engine.analysis.stalls import read_stalls
 from policy_engine.analysis.summary import problem, summarize
 from policy_engine.analysis.window import Figures
 from policy_engine.analysis.windows import (
@@ -415,18 +416,19 @@ def analyze_run(root: str, *, role: str | None = None, step: int | None = None,
         raise AnalysisError(f"{root} is not a folder")
     windows, problems, notes = from_manifests(root, from_traces=from_traces, scan=scan,
                                               index=index)
+    stalls = read_stalls(root)  # a hung job may have written nothing else
     manifests = bool(windows or problems)
     if not manifests:
         windows, passed_over = from_folders(root)
         problems = problems + passed_over
-    if not windows:
+    if not windows and stalls is None:
         raise AnalysisError(f"no traces under {root} (a policy-engine output folder has "
                             "manifests/*.manifest.jsonl; any other folder, Chrome trace "
                             "files (*.json, *.json.gz) or torch_npu's *_ascend_pt folders)"
                             + (f"; passed over: {'; '.join(problems[:3])}" if problems
                                else ""))
     expected = _expected(windows)
-    windows = _chosen(windows, role, step, root)
+    windows = _chosen(windows, role, step, root) if windows else []
     left = max_traces
     for nth, w in enumerate(windows):
         if left is not None and nth and len(w["traces"]) > left:
@@ -444,7 +446,8 @@ def analyze_run(root: str, *, role: str | None = None, step: int | None = None,
             one.run(readers, root)
             out.append(one.finish())
     return RunAnalysis(version=VERSION, root=os.path.abspath(root), windows=tuple(out),
-                       notes=tuple(notes), problems=tuple(problems), spool=spool)
+                       notes=tuple(notes), problems=tuple(problems), spool=spool,
+                       stalls=stalls)
 
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
+from policy_engine.analysis.stalls import stalls_text
 from policy_engine.errors import printable
 
 if TYPE_CHECKING:
@@ -190,6 +191,8 @@ def hta_text(hta: dict[str, Any]) -> list[str]:
 
 def render(result: RunAnalysis) -> str:
     lines: list[str] = []
+    if result.stalls is not None:  # a hung job's answer comes first
+        lines += stalls_text(result.stalls.to_json())
     for w in result.windows:
         lines += window_text(w)
         lines.append("")

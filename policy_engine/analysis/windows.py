@@ -133,7 +133,7 @@ def _ints(value: Any) -> set[int]:
 
 #: What a trace line says of how it was recorded, gathered per window for the comparison
 #: of two runs (each value as seen on any rank: a window normally has one of each).
-IDENTITY = ("policy_hash", "torch", "recorded", "coords")
+IDENTITY = ("policy_hash", "policy_content_hash", "torch", "recorded", "coords")
 
 
 def _json_key(value: Any) -> Any:

@@ -21,6 +21,7 @@ from policy_engine.analysis.compare_page import section as comparison
 from policy_engine.analysis.ops import read_all_ops
 from policy_engine.analysis.report_analysis import gather, section
 from policy_engine.analysis.report_page import captures, render
+from policy_engine.analysis.stall_page import section as stall_section
 from policy_engine.cli._common import check_output, whole_number, write_output
 from policy_engine.cli.usage import UsageError
 
@@ -67,7 +68,8 @@ def run(args: argparse.Namespace) -> int:
                      limits=(args.max_trace_mb << 20, args.max_total_mb << 20))]
     if args.baseline is not None:
         extra.insert(0, comparison(args.baseline, args.dir, jobs=jobs))
-    page = render(data, entries, ops, title=title, notes=notes, extra=extra)
+    page = render(data, entries, ops, title=title, notes=notes, extra=extra,
+                  first=[stall_section(args.dir)])
     write_output(out, page.encode("utf-8"), args.force)
     bad = sum(1 for c in entries if c.troubled)
     print(out + (f" ({bad} capture(s) need attention)" if bad else ""))

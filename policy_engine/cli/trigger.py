@@ -1,4 +1,5 @@
 """policy-engine trigger OUTPUT_DIR --role ROLE: ask running processes to capture.
+(--stall: ask every process that watches for stalls for its stall record instead.)
 
 Posts a request on the job's channel: its c10d store (--store HOST:PORT, or where the job
 advertised it under OUTPUT_DIR/triggers/), else a file under OUTPUT_DIR/triggers/. Every
@@ -22,7 +23,7 @@ from typing import Any
 import yaml
 
 from policy_engine.analysis.manifests import closed_steps, scan_manifests
-from policy_engine.cli import trigger_store
+from policy_engine.cli import trigger_stall, trigger_store
 from policy_engine.cli.usage import UsageError
 from policy_engine.files.publish import UnsafePathError, open_folder
 from policy_engine.language.values.ranks import RankSelector
@@ -78,7 +79,12 @@ def add_parser(sub: Any, name: str, help: str) -> None:
                             formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("output_dir", metavar="OUTPUT_DIR",
                         help="the policy's output_dir, where the processes write")
-    parser.add_argument("--role", required=True, help="the role whose processes capture")
+    parser.add_argument("--role", help="the role whose processes capture (required, "
+                                       "but with --stall)")
+    parser.add_argument("--stall", action="store_true",
+                        help="ask every process that watches for stalls (triggers.stall) "
+                             "for its stall record now, whatever its role; --wait reads "
+                             "their answers on the job's store")
     parser.add_argument("--ranks", metavar="SEL",
                         help="which of them, as a policy's ranks: '0-3,8', '-1', or a "
                              "mapping such as '{tp: 0}' (default: every listening rank)")
@@ -264,6 +270,14 @@ def run(args: argparse.Namespace) -> int:
 
 def _run(args: argparse.Namespace) -> int:
     root = args.output_dir
+    if args.stall:
+        if args.role is not None or args.ranks is not None or args.steps is not None or \
+                args.count != 1:
+            raise UsageError("--stall asks every watching process: no --role, --ranks, "
+                             "--steps or --count")
+        return trigger_stall.run(args)
+    if args.role is None:
+        raise UsageError("--role is required (or --stall)")
     if len(args.role) > MAX_TEXT:
         raise UsageError(f"--role: at most {MAX_TEXT} characters")
     found = trigger_store.find_channel(root, args.store, args.role)

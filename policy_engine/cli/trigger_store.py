@@ -30,7 +30,7 @@ from policy_engine.runtime.triggers.folder import read_advert, read_progress
 from policy_engine.runtime.triggers.requests import request_body
 
 __all__ = ["CALL_SECONDS", "CONNECT_SECONDS", "Unanswered", "answered", "find_channel",
-           "folder_step", "leave", "post", "say", "stuck"]
+           "first_line", "folder_step", "leave", "post", "say", "stuck"]
 
 _POLL = 0.5
 #: Seconds one try of torch's handshake may take (a stalled one is tried again on a new
@@ -145,6 +145,11 @@ def find_channel(output_dir: str, store: str | None,
         raise UsageError(f"cannot reach the job's store at {host}:{port}: "
                          f"{_first_line(err)}") from None
     return f"{host}:{port}", JobChannel(kv, role)
+
+
+def first_line(err: BaseException) -> str:
+    """An error's first line, short, for a message."""
+    return _first_line(err)
 
 
 def _first_line(err: BaseException) -> str:

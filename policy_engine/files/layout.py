@@ -8,6 +8,8 @@
       manifests/<host>_pid<pid>_<start>.<k><MANIFEST_SUFFIX>  its k-th file (k >= 2) once
                                 the ones before were full: :func:`manifest_name`
       triggers/                 requests to capture (runtime.triggers.requests, cli.trigger)
+      stalls/                   what each process was doing when a step stalled
+                                (runtime.process.stall_report, analysis.stall_record)
       .policy-engine-<pid>-<random>.tmp<ext>   a file being written (files.publish)
 
 A path component is at most :data:`MAX_COMPONENT_BYTES` bytes; a longer one is cut by
@@ -29,6 +31,8 @@ MANIFEST_SUFFIX = ".manifest.jsonl"
 _MANIFEST_PART = re.compile(r"(.+)\.([1-9][0-9]{0,8})$")
 #: The folder trigger requests are dropped into.
 TRIGGERS_DIR = "triggers"
+#: The folder of stall records.
+STALLS_DIR = "stalls"
 #: The longest file or folder name most file systems take.
 MAX_COMPONENT_BYTES = 255
 

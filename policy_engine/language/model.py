@@ -29,7 +29,7 @@ from policy_engine.language.values.ranks import RankSelector
 from policy_engine.language.values.schedule import Schedule
 from policy_engine.language.values.selector import SelectorError
 from policy_engine.language.values.steps import StepSet
-from policy_engine.language.values.triggers import Limits, Triggers
+from policy_engine.language.values.triggers import Limits, Triggers, parse_after
 
 Path = tuple[str | int, ...]
 
@@ -99,6 +99,8 @@ class Policy:
     source: str | None = None
     sources: tuple[str, ...] = ()
     policy_hash: str = ""
+    #: The digest less ``output_dir``: one policy run into two folders is one policy.
+    policy_content_hash: str = ""
     warnings: tuple[Problem, ...] = ()
     #: ``colocate:``: groups of roles that share a process, each in policy order.
     colocate: tuple[tuple[str, ...], ...] = ()
@@ -239,13 +241,8 @@ def _value_problems(key: str, value: Any) -> Iterator[tuple[str, Path, int | Non
             (RankSelector if key == "ranks" else StepSet).parse(value)
         except SelectorError as err:
             yield err.message, (key, *err.path), None
-    elif key == "triggers" and isinstance(value, Mapping) and \
-            isinstance(value.get("slow_step"), Mapping) and \
-            value["slow_step"].get("reference") is not None:
-        try:  # slow_step's reference ranks: a rank selector
-            RankSelector.parse(value["slow_step"]["reference"])
-        except SelectorError as err:
-            yield err.message, (key, "slow_step", "reference", *err.path), None
+    elif key == "triggers" and isinstance(value, Mapping):
+        yield from _trigger_problems(value)
     elif key == "name":
         try:
             NameTemplate.parse(value)
@@ -260,6 +257,20 @@ def _value_problems(key: str, value: Any) -> Iterator[tuple[str, Path, int | Non
                 schema.defaults("role")[key], value)):
             # Point at the key the user wrote, or at the block when it came from defaults.
             yield message, ((key, *sub) if sub and sub[0] in value else (key,)), None
+
+
+def _trigger_problems(value: Mapping[str, Any]) -> Iterator[tuple[str, Path, int | None]]:
+    slow, stall = value.get("slow_step"), value.get("stall")
+    if isinstance(slow, Mapping) and slow.get("reference") is not None:
+        try:  # slow_step's reference ranks: a rank selector
+            RankSelector.parse(slow["reference"])
+        except SelectorError as err:
+            yield err.message, ("triggers", "slow_step", "reference", *err.path), None
+    if isinstance(stall, Mapping) and "after" in stall:
+        try:  # a multiple of the median step: more than 1x
+            parse_after(stall["after"])
+        except ValueError as err:
+            yield str(err), ("triggers", "stall", "after"), None
 
 
 def build(doc: Document, refused: Refused) -> Built:
@@ -355,6 +366,7 @@ def build_policy(doc: Document, built: Built, *,
         source=source,
         sources=doc.sources,
         policy_hash=policy_hash(data),
+        policy_content_hash=policy_hash({k: v for k, v in data.items() if k != "output_dir"}),
         warnings=warnings,
         colocate=_policy_order(data.get("colocate"), data.get("roles") or {}),
     )

@@ -54,7 +54,8 @@ def compile_plan(policy: Policy, role: str, topology: Topology | None = None) ->
         topo = topology if topology is not None else Topology.discover()
         return Plan.off(spec, topo.rank, topo.world, local_rank=topo.local_rank,
                         node=topo.node, policy_source=policy.source,
-                        policy_hash=policy.policy_hash)
+                        policy_hash=policy.policy_hash,
+                        policy_content_hash=policy.policy_content_hash)
     base = topology if topology is not None else Topology.discover()
     topo = resolve_topology(policy, base, role)
     colocated = _colocated(policy, role, base, topo)
@@ -82,6 +83,7 @@ def compile_plan(policy: Policy, role: str, topology: Topology | None = None) ->
         output_dir=policy.output_dir,
         policy_source=policy.source,
         policy_hash=policy.policy_hash,
+        policy_content_hash=policy.policy_content_hash,
         colocated=colocated,
     )
 

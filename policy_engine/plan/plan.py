@@ -57,6 +57,7 @@ class Plan:
     output_dir: str = ""  # from the policy; a plan that is off writes nothing
     policy_source: str | None = None
     policy_hash: str = ""
+    policy_content_hash: str = ""  # the policy's digest less output_dir
     #: Declared colocation: the roles that share this rank's captures on this backend
     #: (``colocate:``), in policy order, each with its steps; this plan's role included.
     #: Empty when the policy declares no group for the role.
@@ -64,10 +65,12 @@ class Plan:
 
     @classmethod
     def off(cls, spec: RoleSpec, rank: int, world: int, *, local_rank: int = 0,
-            node: int = 0, policy_source: str | None = None, policy_hash: str = "") -> Plan:
+            node: int = 0, policy_source: str | None = None, policy_hash: str = "",
+            policy_content_hash: str = "") -> Plan:
         """The plan of a role that profiles nothing on this process."""
         return cls(spec, rank, world, False, spec.template, local_rank=local_rank, node=node,
-                   policy_source=policy_source, policy_hash=policy_hash)
+                   policy_source=policy_source, policy_hash=policy_hash,
+                   policy_content_hash=policy_content_hash)
 
     # The role's settings, as the runtime reads them.
     @property
@@ -146,6 +149,7 @@ class Plan:
                 "node": self.node, "backend": self.spec.backend_label,
                 "plan_hash": self.plan_hash, "policy_file": self.policy_source,
                 "policy_hash": self.policy_hash, "policy_file_hash": policy_file_hash,
+                "policy_content_hash": self.policy_content_hash,
                 "pid": os.getpid()}
 
     def env_fields(self) -> dict[str, str]:

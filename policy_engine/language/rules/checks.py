@@ -211,7 +211,7 @@ def _check_role(sink: _Sink, data: Mapping[str, Any], role: str, spec: RoleSpec,
                  "warning", role=role)
     steps_at = origin(data, role, "steps")
     if spec.steps.is_empty:
-        if not spec.triggers.any and not _keeps_history(spec):
+        if not spec.triggers.listens and not _keeps_history(spec):
             sink.add("steps: [] selects no step: nothing is profiled for {who}", steps_at,
                      "warning", role=role)
     elif spec.steps.every_step_from() is not None and spec.limits.captures is None and not (

@@ -26,7 +26,7 @@ from policy_engine.language.read.document import Document
 from policy_engine.language.schema.base import base_schema
 from policy_engine.language.schema.validator import Error, Path, Validator, equal
 from policy_engine.language.values.frozen import FrozenDict
-from policy_engine.language.values.triggers import BYTES_PATTERN
+from policy_engine.language.values.triggers import AFTER_PATTERN, BYTES_PATTERN
 
 SCHEMA_NAME = "profile_policy.schema.json"
 
@@ -35,6 +35,7 @@ _PATTERNS = {
     "^[A-Za-z][A-Za-z0-9_.+-]*$": "use a letter, then letters, digits, _ . + or -",
     "^[A-Za-z_][A-Za-z0-9_]*$": "use letters, digits and _, not starting with a digit",
     BYTES_PATTERN: "expected a size such as 2GiB, 500MB or a number of bytes",
+    AFTER_PATTERN: "expected seconds, or a multiple of the median step such as '10x'",
 }
 # Why a required key matters, shown when it is missing.
 _REQUIRED_HINTS = {

@@ -490,6 +490,16 @@ class Capture:
             log.warning("policy-engine: could not stop the %s capture of %r: %s",
                         self.slot.name, self.span.owner, err)
 
+    def cut_short(self, why: str) -> bool:
+        """Save what the capture recorded now, partial (a stall: its training thread is
+        stuck). Only on its home thread, outside its own transitions; False when that is
+        not this thread (the capture stays open). Raises what the backend raised."""
+        home = self.home
+        if self.outcome.ended or home.inside() or not home.on_home_thread():
+            return False
+        self.end("partial", stopped_by=why)
+        return True
+
     def abandon(self, why: str) -> None:
         """Another thread is stuck inside the capture's transition (a SIGTERM waited for
         it long enough): its close line says so."""

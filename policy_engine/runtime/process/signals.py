@@ -1,5 +1,7 @@
 """Stop captures when the process ends: at interpreter exit and on SIGTERM; count
-SIGUSR2 for the roles whose ``triggers.signal`` listens to it.
+SIGUSR2 for the roles whose ``triggers.signal`` or ``triggers.stall`` listens to it; and
+carry a stall's ask to the main thread (:func:`ask_main_thread`): a SIGUSR2 that this
+process's listener thread sends it, which saves the captures the main thread runs.
 
 Installed the first time a capture opens, never before (a rank that profiles nothing
 changes nothing). A SIGTERM handler the user installed is called after ours; the default
@@ -22,6 +24,7 @@ import logging
 import os
 import signal
 import threading
+import time
 from types import FrameType
 
 from policy_engine.runtime.process import export, summaries
@@ -93,10 +96,14 @@ def _terminate(signum: int, frame: FrameType | None) -> None:
 
 
 def deliver_pending() -> None:
-    """Run the SIGTERM that waited for a critical stretch to end."""
-    if STATE.hooks.terminating:
+    """Run the SIGTERM (or a stall's ask) that waited for a critical stretch to end."""
+    hooks = STATE.hooks
+    if hooks.terminating:
         return  # the handler at work delivers it
-    signum, STATE.hooks.pending_signal = STATE.hooks.pending_signal, None
+    stall, hooks.pending_stall = hooks.pending_stall, None
+    if stall is not None and hooks.pending_signal is None:
+        _save_for_stall(*stall)
+    signum, hooks.pending_signal = hooks.pending_signal, None
     if signum is not None:
         _terminate(signum, None)
 
@@ -120,10 +127,63 @@ def install() -> None:
 
 
 def _on_usr2(signum: int, frame: FrameType | None) -> None:
-    STATE.hooks.usr2_count += 1  # read at the next training-step boundary (triggers.step_triggers)
+    hooks = STATE.hooks
+    asked, hooks.stall_save = hooks.stall_save, None
+    if asked is not None:  # sent by this process's listener thread: a stall, not a user
+        if in_critical() or hooks.terminating:
+            hooks.pending_stall = asked  # delivered as the critical stretch ends (state.py)
+        else:
+            _save_for_stall(*asked)
+        return
+    hooks.usr2_count += 1  # read at the next training-step boundary (triggers.step_triggers)
     previous = STATE.hooks.previous_usr2
     if callable(previous):
         previous(signum, frame)
+
+
+#: A stall's ask is carried out only when the main thread runs it this soon: a thread that
+#: takes longer was blocked in a call that has just returned (the stall is clearing), and
+#: its capture goes on as planned.
+STALL_SAVE_SECONDS = 5.0
+
+
+def ask_main_thread(why: str) -> str:
+    """From another thread (a stall's listener): have the main thread save the captures it
+    runs, partial, as soon as it runs Python (a SIGUSR2 to it, which Python handles there,
+    between two bytecodes; a thread blocked in C++ runs it when the call returns, and then
+    leaves its capture as it is). Returns what was done, for the stall record."""
+    hooks = STATE.hooks
+    if not hooks.usr2_installed or not hasattr(signal, "pthread_kill") or \
+            signal.getsignal(signal.SIGUSR2) is not _on_usr2:
+        return "kept open: no SIGUSR2 handler of policy-engine to reach the main thread"
+    main = threading.main_thread().ident
+    if main is None:
+        return "kept open: no main thread"
+    hooks.stall_save = (why, time.monotonic())
+    try:
+        signal.pthread_kill(main, signal.SIGUSR2)
+    except (OSError, ValueError) as err:
+        hooks.stall_save = None
+        return f"kept open: the main thread could not be signalled ({err})"
+    return ("saved partial if the main thread runs Python within "
+            f"{STALL_SAVE_SECONDS:g} s, else kept open")
+
+
+def _save_for_stall(why: str, asked: float) -> None:
+    """On the main thread: save the captures this thread runs, partial, now."""
+    if time.monotonic() - asked > STALL_SAVE_SECONDS:
+        return  # it was blocked in C++ and is back: the step goes on with its capture
+    with STATE.lock:
+        slots = list(STATE.slots.values())
+    for found in slots:
+        capture = found.capture
+        if capture is None:
+            continue
+        try:
+            capture.cut_short(why)
+        except Exception as err:  # the training goes on: report and leave it
+            log.warning("policy-engine: could not save the %s capture at a stall: %s",
+                        found.name, err)
 
 
 def install_usr2() -> str | None:
@@ -138,6 +198,8 @@ def install_usr2() -> str | None:
             return (f"Python lets only the main thread install signal handlers, and this "
                     f"runs on thread {threading.current_thread().name!r}")
         STATE.hooks.usr2_installed = True
-        STATE.hooks.previous_usr2 = signal.getsignal(signal.SIGUSR2)
+        current = signal.getsignal(signal.SIGUSR2)
+        if current is not _on_usr2:  # never chain to ourselves (installed once before)
+            STATE.hooks.previous_usr2 = current
         signal.signal(signal.SIGUSR2, _on_usr2)
     return None

@@ -42,7 +42,8 @@ def leave_critical() -> None:
     """The stretch ends; the outermost on the main thread delivers a waiting SIGTERM."""
     _DEPTH.n -= 1
     hooks = STATE.hooks
-    if _DEPTH.n or hooks.pending_signal is None or hooks.signal_hook is None:
+    if _DEPTH.n or (hooks.pending_signal is None and hooks.pending_stall is None) or \
+            hooks.signal_hook is None:
         return
     if threading.current_thread() is threading.main_thread():  # where handlers run
         hooks.signal_hook()
@@ -103,6 +104,7 @@ class Running(Protocol):
     def end(self, status: str = ..., stopped_by: str | None = ...) -> None: ...
     def terminate(self, why: str) -> None: ...
     def abandon(self, why: str) -> None: ...
+    def cut_short(self, why: str) -> bool: ...
 
 
 C = TypeVar("C", bound=Running)
@@ -135,9 +137,9 @@ class Hooks:
     """The process's signal and exit hooks: installed once, never undone, so they outlive
     :func:`reset` (runtime.process.signals owns them)."""
 
-    __slots__ = ("exit_installed", "pending_signal", "previous_sigterm", "previous_usr2",
-                 "signal_hook", "sigterm_installed", "terminating", "usr2_count",
-                 "usr2_installed")
+    __slots__ = ("exit_installed", "pending_signal", "pending_stall", "previous_sigterm",
+                 "previous_usr2", "signal_hook", "sigterm_installed", "stall_save",
+                 "terminating", "usr2_count", "usr2_installed")
 
     def __init__(self) -> None:
         self.exit_installed = False  # atexit
@@ -149,6 +151,10 @@ class Hooks:
         self.previous_usr2: Any = signal.SIG_DFL
         self.usr2_count = 0  # SIGUSR2s received (runtime.triggers reads it)
         self.signal_hook: Callable[[], None] | None = None  # delivers it (runtime.process.signals)
+        # a stall's ask of the main thread to save its captures, partial: (why, when asked)
+        # as the listener thread sets it, and as it waits for a critical stretch to end
+        self.stall_save: tuple[str, float] | None = None
+        self.pending_stall: tuple[str, float] | None = None
 
 
 class ProcessState:
@@ -242,6 +248,7 @@ def reset() -> None:
     # atexit and signal handlers cannot be undone; they read STATE whenever they run.
     hooks = STATE.hooks
     hooks.pending_signal, hooks.terminating = None, False
+    hooks.stall_save = hooks.pending_stall = None
     STATE.__dict__.update(ProcessState(hooks).__dict__)
 
 

@@ -21,6 +21,7 @@ raises as ``on_error`` asks, and turns the role OFF.
 from __future__ import annotations
 
 import contextlib
+import copy
 import logging
 import sys
 import threading
@@ -43,7 +44,12 @@ from policy_engine.runtime.process.budget import Budget
 from policy_engine.runtime.process.state import Slot, capture_id, slot, warn_once
 from policy_engine.runtime.role import history
 from policy_engine.runtime.role.off import NULL, as_step
-from policy_engine.runtime.role.wrapping import _DiscreteBlock, _RegionBlock, wrap_region
+from policy_engine.runtime.role.wrapping import (
+    _DiscreteBlock,
+    _RegionBlock,
+    regions_on,
+    wrap_region,
+)
 from policy_engine.runtime.triggers.step_triggers import PLAN, StepTriggers, Why
 
 log = logging.getLogger("policy_engine")
@@ -116,8 +122,11 @@ class RoleProfiler:
         limits = spec.limits
         self._budget = Budget(limits, self._note, plan.role) if (
             limits.captures is not None or limits.bytes is not None) else None
-        self._listener = StepTriggers(plan, spec.triggers, self._note) \
-            if spec.triggers.any else None
+        self._listener = StepTriggers(plan, spec.triggers, self._note, self._position) \
+            if spec.triggers.listens else None
+        # the listener thread when it watches for stalls: told where each step ends
+        self._watch = self._listener.thread if self._listener is not None and \
+            spec.triggers.stall is not None else None
         self._exporter = export.exporter(spec.export_in_flight) \
             if spec.export == "background" else None
         self._late: list[BaseException] = []  # background exports that failed
@@ -133,11 +142,13 @@ class RoleProfiler:
         self._release: Callable[[], None] | None = history.keep_history(
             plan, self._identity, self._settings, _process_backend, lambda: self._outer,
             self._note)
-        if spec.triggers.signal:
+        if spec.triggers.signal or spec.triggers.stall is not None:
             problem = signals.install_usr2()
             if problem is not None:
-                warn_once(("usr2", plan.role), "policy-engine: role %r: triggers.signal is "
-                          "on but SIGUSR2 cannot be listened to: %s", plan.role, problem)
+                which = "signal" if spec.triggers.signal else "stall"
+                warn_once(("usr2", plan.role), "policy-engine: role %r: triggers.%s is "
+                          "on but SIGUSR2 cannot be listened to: %s", plan.role, which,
+                          problem)
 
     def _note(self, kind: str, **fields: Any) -> None:
         """A ``note`` line in the manifest: a trigger, a slow step, a limit reached."""
@@ -146,6 +157,23 @@ class RoleProfiler:
             manifest.append(self.plan.output_dir, note_line(
                 {k: self._identity[k] for k in keys}, note=kind,
                 time=time.time(), host=host_name(), **fields))
+
+    def _position(self) -> dict[str, Any]:
+        """Where the role is, for a stall record: its regions open, the inner step and
+        the capture under way. Called on the listener thread while the training thread may
+        be stuck: it reads, and takes no lock."""
+        capture = self.slot.capture
+        if capture is None:
+            watch = self._watch
+            frame = sys._current_frames().get(watch.trainer) if watch is not None else None
+            return {"region": regions_on(frame), "inner_step": None, "capture": None}
+        home = capture.home
+        return {"region": list(capture.regions.stack)[:16],
+                "inner_step": next(copy.copy(capture.cursor.ticks)) - 1,
+                "capture": {"id": capture.lines.id, "backend": self.slot.name,
+                            "owner": capture.owner, "steps": list(capture.span.steps[-64:]),
+                            "thread": home.name,
+                            "main": home.ident == threading.main_thread().ident}}
 
     # -- opening and closing captures ----------------------------------------------
     def _open(self, first: int | None, region: str | None,
@@ -243,9 +271,12 @@ class RoleProfiler:
             self._failure(err, "stop", raising=status == "complete")
 
     def _turn_off(self, why: str) -> None:
-        """To OFF: from now on every method does nothing."""
+        """To OFF: from now on every method does nothing (the stall watch sees no more
+        steps: the one under way is not a stall)."""
         self._state = OFF
         self._off = why
+        if self._watch is not None:
+            self._watch.done = self._watch.step
         if self._release is not None:  # history kept outside captures ends with the role
             self._release = self._release()
 
@@ -267,6 +298,8 @@ class RoleProfiler:
             self._export_failed()
         plan = self.plan
         own = self._own
+        if own is not None and own.outcome.ended:
+            own = self._own = None  # saved from outside (a stall): the plan goes on
         if own is not None and own.home.pending:
             own.catch_up()
         state = self._state
@@ -307,6 +340,11 @@ class RoleProfiler:
 
     def _exit_step_locked(self, n: int, *, failed: bool) -> None:
         self._outer = None
+        watch = self._watch
+        if watch is not None:  # the stall watch: this step ended (and when, after a stall)
+            watch.done = n
+            if watch.stalled:
+                watch.ended = time.perf_counter()
         own = self._own
         if own is None:
             return

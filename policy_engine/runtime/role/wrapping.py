@@ -14,6 +14,7 @@ import logging
 import threading
 from collections.abc import Callable, Iterable
 from contextlib import AbstractContextManager
+from types import CodeType, FrameType
 from typing import Any, Protocol, TypeVar
 
 from policy_engine.plan.plan import Plan
@@ -127,6 +128,20 @@ def wrap_region(prof: RegionHost, name: str, fn: F) -> F:
     return ranged  # type: ignore[return-value]
 
 
+def regions_on(frame: FrameType | None) -> list[str]:
+    """The regions a thread is inside, outermost first, from its stack (``frame``: its
+    innermost frame): the wrapped methods it is in. For a stall record, read from another
+    thread while this one is stuck; ``with prof.region()`` blocks leave no frame."""
+    found: list[str] = []
+    while frame is not None and len(found) < 16:
+        if frame.f_code in _WRAPPERS:
+            name = frame.f_locals.get("name")
+            if isinstance(name, str):
+                found.append(name)
+        frame = frame.f_back
+    return found[::-1]
+
+
 class Patches:
     """Methods replaced on objects (instance attributes: other instances and the class
     stay untouched), and how to put each back."""
@@ -172,6 +187,10 @@ class Patches:
                 delattr(obj, name)
             else:
                 setattr(obj, name, previous)
+
+
+# the code of the wrappers wrap_region makes (one code object for all their closures)
+_WRAPPERS = frozenset(c for c in wrap_region.__code__.co_consts if isinstance(c, CodeType))
 
 
 def marked(value: object, role: str) -> Any:

@@ -18,6 +18,11 @@ the folder only. Every call to the job's channel has a deadline
 (:mod:`~policy_engine.runtime.triggers.deadline`): a store that fails, or stops answering
 without closing its connection, turns the job's channel off with one warning, and the
 folder takes over.
+
+With ``triggers.stall`` the thread also watches the training thread's step, and writes the
+process's stall record when it runs past its limit
+(:mod:`~policy_engine.runtime.triggers.stall_watch`): it runs while the training thread is
+blocked.
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ import threading
 import time
 import weakref
 from collections import deque
+from collections.abc import Callable
 from typing import Any
 
 import attrs
@@ -54,6 +60,7 @@ from policy_engine.runtime.triggers.requests import (
     parse_request,
     request_body,
 )
+from policy_engine.runtime.triggers.stall_watch import StallWatch
 
 __all__ = ["BYTES_PER_POLL", "MAX_BEHIND", "MAX_INBOX", "MAX_OUTBOX", "READS_PER_POLL",
            "REPUBLISH", "ListenerThread"]
@@ -156,9 +163,19 @@ class ListenerThread:
     chosen): the thread looks for the job's channel, publishes the process's progress,
     and posts requests of the whole role (a signal, a slow step)."""
 
-    def __init__(self, plan: Plan, triggers: Triggers, *, job: bool) -> None:
+    def __init__(self, plan: Plan, triggers: Triggers, *, job: bool,
+                 note: Callable[..., None] | None = None,
+                 where: Callable[[], dict[str, Any]] | None = None) -> None:
         self.step = -1  # written by the training thread at every step
         self.stamp = 0.0
+        self.trainer = 0  # the ident of the thread that runs the steps (the first one seen)
+        # for the stall watch (triggers.stall): the step that ended last, written by the
+        # training thread at its end; while a stall is open, when that was
+        self.done = -1
+        self.stalled = False
+        self.ended = 0.0
+        self.watch = None if triggers.stall is None else StallWatch(
+            plan, triggers.stall, note or (lambda kind, **fields: None), where)
         self.inbox: deque[Arrived | NotARequest] = deque()  # at most MAX_INBOX
         self.outbox: deque[Answer | Post] = deque(maxlen=MAX_OUTBOX)
         self.live = False  # the job's channel carries the requests (the folder is not read)
@@ -200,12 +217,19 @@ class ListenerThread:
 
     def interval(self) -> float:
         wait = max(self.triggers.poll_seconds, MIN_POLL)
-        return wait / 4 if self.hurry else wait
+        wait = wait / 4 if self.hurry else wait
+        if self.watch is not None:  # wake as the step under way passes its stall limit
+            due = self.watch.wait(self.step, self.stamp, self.done)
+            if due is not None:
+                wait = min(wait, due + 0.01)
+        return wait
 
     # -- one poll ------------------------------------------------------------------
     def tick(self) -> None:
         """One poll: the job's channel when there is one, else the folder."""
         self.hurry = False
+        if self.watch is not None:
+            self._watch_tick(self.watch)
         if not self.job:
             self._read_folder()
             return
@@ -227,6 +251,28 @@ class ListenerThread:
         except Exception as err:  # the store went away, or answers nonsense
             self._drop(err)
         self._folder_tick(report)
+
+    def finish(self) -> None:
+        """The thread's last work: the stall watch's last word, and the channel let go."""
+        watch = self.watch
+        try:
+            if watch is not None:
+                watch.finish(self.step, self.stamp, self.done, self.ended)
+        except Exception as err:
+            warn_once(("stall-watch", self.plan.role, type(err).__name__),
+                      "policy-engine: role %r: the stall watch failed (%s: %s)",
+                      self.plan.role, type(err).__name__, err)
+        self.link.close()
+
+    def _watch_tick(self, watch: StallWatch) -> None:
+        """The stall watch's own part of a poll: nothing in it waits for the channel."""
+        try:
+            watch.local(self.step, self.stamp, self.done, self.ended, self.trainer, self.job)
+        except Exception as err:
+            warn_once(("stall-watch", self.plan.role, type(err).__name__),
+                      "policy-engine: role %r: the stall watch failed (%s: %s); training "
+                      "goes on", self.plan.role, type(err).__name__, err)
+        self.stalled = watch.open is not None
 
     def _connect(self) -> None:
         found = pick_channel(self.triggers.channel)
@@ -298,6 +344,9 @@ class ListenerThread:
             if item is not None:
                 self.inbox.append(item)
         self._drain(channel, reports)
+        if self.watch is not None:
+            self.watch.on_store(channel, link.kind, self.step, self.stamp, self.done,
+                                self.trainer)
 
     def _read(self, channel: JobChannel, index: int, data: bytes,
               reports: _Lazy) -> Arrived | NotARequest | None:
@@ -340,6 +389,8 @@ class ListenerThread:
                                             self._report(report))
             self.written = report["step"]
         self._drain(None, None)  # this process's own posts are read back below, with the rest
+        if self.watch is not None:
+            self.watch.on_folder(self.step)
         self._read_folder()
 
     def _read_folder(self) -> None:
@@ -347,7 +398,13 @@ class ListenerThread:
         if len(self.inbox) >= MAX_INBOX:
             self.hurry = True
             return
-        self.inbox.extend(self.folder.look())
+        for item in self.folder.look():
+            if isinstance(item, Arrived) and item.request.why == "stall":
+                if self.watch is not None:  # asks for a record, on this thread: no step
+                    self.watch.asked(item.request, self.step, self.stamp, self.done,
+                                     self.trainer)
+                continue
+            self.inbox.append(item)
         self.hurry = self.hurry or self.folder.backlog
 
     def _report(self, report: dict[str, Any]) -> dict[str, Any]:
@@ -409,7 +466,7 @@ def _run(ref: weakref.ref[ListenerThread], polls: _Polls) -> None:
         if listener is None:
             return  # its channel's call thread ends as the listener is collected
         if listener.stopped:
-            listener.link.close()
+            listener.finish()
             return
         asked = polls.asked  # the polls asked for before this one began
         try:

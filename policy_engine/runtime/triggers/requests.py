@@ -27,9 +27,10 @@ import attrs
 from policy_engine.files.layout import TRIGGERS_DIR, host_name
 from policy_engine.files.publish import open_temp, write_atomic
 
-__all__ = ["MAX_ALSO", "MAX_BYTES", "MAX_COUNT", "MAX_STEP", "MAX_TEXT", "REQUESTS_DIR",
-           "REQUEST_SUFFIX", "WHYS", "BadRequest", "Request", "is_request_name", "load_bounded",
-           "parse_request", "read_bounded", "read_request", "request_body", "write_request"]
+__all__ = ["EVERY_ROLE", "MAX_ALSO", "MAX_BYTES", "MAX_COUNT", "MAX_STEP", "MAX_TEXT",
+           "REQUESTS_DIR", "REQUEST_SUFFIX", "WHYS", "BadRequest", "Request", "is_request_name",
+           "load_bounded", "parse_request", "read_bounded", "read_request", "request_body",
+           "write_request"]
 
 #: The folder under an output_dir that holds trigger requests.
 REQUESTS_DIR = TRIGGERS_DIR
@@ -46,8 +47,11 @@ _MAX_DIGITS = 24  # characters of one JSON number
 MAX_TEXT = 256
 #: Ranks a request may name besides its selector (``also``: the slow rank of a slow step).
 MAX_ALSO = 64
-#: Why a request was made (the capture's ``trigger``).
-WHYS = ("on_demand", "signal", "slow_step")
+#: Why a request was made (the capture's ``trigger``); ``stall`` asks for stall records,
+#: not a capture (runtime.triggers.stall_watch), from every role (its ``role`` is ``*``).
+WHYS = ("on_demand", "signal", "slow_step", "stall")
+#: The role of a request for every role (a stall's).
+EVERY_ROLE = "*"
 _ID = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 _OPEN_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 
@@ -66,8 +70,9 @@ class BadRequest(ValueError):
 class Request:
     """A request, checked: ``step`` None is the next step each process starts. ``also``:
     ranks selected besides ``ranks``; ``why``: what asked (``on_demand`` from the command,
-    ``signal`` and ``slow_step`` from a process of the job); ``slow``: the slow step that
-    asked ({rank, step, seconds, median}), with ``ranks`` then its reference ranks."""
+    ``signal`` and ``slow_step`` from a process of the job, ``stall`` for stall records);
+    ``slow``: the slow step that asked ({rank, step, seconds, median}), with ``ranks`` then
+    its reference ranks; ``by``: the rank that asked (a stall's), when a rank did."""
 
     id: str
     role: str
@@ -77,6 +82,7 @@ class Request:
     also: tuple[int, ...] = ()
     why: str = "on_demand"
     slow: dict[str, Any] | None = None
+    by: int | None = None
 
 
 def is_request_name(name: str) -> bool:
@@ -287,7 +293,10 @@ def parse_request(rid: str, data: bytes, *, own_id: bool = False) -> Request:
             isinstance(k, str) and len(k) <= 32 and (_is_int(v) or isinstance(v, float))
             for k, v in slow.items())):
         raise BadRequest("slow: expected an object of a few numbers")
-    return Request(rid, role, ranks, step, count, tuple(also), why, slow)
+    by = value.get("by")
+    if by is not None and not (_is_int(by) and 0 <= by <= MAX_STEP):
+        raise BadRequest(f"by: expected null or a rank number, got {_shown(by)}")
+    return Request(rid, role, ranks, step, count, tuple(also), why, slow, by)
 
 
 def _is_int(value: object) -> bool:

@@ -18,6 +18,9 @@ notices
   of recent steps (start of one step to the start of the next). With ``scope: job`` the
   slow rank and its ``reference`` ranks capture one agreed later step.
 
+``stall`` opens no capture: the listener thread watches the step from the numbers handed
+to it here (:mod:`policy_engine.runtime.triggers.stall_watch`).
+
 Nothing here may stop training: whatever goes wrong is caught, warned about once, and the
 step goes on as the plan says. The budget that bounds every capture (``limits:``) is
 :class:`~policy_engine.runtime.process.budget.Budget`.
@@ -27,6 +30,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 import time
 from collections.abc import Callable
 from typing import Any, NamedTuple
@@ -69,7 +73,8 @@ class StepTriggers:
     """A role's triggers in this process, on the training thread: which coming steps to
     capture, and why. The role's listener thread, when it has one, is :attr:`thread`."""
 
-    def __init__(self, plan: Plan, triggers: Triggers, note: Callable[..., None]) -> None:
+    def __init__(self, plan: Plan, triggers: Triggers, note: Callable[..., None],
+                 where: Callable[[], dict[str, Any]] | None = None) -> None:
         self.plan = plan
         self.note = note  # writes a manifest note line (RoleProfiler._note)
         self.wanted: list[Want] = []
@@ -85,9 +90,12 @@ class StepTriggers:
         self.signal = triggers.signal and not job
         self.signals = STATE.usr2_count
         # the listener thread reads the requests (on_demand), and in a job posts those of
-        # the whole role; those its ranks post come back through the channel
-        listens = triggers.on_demand or (job and (triggers.signal or self.job_slow))
-        self.thread = ListenerThread(plan, triggers, job=job) if listens else None
+        # the whole role; those its ranks post come back through the channel. It also
+        # watches for stalls (``where``: the role's position, for a stall record)
+        listens = triggers.on_demand or (job and (triggers.signal or self.job_slow)) or \
+            triggers.stall is not None
+        self.thread = ListenerThread(plan, triggers, job=job, note=note, where=where) \
+            if listens else None
 
     def close(self) -> None:
         """The profiler closed: its listener thread stops."""
@@ -115,6 +123,8 @@ class StepTriggers:
             thread = self.thread
             if thread is not None:  # two attribute writes: the thread publishes them
                 thread.step, thread.stamp = n, now
+                if not thread.trainer:  # the thread that runs the steps, for stall records
+                    thread.trainer = threading.get_ident()
                 if thread.inbox:
                     self._take(thread, n)
             if self.signal and STATE.hooks.usr2_count != self.signals:
