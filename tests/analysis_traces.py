@@ -85,7 +85,14 @@ def trace_events(rank: int, world: int, *, steps: int = 3, ops: int = 60, gpu: b
                 events.append(_launch(arrive + 2, n))
                 events.append(_op("nccl:all_reduce", arrive + 1, 15.0, 1, n,
                                   "user_annotation"))
-                events.append(_kernel(comm_kernel, arrive + 10, done - arrive - 10, 20, n))
+                kernel = _kernel(comm_kernel, arrive + 10, done - arrive - 10, 20, n)
+                # what torch's NCCL kernels carry (as HTA's nccl_data trace shows them)
+                kernel["args"].update({
+                    "Collective name": "allreduce", "In msg nelems": 1 << 20,
+                    "Out msg nelems": 1 << 20, "Group size": world, "dtype": "Float",
+                    "Process Group Name": "0", "Process Group Description": "default_pg",
+                    "Process Group Ranks": str(list(range(world)))})
+                events.append(kernel)
             else:
                 events.append(_op("c10d::allreduce_", arrive, 30.0, 1, n))
                 events.append(_op(f"{comm}:all_reduce", arrive + 5, done - arrive - 5, 2, n,

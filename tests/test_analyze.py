@@ -15,7 +15,7 @@ from typing import Any
 
 import jsonschema
 import pytest
-from analysis_traces import NCCL, TRANSFER_US, make_run, write_trace
+from analysis_traces import NCCL, TRANSFER_US, make_run, make_summarised_run, write_trace
 from hypothesis import given
 from hypothesis import strategies as st
 from job_env import plain_sigterm
@@ -417,3 +417,67 @@ def test_a_fault_reading_one_trace_makes_only_its_rank_unreadable(
                          "process in the process pool was terminated abruptly while the "
                          "future was running or pending.)")
     assert codes(w)["unreadable"] == [1]
+
+
+def test_gpu_shaped_collectives_are_matched_across_ranks(tmp_path: Path) -> None:
+    """NCCL kernels carrying their call (as torch writes them): each all-reduce matched
+    across the ranks by (group, number); the slow rank arrives last at every call and
+    waits nothing; the others wait its extra time; the group's bus bandwidth is NCCL-tests'
+    (allreduce: 2(n-1)/n times bytes over the transfer)."""
+    make_run(str(tmp_path), 4, windows=1, gpu=True, slow=1, extra_us=2000.0, ops=40)
+    code, out, _ = cli(str(tmp_path), "--format", "json")
+    assert code == 0
+    result = json.loads(out)
+    jsonschema.validate(result, SCHEMA)
+    (w,) = result["windows"]
+    calls = w["collectives"]
+    assert calls["calls"]["matched"] == 3 and calls["calls"]["incomplete"] == 0
+    ranks = calls["ranks"]
+    assert ranks["1"]["last"] == 3 and ranks["1"]["wait_us"] == pytest.approx(0, abs=1)
+    for rank in ("0", "2", "3"):
+        assert ranks[rank]["wait_per_step_us"] == pytest.approx(2000.0, abs=5)
+    (group,) = calls["groups"]
+    table = calls["calls"]["table"]
+    transfer = table["transfer_us"][0]
+    expected = (1 << 20) * 4 / transfer / 1e3 * 2 * 3 / 4  # bytes/µs -> GB/s, x 2(n-1)/n
+    assert group["busbw_gbps"] == pytest.approx(expected, rel=1e-3)
+    assert all(r["collectives"]["listed"] == 3 for r in w["ranks"])  # a digest per rank
+    code, text, _ = cli(str(tmp_path))
+    assert "collectives: 3 of 3 calls matched" in text and "bus bandwidth" in text
+
+
+def test_forged_collectives_stay_bounded_and_are_said(tmp_path: Path) -> None:
+    """A summary listing more calls than any summary does is refused by their count alone
+    (the rank's summary is not used, and the window says why); one of a million calls is
+    a manifest line too long to read: reported, never loaded."""
+    make_summarised_run(str(tmp_path), 4, steps=3, ops=20, gpu=True)
+    manifests = sorted((tmp_path / "manifests").iterdir())
+    lines = manifests[0].read_text().splitlines()
+    forged = []
+    for line in lines:
+        record = json.loads(line)
+        if record["event"] == "summary":
+            calls = record["summary"]["collectives"]["calls"]
+            for key in calls:
+                calls[key] = calls[key][:1] * 5000
+        forged.append(json.dumps(record))
+    manifests[0].write_text("\n".join(forged) + "\n")
+    lines = manifests[1].read_text().splitlines()
+    forged = []
+    for line in lines:
+        record = json.loads(line)
+        if record["event"] == "summary":
+            record["summary"]["collectives"]["calls"]["start"] = [0.0] * 1_000_000
+        forged.append(json.dumps(record))
+    manifests[1].write_text("\n".join(forged) + "\n")
+    (w,) = analyze(str(tmp_path))["windows"]
+    unreadable = {tuple(r["ranks"]): r["message"] for r in w["readiness"]
+                  if r["code"] == "unreadable"}
+    assert "its collectives: it lists 5,000 calls" in unreadable[(0,)]
+    assert "missing" in unreadable[(1,)]  # its summary line was not read
+    result = analyze(str(tmp_path))
+    assert any("longer than" in p for p in result["problems"])
+    # ranks 2 and 3 listed the calls of a group of 4: none is matched, and that is said
+    assert w["collectives"]["calls"]["matched"] == 0
+    assert w["collectives"]["calls"]["incomplete"] == 3
+    assert any("not listed by every rank" in p for p in w["collectives"]["problems"])

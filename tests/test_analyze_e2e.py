@@ -73,6 +73,24 @@ def test_the_slow_rank_is_named_in_every_window(slow_run: tuple[Path, dict[str, 
         assert any(region["name"] == "update_actor" for region in w["regions"])
 
 
+def test_the_collectives_are_matched_and_the_others_wait_for_the_slow_rank(
+        slow_run: tuple[Path, dict[str, Any]]) -> None:
+    """Each window's all-reduces matched across ranks by (group, number) from the
+    summaries alone; the slow rank waits next to nothing, the others about its extra time
+    (this job all-reduces several times a step, the slow rank late for the first only:
+    tests/test_collectives_e2e.py holds the vote to #40's job)."""
+    _, result = slow_run
+    for w in result["windows"]:
+        calls = w["collectives"]
+        assert calls["calls"]["matched"] >= 8 and calls["calls"]["incomplete"] == 0
+        ranks = calls["ranks"]
+        slow = ranks[str(SLOW)]["wait_per_step_us"]
+        for rank in ("0", "1", "3"):
+            assert ranks[rank]["wait_per_step_us"] > 0.5 * EXTRA_MS * 1000 > 10 * slow
+        (group,) = calls["groups"]
+        assert group["size"] == 4 and group["calls"] == calls["calls"]["matched"]
+
+
 def test_no_slow_rank_names_no_straggler(even_runs: list[dict[str, Any]]) -> None:
     for result in even_runs:
         windows = result["windows"]

@@ -149,3 +149,45 @@ def test_two_groups_calls_are_matched_within_their_own_group(
     assert all(g["busbw_gbps"] and g["busbw_gbps"] > 0 and g["calls"] == INNER - 1
                for g in out["groups"]), out["groups"]
     assert out["late"]["rank"] == SLOW, out["late"]
+
+
+def _analyze(folder: Path) -> dict[str, Any]:
+    done = subprocess.run([sys.executable, "-m", "policy_engine", "analyze",
+                           str(folder / "profiles"), "--format", "json", "--jobs", "1"],
+                          env=child_env(), capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result: dict[str, Any] = json.loads(done.stdout)
+    return result
+
+
+def test_analyze_says_it_from_the_summaries(one_group: list[Path], two_groups: list[Path]
+                                           ) -> None:
+    """``policy-engine analyze``, from each rank's summary in the manifests (no trace read:
+    they are removed first), says the same: rank 2 arrived last in at least 90% of the
+    calls, its work region is the cause, the others' wait per step is its extra work
+    within 20%, its own near 0; with two groups, every call is matched in its own group
+    and each group has its bus bandwidth; the text says who and why."""
+    for traces in (one_group, two_groups):
+        for path in traces:
+            path.unlink()
+    folder = next(p for p in one_group[0].parents if p.name == "one")
+    (w,) = _analyze(folder)["windows"]
+    calls = w["collectives"]
+    matched = calls["calls"]["matched"]
+    assert matched == INNER - 1 and calls["calls"]["incomplete"] == 0
+    assert calls["late"]["rank"] == SLOW and calls["ranks"][str(SLOW)]["last"] >= 0.9 * matched
+    assert calls["late"]["cause"]["kind"] == "work" and calls["late"]["cause"]["region"] == "work"
+    extra = (FACTOR - 1) * WORK_MS * 1000
+    for rank in ("0", "1", "3"):
+        assert calls["ranks"][rank]["wait_per_step_us"] == pytest.approx(extra, rel=0.25)
+    assert calls["ranks"][str(SLOW)]["wait_per_step_us"] < 0.1 * extra
+    assert len(calls["calls"]["table"]["number"]) == matched
+    text = subprocess.run([sys.executable, "-m", "policy_engine", "analyze",
+                           str(folder / "profiles")], env=child_env(), capture_output=True,
+                          text=True, timeout=300).stdout
+    assert f"LATE RANK: rank {SLOW} arrived last in" in text
+    assert "because its region 'work' took" in text
+    (w,) = _analyze(next(p for p in two_groups[0].parents if p.name == "two"))["windows"]
+    groups = w["collectives"]["groups"]
+    assert len(groups) == 4 and all(g["busbw_gbps"] and g["size"] == 2 for g in groups)
+    assert w["collectives"]["calls"]["matched"] == 4 * (INNER - 1)

@@ -86,8 +86,8 @@ class Ranks(Sequence[RankAnalysis]):
 #: A window's keys before its ranks, and after them, in the document's order.
 HEAD = ("title", "role", "region", "steps", "cycle", "capture", "world", "why", "limits",
         "dropped", "other")
-TAIL = ("step_times", "regions", "breakdown", "gpu_timeline", "straggler", "readiness",
-        "hta")
+TAIL = ("step_times", "regions", "breakdown", "gpu_timeline", "straggler", "collectives",
+        "readiness", "hta")
 
 
 @attrs.frozen(eq=False)
@@ -114,6 +114,8 @@ class WindowAnalysis:
     gpu_timeline: dict[str, Any] | None
     straggler: Mapping[str, Any] | None
     readiness: list[dict[str, Any]]
+    #: the window's collective calls matched across its ranks (window_calls.py), or None
+    collectives: Mapping[str, Any] | None = None
     hta: Mapping[str, Any] | None = None
     not_analysed: str | None = None
     #: how the window was recorded, for the comparison of two runs (``detail``)

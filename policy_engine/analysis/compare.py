@@ -212,6 +212,31 @@ def _change(p: dict[str, Any]) -> str:
     return "no share" if change is None else f"{change:+.1%}"
 
 
+def _per_step(window: WindowAnalysis, key: str) -> float | None:
+    """The mean over the window's ranks of their ``key`` (wait or transfer) per step in
+    its matched collective calls; None where none matched."""
+    found = window.collectives
+    values = [r[key] for r in (found or {}).get("ranks", {}).values() if key in r]
+    return statistics.fmean(values) if values else None
+
+
+def _calls(base: WindowAnalysis, new: WindowAnalysis) -> dict[str, Any] | None:
+    """How the window's collective calls changed: the ranks' wait for the last arrival and
+    the transfer, per step (their mean over the ranks), and the late rank then and now;
+    None where neither run matched a call."""
+    if not (base.collectives or new.collectives):
+        return None
+    out: dict[str, Any] = {}
+    for key, name in (("wait_per_step_us", "wait_us"),
+                      ("transfer_per_step_us", "transfer_us")):
+        b, n = _per_step(base, key), _per_step(new, key)
+        out[name] = {"base": None if b is None else _r(b), "new": None if n is None
+                     else _r(n), "change": None if b is None or n is None else _r(n - b)}
+    late = [((w.collectives or {}).get("late") or {}).get("rank") for w in (base, new)]
+    out["late_rank"] = {"base": late[0], "new": late[1], "changed": late[0] != late[1]}
+    return out
+
+
 def pair(base: WindowAnalysis, new: WindowAnalysis,
          spread: float | None = None) -> dict[str, Any]:
     """The comparison of one window of the base run with one of the new run (windows as
@@ -233,6 +258,7 @@ def pair(base: WindowAnalysis, new: WindowAnalysis,
         "step_time": None, "parts": None, "ranks": [], "regions": [], "operators": [],
         "straggler": {"base": _straggler(base), "new": _straggler(new),
                       "changed": _straggler(base) != _straggler(new)},
+        "collectives": _calls(base, new),
     }
     if not (cb.ranks and cn.ranks):
         side = "base" if not cb.ranks else "new"

@@ -80,6 +80,15 @@ def window_html(w: dict[str, Any]) -> str:
     if s["changed"]:
         out.append(f"<p>Straggler: {_esc('none' if s['base'] is None else s['base'])} "
                    f"&rarr; {_esc('none' if s['new'] is None else s['new'])}</p>")
+    calls = w.get("collectives")
+    if calls:
+        said = "; ".join(
+            f"{word} {_esc(ms(calls[key]['base']))} &rarr; {_esc(ms(calls[key]['new']))} ms"
+            + (f" ({_esc(_signed(calls[key]['change']))})"
+               if calls[key]["change"] is not None else "")
+            for key, word in (("wait_us", "wait for the last arrival"),
+                              ("transfer_us", "transfer")))
+        out.append(f"<p>Collectives, per step (mean over ranks): {said}.</p>")
     return '<div class="window">' + "".join(out) + "</div>"
 
 

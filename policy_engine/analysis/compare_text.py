@@ -63,6 +63,19 @@ def _window(w: dict[str, Any]) -> list[str]:
         lines.append(f"  straggler: {_rank(s['base'])} -> {_rank(s['new'])}")
     elif s["base"] is not None:
         lines.append(f"  straggler: rank {s['base']} in both")
+    calls = w.get("collectives")
+    if calls:
+        said = []
+        for key, word in (("wait_us", "wait for the last arrival"), ("transfer_us",
+                                                                      "transfer")):
+            c = calls[key]
+            said.append(f"{word} {ms(c['base'])} -> {ms(c['new'])}"
+                        + (f" ({_signed(c['change'])})" if c["change"] is not None else ""))
+        lines.append(f"  collectives (ms per step, mean over ranks): {'; '.join(said)}")
+        late = calls["late_rank"]
+        if late["changed"]:
+            lines.append(f"  late rank at collectives: {_rank(late['base'])} -> "
+                         f"{_rank(late['new'])}")
     return lines
 
 

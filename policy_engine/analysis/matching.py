@@ -285,7 +285,7 @@ class Matcher:
             ended += count * shift
             late = sum(map(mul, starts, pick(f.m1))) + shift * sum(pick(f.m1)) \
                 - sum(pick(f.m0))
-            out[rank] = {"calls": int(count), "wait_us": round(last - arrived, 3),
+            out[rank] = {"calls": int(count), "wait_us": round(last - arrived, 3) + 0.0,
                          "transfer_us": round(ended - last, 3),
                          "last": f.last_count.get(rank, 0), "votes": f.vote_count.get(rank, 0),
                          "late_us": round(late / count, 3)}

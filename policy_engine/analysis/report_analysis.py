@@ -20,6 +20,8 @@ from policy_engine.analysis.errors import AnalysisError
 from policy_engine.analysis.format import rank_spans
 from policy_engine.analysis.listing import Listing
 from policy_engine.analysis.manifests import read_lines
+from policy_engine.analysis.report_calls import STYLE as CALLS_STYLE
+from policy_engine.analysis.report_calls import section as calls_section
 from policy_engine.analysis.run import analyze_run
 from policy_engine.analysis.text import ms, notes, rank_rows, why
 from policy_engine.analysis.windows import Index
@@ -155,8 +157,11 @@ def window_html(window: WindowAnalysis) -> str:
     regions = "".join(f'<li>{_esc(r["name"])}: {ms(r["time_us"]["min"])} / '
                       f'{ms(r["time_us"]["median"])} / {ms(r["time_us"]["max"])} ms</li>'
                       for r in w["regions"][:5])
+    rows = rank_rows(window)
+    compute = {rank: totals["compute_us"] for rank, _basis, totals in rows}
     return ('<div class="window">' + "".join(head)
-            + svg(rank_rows(window), s["rank"] if s else None)
+            + svg(rows, s["rank"] if s else None)
+            + calls_section(w.get("collectives"), compute, len(w["step_times"]))
             + _steps_table(w)
             + (f"<p>Regions (min / median / max across ranks):</p><ul>{regions}</ul>"
                if regions else "")
@@ -170,7 +175,7 @@ _STYLE = ("<style>.analysis .key{display:inline-block;padding:0 8px;margin-right
           ".analysis svg text{font-size:12px} .analysis svg text.marked{font-weight:bold;"
           "fill:#c00000} .analysis rect.outline{fill:none;stroke:#c00000;stroke-width:2}"
           + "".join(f".analysis .part-{k}{{fill:{c};background:{c}}}" for k, _, c in PARTS)
-          + "</style>")
+          + CALLS_STYLE + "</style>")
 
 
 def gather(root: str) -> tuple[dict[str, Any], Index]:

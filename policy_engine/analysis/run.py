@@ -30,6 +30,7 @@ from policy_engine.analysis.spool import RankView, Spool
 from policy_engine.analysis.stalls import read_stalls
 from policy_engine.analysis.summary import problem, summarize
 from policy_engine.analysis.window import Figures
+from policy_engine.analysis.window_calls import WindowCalls, digest
 from policy_engine.analysis.windows import (
     Entry,
     Index,
@@ -261,11 +262,13 @@ def _figures(line: SummaryLine, detail: bool) -> dict[str, Any] | str:
     if line.status != "complete":
         return f"its summary line says {line.status}"
     found: Any = line.summary
-    why = problem(found, ops=detail)
+    # operators are read for the comparison, and for the cause of a late collective
+    ops = detail or (isinstance(found, dict) and found.get("collectives") is not None)
+    why = problem(found, ops=ops)
     if why is not None:
         return why
     figures: dict[str, Any] = dict(found)
-    if not detail:
+    if not ops:
         figures.pop("ops", None)
     return figures
 
@@ -322,6 +325,7 @@ class _Window:
         self.manifests = manifests
         self.detail = detail
         self.figures = Figures(w, want, detail=detail)
+        self.calls = WindowCalls()
         self.places: list[tuple[Any, int, int]] = []
         self.by_order: list[int] = []  # ranks numbered by their trace's place
 
@@ -343,6 +347,10 @@ class _Window:
             doc["rank"] = rank
         doc.update(summary)
         doc = self.figures.add(doc)
+        if not doc.get("error"):
+            self.calls.add(doc["rank"], doc)
+        if "collectives" in doc:  # the calls are the window's, matched: the rank keeps a digest
+            doc["collectives"] = digest(doc["collectives"])
         if not self.detail:  # the comparison of two runs reads them; analyze shows none
             doc.pop("ops", None)
         self.places.append((doc["rank"], *self.spool.add(doc)))
@@ -386,7 +394,11 @@ class _Window:
 
     def finish(self) -> WindowAnalysis:
         w = self.w
+        for rank, why in self.calls.unreadable:
+            self.figures.say("collectives_unreadable", f"rank {rank}: its collective calls "
+                             f"cannot be read: {why}", rank)
         figures = self.figures.finish()
+        figures["collectives"] = self.calls.result(len(figures["step_times"]))
         return WindowAnalysis(
             title=describe(w), role=w["role"], region=w["region"], steps=tuple(w["steps"]),
             cycle=w["cycle"], capture=w["capture"], world=w["world"], why=w["why"],

@@ -98,9 +98,10 @@ def _rank_rows(read: list[tuple[Any, str, dict[str, Any]]], straggler: Any) -> l
         seen = t.get("gpu_timeline")
         on_device = (f"      {ms(seen['total_us'])} / {ms(seen['idle_us'])}" if seen
                      else "      -") if device else ""
-        lines.append(f"  {rank!s:<6} {basis:<6} {ms(t['time_us']):<10} "
-                     f"{ms(t['compute_us']):<9} {ms(t['comm_us']):<9} "
-                     f"{ms(t['overlap_us']):<9} {ms(t['idle_us']):<9}{on_device}{mark}")
+        lines.append((f"  {rank!s:<6} {basis:<6} {ms(t['time_us']):<10} "
+                      f"{ms(t['compute_us']):<9} {ms(t['comm_us']):<9} "
+                      f"{ms(t['overlap_us']):<9} {ms(t['idle_us']):<9}{on_device}{mark}"
+                      ).rstrip())
     if len(read) > RANK_ROWS:
         lines[0] += f"   ({SLOWEST} of {len(read)} ranks with the most compute)"
     return lines
@@ -141,6 +142,7 @@ def window_text(window: WindowAnalysis) -> list[str]:
         for key in ("compute_us", "comm_us", "idle_us"):
             lines.append(f"  {key[:-3]:<8} across ranks (ms): {_spread(b[key])}")
     lines += _rank_rows(read, s["rank"] if s else None)
+    lines += calls_text(w.get("collectives"))
     for region in w["regions"][:5]:
         lines.append(f"  region {region['name']}: {_spread(region['time_us'])} ms "
                      f"over {region['ranks']} rank(s)")
@@ -150,6 +152,54 @@ def window_text(window: WindowAnalysis) -> list[str]:
     hta = w.get("hta")
     if hta:
         lines += ["  " + line for line in hta_text(hta)]
+    return lines
+
+
+def _gbps(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3g} GB/s"
+
+
+def calls_text(found: dict[str, Any] | None) -> list[str]:
+    """A window's collective calls matched across its ranks, in words: the late rank and
+    why, each rank's wait and transfer, the groups by bus bandwidth."""
+    if not found:
+        return []
+    calls = found["calls"]
+    lines = [f"  collectives: {calls['matched']} of {calls['listed']} calls matched across "
+             f"ranks by (group, number)"
+             + (f"; {found['clock']['text']}" if found["clock"].get("offsets") == "none"
+                else f"; clocks brought to rank 0's (uncertainty up to "
+                     f"{ms(found['clock'].get('uncertainty_us'))} ms)")]
+    late = found["late"]
+    if late.get("rank") is not None:
+        cause = (late.get("cause") or {}).get("text", "")
+        lines.append(f"    LATE RANK: rank {late['rank']} arrived last in {late['votes']} "
+                     f"of {late['calls']} calls (p = {late['p_value']:.2g}, "
+                     f"{late['ranks_tested']} ranks tested){'; ' + cause if cause else ''}")
+    elif late.get("cause"):
+        lines.append(f"    {late['cause']['text']}")
+    else:
+        lines.append("    no rank arrived late more often than chance")
+    ranks = found["ranks"]
+    shown = sorted(ranks, key=lambda r: -(ranks[r]["wait_us"] or 0))
+    if len(shown) > RANK_ROWS:
+        shown = shown[:SLOWEST] + sorted(shown, key=lambda r: -ranks[r]["last"])[:1]
+    lines.append("    rank   wait ms    transfer ms   arrived last   (per step: wait / "
+                 "transfer ms)" + (f"   ({len(shown)} of {len(ranks)} ranks: the longest "
+                                   "waits and the latest)" if len(ranks) > RANK_ROWS else ""))
+    for rank in dict.fromkeys(shown):
+        r = ranks[rank]
+        per = (f"{ms(r.get('wait_per_step_us'))} / {ms(r.get('transfer_per_step_us'))}"
+               if "wait_per_step_us" in r else "-")
+        lines.append(f"    {rank:<6} {ms(r['wait_us']):<10} {ms(r['transfer_us']):<13} "
+                     f"{r['last']:<14} {per}")
+    for g in found["groups"][:4]:
+        lines.append(f"    group {g['name']!s} ({g['size'] or '?'} ranks): {g['calls']} calls, "
+                     f"{g['bytes']:,} bytes, bus bandwidth {_gbps(g['busbw_gbps'])} "
+                     f"(median; algbw {_gbps(g['algbw_gbps'])})")
+    if len(found["groups"]) > 1:
+        lines.append(f"    slowest group: {found['slowest_group']}")
+    lines += [f"    note: {p}" for p in found.get("problems") or ()]
     return lines
 
 
