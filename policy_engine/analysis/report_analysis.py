@@ -18,8 +18,6 @@ from typing import Any
 from policy_engine.analysis.answers import WindowAnalysis
 from policy_engine.analysis.errors import AnalysisError
 from policy_engine.analysis.format import rank_spans
-from policy_engine.analysis.listing import Listing
-from policy_engine.analysis.manifests import read_lines
 from policy_engine.analysis.report_calls import STYLE as CALLS_STYLE
 from policy_engine.analysis.report_calls import section as calls_section
 from policy_engine.analysis.run import analyze_run
@@ -176,19 +174,6 @@ _STYLE = ("<style>.analysis .key{display:inline-block;padding:0 8px;margin-right
           "fill:#c00000} .analysis rect.outline{fill:none;stroke:#c00000;stroke-width:2}"
           + "".join(f".analysis .part-{k}{{fill:{c};background:{c}}}" for k, _, c in PARTS)
           + CALLS_STYLE + "</style>")
-
-
-def gather(root: str) -> tuple[dict[str, Any], Index]:
-    """The manifests under ``root`` read once, a line at a time, for the page's listing
-    (what :func:`~policy_engine.analysis.listing.collect` returns, each row holding what
-    the page shows) and for its analysis section (``index``, for :func:`section`)."""
-    listing = Listing(root, slim=True)
-    index = Index(from_traces=False)
-    index.problems = listing.problems
-    for found in read_lines(root, listing.problems):
-        listing.add(found)
-        index.add(found.line, found.manifest, found.place)
-    return listing.finish(), index
 
 
 def section(root: str, *, jobs: int = 1, max_traces: int = MAX_TRACES,

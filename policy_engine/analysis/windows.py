@@ -89,6 +89,10 @@ class _Trace(NamedTuple):
     trigger: Any
     request: Any
     identity: tuple[Any, ...]
+    #: its process's summary lines of it, and the limit its capture's close line names
+    #: (set when the process's lines are all read: :meth:`Index.add`)
+    summary: Any = None
+    limit: Any = None
 
     def get(self, key: str, default: Any = None) -> Any:
         value = getattr(self, key, default)
@@ -194,14 +198,19 @@ def _get(value: Any) -> Any:
 
 
 class Index:
-    """What the windows need of the manifests, gathered a line at a time."""
+    """What the windows need of the manifests, gathered a line at a time. A process's
+    lines come together (its files, in order): its summary lines and its captures' limits
+    are joined to its trace lines when its last line is read, and let go, so that what
+    is held between lines does not grow with the processes."""
 
     def __init__(self, *, from_traces: bool) -> None:
         self.from_traces = from_traces
         self.share = _Shared()
         self.traces: list[_Trace] = []
-        self.limits: dict[tuple[str, str], str] = {}  # a close line's limit, by capture
-        self.summaries: dict[tuple[str, Any], Source | tuple[Source, ...]] = {}
+        self.process: str | None = None  # whose lines are being read
+        self.first = 0  # where its trace lines begin in ``traces``
+        self.limits: dict[str, str] = {}  # its close lines' limits, by capture
+        self.summaries: dict[Any, Source | tuple[Source, ...]] = {}  # its, by path
         self.notes: dict[str, list[dict[str, Any]]] = {}
         self.notes_left_out = 0
         self.notes_kept = 0
@@ -210,12 +219,15 @@ class Index:
 
     def add(self, line: Line, manifest: str, place: Place | None) -> None:
         """One line of the manifest ``manifest`` (``place``: where it lies)."""
+        if manifest != self.process:
+            self.end_process()
+            self.process, self.first = manifest, len(self.traces)
         if line.EVENT == "trace":
             self.traces.append(_compact(line, manifest, self.share))
         elif isinstance(line, SummaryLine):
             if self.from_traces:
                 return
-            key = (manifest, line.path)
+            key = line.path
             source: Source = place if place is not None else line
             found = self.summaries.get(key)
             if found is None:
@@ -227,13 +239,32 @@ class Index:
         elif line.EVENT == "close":
             limit = line.more.get("limit")
             if isinstance(limit, str):
-                self.limits[(manifest, str(line.capture))] = limit
+                self.limits[str(line.capture)] = limit
         elif line.EVENT == "note":
             if self.notes_kept < MAX_NOTES:
                 self.notes_kept += 1
                 self.notes.setdefault(str(_get(line.role)), []).append(line.to_json())
             else:
                 self.notes_left_out += 1
+
+    def end_process(self) -> None:
+        """The process whose lines were read is done: its trace lines get its summary
+        lines and limits."""
+        summaries, limits = self.summaries, self.limits
+        if summaries or limits:
+            traces = self.traces
+            for i in range(self.first, len(traces)):
+                t = traces[i]
+                found, limit = summaries.get(t.path), limits.get(str(t.capture))
+                if found is not None or limit is not None:
+                    traces[i] = t._replace(summary=found, limit=limit)
+        self.summaries, self.limits = {}, {}
+
+    def release(self) -> None:
+        """Let go of what the windows were made from (an index is read once)."""
+        self.traces = []
+        self.folders = {}
+        self.share = _Shared()
 
     def folder_of(self, manifest: str, root: str) -> str:
         """The output folder of the manifest ``manifest``, relative to ``root``."""
@@ -246,7 +277,7 @@ class Index:
     def read(self, root: str) -> None:
         """Every line of the manifests under ``root`` (their problems in
         :attr:`problems`)."""
-        for found in read_lines(root, self.problems, wanted=_not_open):
+        for found in read_lines(root, self.problems, wanted=_not_open, heads=True):
             self.add(found.line, found.manifest, found.place)
 
 
@@ -278,6 +309,7 @@ def from_manifests(root: str, *, from_traces: bool = False, scan: Scan | None = 
                 index.add(from_json({k: v for k, v in r.items() if not k.startswith("_")}),
                           r["_manifest"], None)
             index.problems = list(scan.problems)
+    index.end_process()
     problems = [f"manifest {p.path}{f':{p.line}' if p.line else ''}: {p.why}"
                 for p in index.problems]
     traces: list[_Trace] = index.traces
@@ -314,6 +346,8 @@ def from_manifests(root: str, *, from_traces: bool = False, scan: Scan | None = 
     if index.notes_left_out:
         problems.append(f"the manifests hold more than {MAX_NOTES} notes: "
                         f"{index.notes_left_out} more were not read")
+    del traces
+    index.release()  # what it gathered is in the windows now (a caller may still hold it)
     for window in found.values():
         window.pop("_last", None)
         window.pop("identities", None)
@@ -379,10 +413,10 @@ def _place(window: dict[str, Any], r: _Trace, root: str, index: Index) -> None:
         also = why.setdefault("also", [])
         if len(also) < _ALSO:
             also.append({"rank": rank, "trigger": trigger, "request": r.request})
-    limit = index.limits.get((r.manifest, str(r.capture)))
+    limit = r.limit
     if limit is not None and limit not in [x["why"] for x in window["limits"]]:
         window["limits"].append({"rank": rank, "why": limit})
-    summary = index.summaries.get((r.manifest, path))
+    summary = r.summary
     if r.status == "failed" or full is None:
         window["dropped"].append({"rank": rank, "backend": r.backend,
                                   "why": r.error or "no file written"})

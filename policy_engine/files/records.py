@@ -298,6 +298,28 @@ def from_json(record: Mapping[str, Any]) -> Line:
     return kind(**given, more=more)
 
 
+def fields_of(record: Mapping[str, Any], kind: type[_L], names: tuple[str, ...]) -> _L:
+    """The line of ``kind`` an untrusted JSON object holds, with only the fields ``names``
+    (and those its kind requires) read and checked, as :func:`from_json` checks them; the
+    others left out. For a reader that needs a few fields of a line now and reads it whole
+    later, when it needs the rest (``analyze`` keeps of a summary line its trace and
+    status, and reads its figures again by its place)."""
+    event = kind.EVENT
+    if record.get("event", "trace") != event:
+        raise ValueError(f"event: not a {event} line")
+    checks, given = _CHECKS[kind], {}
+    for key in (*_REQUIRED[kind], *names):
+        if key not in record:
+            if key in _REQUIRED[kind]:
+                raise ValueError(f"{key}: missing (every {event} record has one)")
+            continue
+        value, found = record[key], checks[key]
+        if not (type(value) in found[2] or found[0](value)):
+            raise ValueError(f"{key}: expected {found[1]}, got {quoted(value)}")
+        given[key] = value
+    return kind(**given)
+
+
 # -- untrusted values, in messages --------------------------------------------------------
 
 _SURROGATE = re.compile("[\ud800-\udfff]")
