@@ -20,6 +20,7 @@ import os
 import re
 from typing import Any
 
+from policy_engine.analysis import phases as _phases
 from policy_engine.analysis.chrome_trace import TraceError, TraceReader
 from policy_engine.analysis.intervals import (
     EMPTY,
@@ -214,13 +215,14 @@ def _distributed(meta: dict[str, Any]) -> dict[str, Any] | None:
 
 def summarize(path: str) -> dict[str, Any]:
     """The summary of the trace at ``path``; ``{"error": ...}`` when it cannot be read."""
-    p = _Pass()
+    p, phases = _Pass(), _phases.Phases()
     try:
         size = os.path.getsize(path)
         with TraceReader(path, max_ratio=MAX_RATIO) as reader:
             try:
                 for event in reader.events():
                     p.event(event)
+                    phases.event(event)
             except _BadEvent as err:
                 return {"error": f"{err}, at event {reader.count} of traceEvents"}
             meta, count = reader.meta, reader.count
@@ -249,6 +251,7 @@ def summarize(path: str) -> dict[str, Any]:
         "steps": steps,
         "device": device,
         "regions": {name: {"count": int(n), "time_us": _r(t)} for name, (n, t) in regions},
+        "phases": phases.result(meta),
         # time inside each call, nested calls included (a stream keeps no stack)
         "ops": {"top": [{"cat": cat, "name": name, "calls": int(n), "time_us": _r(t)}
                         for (cat, name), (n, t) in ops],
@@ -388,6 +391,9 @@ def problem(summary: Any, *, ops: bool = True) -> str | None:
     for v in regions.values():
         if not (type(v) is dict and _count(v.get("count")) and _number(v.get("time_us"))):
             return "its regions are not counts and times"
+    why = _phases.problem(summary.get("phases"))
+    if why is not None:
+        return why
     if ops:
         why = _ops_problem(summary.get("ops", {"top": [], "left_out": 0}))
         if why is not None:
