@@ -130,3 +130,12 @@ class BoundedKV:
 
     def compare_set(self, key: str, expected: bytes, new: bytes) -> bytes:
         return self.calls.call(self.kv.compare_set, key, expected, new)
+
+    def wait(self, key: str, seconds: float) -> bool:
+        """The store's own wait for ``key``, given its ``seconds`` beyond the deadline."""
+        found: bool = self.calls.call(self.kv.wait, key, seconds,
+                                      seconds=self.calls.seconds + seconds)
+        return found
+
+    def delete(self, key: str) -> None:
+        self.calls.call(self.kv.delete, key)

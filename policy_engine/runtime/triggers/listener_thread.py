@@ -18,6 +18,12 @@ the folder only. Every call to the job's channel has a deadline
 (:mod:`~policy_engine.runtime.triggers.deadline`): a store that fails, or stops answering
 without closing its connection, turns the job's channel off with one warning, and the
 folder takes over.
+
+In a job the thread also keeps the job's clock (:mod:`~policy_engine.runtime.triggers.clock`):
+the first listener of a process that may reach the job's channel measures the process's
+offset to rank 0's clock (on rank 0: answers the others, between its polls). A role
+without a listener of its triggers, in a job of several ranks, gets one for the clock
+alone (``requests=False``: it reads no request and publishes no progress).
 """
 
 from __future__ import annotations
@@ -31,6 +37,7 @@ import threading
 import time
 import weakref
 from collections import deque
+from collections.abc import Callable
 from typing import Any
 
 import attrs
@@ -38,6 +45,7 @@ import attrs
 from policy_engine.language.values.triggers import Triggers
 from policy_engine.plan.plan import Plan
 from policy_engine.runtime.process.state import STATE, warn_once
+from policy_engine.runtime.triggers import clock
 from policy_engine.runtime.triggers import folder as channel_folder
 from policy_engine.runtime.triggers.channel import JobChannel, Refused, agreed_step
 from policy_engine.runtime.triggers.deadline import (
@@ -156,7 +164,8 @@ class ListenerThread:
     chosen): the thread looks for the job's channel, publishes the process's progress,
     and posts requests of the whole role (a signal, a slow step)."""
 
-    def __init__(self, plan: Plan, triggers: Triggers, *, job: bool) -> None:
+    def __init__(self, plan: Plan, triggers: Triggers, *, job: bool, requests: bool = True,
+                 note: Callable[..., None] | None = None) -> None:
         self.step = -1  # written by the training thread at every step
         self.stamp = 0.0
         self.inbox: deque[Arrived | NotARequest] = deque()  # at most MAX_INBOX
@@ -175,6 +184,14 @@ class ListenerThread:
         self.folder.start(plan.role)  # before training starts: what is there is old
         self.polls = _Polls()
         self.stopped = False
+        self.requests = requests  # False: the job's clock alone
+        # the process's clock keeper, when this listener is it (the first of a job's)
+        self.keeper: clock.Keeper | None = None
+        if job and note is not None and triggers.channel != "folder":
+            with STATE.lock:
+                if STATE.clock is None:
+                    self.keeper = STATE.clock = clock.Keeper(plan.rank, note,
+                                                             self.polls.wake.set)
         thread = threading.Thread(target=_run, args=(weakref.ref(self), self.polls),
                                   name=f"policy-engine-listener-{plan.role}", daemon=True)
         thread.start()
@@ -182,6 +199,7 @@ class ListenerThread:
     def close(self) -> None:
         """Stop the thread (at the end of the poll under way, if one is)."""
         self.stopped = True
+        self._let_go()
         self.polls.wake.set()
         with self.polls.finished:
             self.polls.finished.notify_all()
@@ -197,6 +215,25 @@ class ListenerThread:
             polls.wake.set()
             return polls.finished.wait_for(
                 lambda: polls.done >= asked or self.stopped, timeout) and not self.stopped
+
+    def _let_go(self) -> None:
+        """This listener keeps the process's clock no more."""
+        with STATE.lock:
+            if self.keeper is not None and STATE.clock is self.keeper:
+                STATE.clock = None
+        self.keeper = None
+
+    def idle(self, seconds: float) -> None:
+        """Between two polls: rank 0's clock keeper answers the others' rings (until the
+        next poll, or until woken); any other listener waits."""
+        keeper, channel = self.keeper, self.link.channel
+        if keeper is not None and keeper.serves and channel is not None and not self.stopped:
+            try:
+                clock.serve(channel.kv, self.plan.rank, seconds, self.polls.wake.is_set)
+                return
+            except Exception as err:  # the store went away, or answers nonsense
+                self._drop(err)
+        self.polls.wake.wait(seconds)
 
     def interval(self) -> float:
         wait = max(self.triggers.poll_seconds, MIN_POLL)
@@ -215,6 +252,13 @@ class ListenerThread:
                 self._connect()
             except Exception as err:  # no store at MASTER_ADDR:MASTER_PORT after all
                 self._drop(err, "could not be reached")
+        if not self.requests:  # the job's clock alone
+            try:
+                if link.channel is not None and self.keeper is not None:
+                    self.keeper.tick(link.channel.kv, link.kind)
+            except Exception as err:
+                self._drop(err)
+            return
         report = self.pace.sample(self.step, self.stamp) if self.pace.due(self.step) \
             else None
         if self.signals is not None and STATE.hooks.usr2_count != self.signals:
@@ -223,6 +267,8 @@ class ListenerThread:
         try:
             if link.channel is not None:
                 self._job_tick(link.channel, report)
+                if self.keeper is not None:
+                    self.keeper.tick(link.channel.kv, link.kind)
                 return
         except Exception as err:  # the store went away, or answers nonsense
             self._drop(err)
@@ -239,6 +285,9 @@ class ListenerThread:
         link.calls = CallThread(CALL_SECONDS, f"policy-engine-channel-{self.plan.role}")
         channel = JobChannel(BoundedKV(link.calls.call(connect, seconds=CONNECT_SECONDS),
                                        link.calls), self.plan.role)
+        if not self.requests:  # the clock needs no advert, no slot and no cursor
+            link.channel = channel
+            return
         try:  # where `policy-engine trigger` finds the channel: written before this
             # process listens there, so that a command that reads no advert yet finds
             # this process still reading the folder
@@ -262,10 +311,18 @@ class ListenerThread:
         subject = f"the job's {link.kind} at {link.where}" if link.where \
             else "the job's channel"
         said = (str(err).strip().splitlines() or [""])[0][:200]
-        warn_once(("channel-gone", self.plan.role),
-                  "policy-engine: role %r: %s %s (%s: %s); trigger requests now come "
-                  "through %s", self.plan.role, subject, what, type(err).__name__, said,
-                  self.folder.path)
+        if self.requests:
+            warn_once(("channel-gone", self.plan.role),
+                      "policy-engine: role %r: %s %s (%s: %s); trigger requests now come "
+                      "through %s", self.plan.role, subject, what, type(err).__name__, said,
+                      self.folder.path)
+        else:
+            warn_once(("channel-gone", self.plan.role),
+                      "policy-engine: role %r: %s %s (%s: %s); the job's clock is not "
+                      "measured from now on", self.plan.role, subject, what,
+                      type(err).__name__, said)
+        if self.keeper is not None:
+            self.keeper.failures = clock.GIVE_UP  # no channel: no more measurements
         link.close()
         link.gone, self.live = True, False
 
@@ -422,7 +479,10 @@ def _run(ref: weakref.ref[ListenerThread], polls: _Polls) -> None:
         with polls.finished:
             polls.done = asked
             polls.finished.notify_all()
-        wait = listener.interval()
-        del listener
-        polls.wake.wait(wait)
+        if listener.keeper is not None and listener.keeper.serves:
+            listener.idle(listener.interval())  # rank 0 answers the clock meanwhile
+        else:
+            wait = listener.interval()
+            del listener
+            polls.wake.wait(wait)
         polls.wake.clear()

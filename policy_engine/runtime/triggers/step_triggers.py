@@ -87,7 +87,7 @@ class StepTriggers:
         # the listener thread reads the requests (on_demand), and in a job posts those of
         # the whole role; those its ranks post come back through the channel
         listens = triggers.on_demand or (job and (triggers.signal or self.job_slow))
-        self.thread = ListenerThread(plan, triggers, job=job) if listens else None
+        self.thread = ListenerThread(plan, triggers, job=job, note=note) if listens else None
 
     def close(self) -> None:
         """The profiler closed: its listener thread stops."""
