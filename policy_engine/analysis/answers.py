@@ -11,6 +11,7 @@ and :meth:`RunAnalysis.write_json` writes the same document as a stream.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Iterator, Mapping, Sequence
 from typing import IO, Any, overload
 
@@ -19,6 +20,8 @@ import attrs
 from policy_engine.analysis.spool import RankView, Spool, dumps
 from policy_engine.analysis.window import Figures
 
+#: The timeline of a run that laid none out (an analysis made without one).
+_NO_TIMELINE: Mapping[str, Any] = {"clock": None, "steps": [], "notes": []}
 _PARTS = ("time_us", "span_us", "compute_us", "comm_us", "overlap_us", "other_us", "idle_us")
 
 
@@ -159,12 +162,16 @@ class RunAnalysis:
     notes: tuple[Mapping[str, Any], ...]
     problems: tuple[str, ...]
     spool: Spool | None = attrs.field(default=None, repr=False)
+    #: every training step's phases on one clock, who waited for whom, the critical path
+    #: (analysis/timeline.py)
+    timeline: Mapping[str, Any] | None = None
 
     def to_json(self) -> dict[str, Any]:
         """The JSON document of the analysis (its ``version`` says which), a fresh copy."""
         return {"version": self.version, "root": self.root,
                 "windows": [w.to_json() for w in self.windows],
-                "notes": [dict(n) for n in self.notes], "problems": list(self.problems)}
+                "notes": [dict(n) for n in self.notes], "problems": list(self.problems),
+                "timeline": copy.deepcopy(dict(self.timeline or _NO_TIMELINE))}
 
     def write_json(self, out: IO[bytes]) -> None:
         """:meth:`to_json` as a stream, a window and a rank at a time."""
@@ -174,7 +181,8 @@ class RunAnalysis:
             out.write(b"\n" if not i else b",\n")
             w.write_json(out)
         out.write(b'],\n"notes":' + dumps(list(self.notes)) + b',\n"problems":'
-                  + dumps(list(self.problems)) + b"}\n")
+                  + dumps(list(self.problems)) + b',\n"timeline":'
+                  + dumps(dict(self.timeline or _NO_TIMELINE)) + b"}\n")
 
     def close(self) -> None:
         """Let go of the ranks written aside (the windows' ranks cannot be read after)."""

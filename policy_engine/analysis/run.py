@@ -25,6 +25,7 @@ from policy_engine.analysis.errors import AnalysisError
 from policy_engine.analysis.manifests import Scan, load_summary
 from policy_engine.analysis.spool import RankView, Spool
 from policy_engine.analysis.summary import problem, summarize
+from policy_engine.analysis.timeline import Timeline
 from policy_engine.analysis.window import Figures
 from policy_engine.analysis.windows import (
     Entry,
@@ -35,11 +36,13 @@ from policy_engine.analysis.windows import (
     from_folders,
     from_manifests,
     inside,
+    read_index,
 )
 from policy_engine.errors import did_you_mean, printable
 from policy_engine.files.records import SummaryLine
 
-VERSION = 1
+#: The document's version: 2 added ``timeline``.
+VERSION = 2
 #: Steps listed in a message about the steps a run captured; the rest are counted.
 LISTED_STEPS = 32
 
@@ -251,8 +254,9 @@ class _Window:
     """One window analysed: its ranks read, added to its figures and spooled."""
 
     def __init__(self, w: dict[str, Any], want: set[int], spool: Spool, *, manifests: bool,
-                 detail: bool) -> None:
+                 detail: bool, timeline: Timeline) -> None:
         self.w = w
+        self.timeline = timeline
         self.spool = spool
         self.manifests = manifests
         self.detail = detail
@@ -265,6 +269,7 @@ class _Window:
         if rank is None and not self.manifests:  # no manifest: the trace says its rank
             rank = info.get("rank") if isinstance(info.get("rank"), int) else index
             self.w["world"] = self.w["world"] or info.get("world_size")
+        self.timeline.add(self.w, rank, summary)
         doc = {"rank": rank, "path": entry.path, "status": entry.status, **summary}
         doc = self.figures.add(doc)
         if not self.detail:  # the comparison of two runs reads them; analyze shows none
@@ -319,7 +324,7 @@ class _Window:
 def analyze_run(root: str, *, role: str | None = None, step: int | None = None,
                 jobs: int = 1, max_traces: int | None = None, from_traces: bool = False,
                 scan: Scan | None = None, index: Index | None = None,
-                detail: bool = False) -> RunAnalysis:
+                detail: bool = False, own_clocks: bool = False) -> RunAnalysis:
     """The analysis of every capture window under ``root`` that ``role`` and ``step``
     choose. AnalysisError when nothing is chosen. ``max_traces``: read whole windows, oldest
     first, while their traces fit in it (the first one always); the others say only why
@@ -328,11 +333,14 @@ def analyze_run(root: str, *, role: str | None = None, step: int | None = None,
     figures are the summary's, and the trace need not be there. ``scan``: the manifests
     under ``root``, when the caller read them already (or ``index``: what the windows need
     of them, gathered already); ``detail``: each window keeps what
-    the comparison of two runs reads (operators, how it was recorded)."""
+    the comparison of two runs reads (operators, how it was recorded); ``own_clocks``:
+    the timeline lays each rank on its own clock (the measured offsets not applied)."""
     if not os.path.isdir(root):
         raise AnalysisError(f"{root} is not a folder")
-    windows, problems, notes = from_manifests(root, from_traces=from_traces, scan=scan,
-                                              index=index)
+    if index is None:
+        index = read_index(root, from_traces=from_traces, scan=scan)
+    windows, problems, notes = from_manifests(root, from_traces=from_traces, index=index)
+    timeline = Timeline(None if own_clocks else index.clocks)
     manifests = bool(windows or problems)
     if not manifests:
         windows = from_folders(root)
@@ -355,11 +363,13 @@ def analyze_run(root: str, *, role: str | None = None, step: int | None = None,
     with _Readers(jobs) as readers:
         for w in windows:
             want = _wanted(expected, w) if manifests else set()
-            one = _Window(w, want, spool, manifests=manifests, detail=detail)
+            one = _Window(w, want, spool, manifests=manifests, detail=detail,
+                          timeline=timeline)
             one.run(readers, root)
             out.append(one.finish())
     return RunAnalysis(version=VERSION, root=os.path.abspath(root), windows=tuple(out),
-                       notes=tuple(notes), problems=tuple(problems), spool=spool)
+                       notes=tuple(notes), problems=tuple(problems), spool=spool,
+                       timeline=timeline.finish())
 
 
 
