@@ -376,7 +376,9 @@ def _critical(rows: list[_Row], lo: float) -> list[dict[str, Any]]:
         j, k = cur
         row = rows[j]
         start = _core(row, k)[0]  # a phase that begins waiting depends on what ends then
-        tol = _tolerance(start, start, row.unc)
+        # a row's phases are its ranks' envelope, agreeing within this: so may an end
+        # precede a start
+        tol = _tolerance(row.lo, row.hi, row.unc)
         best: tuple[float, int, tuple[int, int]] | None = None
         if k > 0:
             best = (row.ends[k - 1], 1, (j, k - 1))  # its own row wins a tie
