@@ -44,6 +44,7 @@ class Job:
 
     def serve(self) -> None:
         kv = self.client()
+        clock.Keeper(0, lambda *a, **f: None, lambda: None).tick(kv, "store")  # says it is
 
         def run() -> None:
             while not self.stopped.is_set():
@@ -108,7 +109,11 @@ def test_a_keeper_notes_each_reading_and_stops_after_failures(job: Job) -> None:
     notes: list[dict[str, Any]] = []
     keeper = clock.Keeper(3, lambda kind, **f: notes.append({"note": kind, **f}), lambda: None)
     kv = job.client()
-    for _ in range(clock.GIVE_UP + 1):  # no reference: each try fails, then it stops trying
+    began = time.monotonic()
+    keeper.tick(kv, "store")  # no reference has said it answers: no ring, nothing noted
+    assert notes == [] and time.monotonic() - began < 1.0
+    kv.set(clock.REFERENCE, b"0 1")  # one that said so, and went away
+    for _ in range(clock.GIVE_UP + 1):  # each try fails, then it stops trying
         keeper.tick(kv, "store")
     assert len(notes) == clock.GIVE_UP and all("error" in n for n in notes)
     assert notes[-1]["error"].endswith("no more measurements after 3 without an answer")
@@ -125,13 +130,15 @@ def test_a_keeper_notes_each_reading_and_stops_after_failures(job: Job) -> None:
                for n in good)
 
 
-def test_the_reference_notes_that_it_is_one() -> None:
+def test_the_reference_notes_and_says_that_it_is_one(job: Job) -> None:
     notes: list[dict[str, Any]] = []
     keeper = clock.Keeper(0, lambda kind, **f: notes.append(f), lambda: None)
-    keeper.tick(None, "ray")  # type: ignore[arg-type]  # it makes no call
-    keeper.tick(None, "ray")  # type: ignore[arg-type]
+    kv = job.client()
+    keeper.tick(kv, "store")
+    keeper.tick(kv, "store")
     assert [(n["why"], n["offset_us"], n["uncertainty_us"]) for n in notes] == [
         ("reference", 0.0, 0.0)]
+    assert kv.get(clock.REFERENCE) is not None
 
 
 def test_the_test_setting_moves_this_processs_clock(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -9,7 +9,7 @@ clock (the *reference*): between its polls its listener thread looks at the stor
 :data:`ROUNDS` rounds: it reads its clock (t1), rings (one ``compare_set`` on
 :data:`BELL`, which only an empty bell takes: one ring at a time, job-wide), waits for
 the answer (the reference's reading t2, on a key named after the ring), and reads its
-clock again (t4). The answer was read between t1 and t4, so rank 0's clock at the
+clock again (t4). The reference read its clock between t1 and t4, so its clock at the
 round's middle is t2 within half the round trip: ``offset = t2 - (t1 + t4) / 2`` with
 an uncertainty of ``(t4 - t1) / 2``; the round with the shortest trip is kept. A time t
 on the process's clock is ``t + offset`` on rank 0's.
@@ -23,9 +23,11 @@ measures for all its roles (:class:`Keeper`, held in runtime.process.state).
 Anyone who reaches the store can write these keys, so a ring or an answer that is not
 one is dropped, and every wait is bounded: a ring waits at most :data:`RING_SECONDS` for
 the bell, and :data:`ANSWER_SECONDS` for its answer; a process whose rings go
-unanswered :data:`GIVE_UP` times in a row stops measuring (rank 0 profiles nothing, so
-no listener of its answers). The reference answers one ring at a time: a job of a
-thousand measuring processes is measured in about a second.
+unanswered :data:`GIVE_UP` times in a row stops measuring. A process rings only once the
+reference has said it answers (:data:`REFERENCE`): where rank 0 profiles nothing, nobody
+answers, and the others look for that key once a poll, and measure nothing. The reference
+answers one ring at a time: a job of a thousand measuring processes is measured in about a
+second.
 
 ``POLICY_ENGINE_TEST_CLOCK_SHIFT`` (seconds; tests only) moves this process's clock:
 its readings here and its traces' timestamps (backends.base.clock_shift_ns).
@@ -52,9 +54,11 @@ from policy_engine.runtime.triggers.channel import PREFIX, KeyValue
 __all__ = ["ANSWER_SECONDS", "BELL", "ROUNDS", "ClockError", "Keeper", "Reading",
            "capture_opened", "measure", "now_ns", "serve", "wanted"]
 
-#: The key a ring takes, and where its answer is written (``<token>``: the ring's own).
+#: The key a ring takes, and where its answer is written (``<token>``: the ring's own);
+#: the key the reference sets once it answers (a rank rings only once it is there).
 BELL = f"{PREFIX}clock/bell"
 ANSWER = f"{PREFIX}clock/answer/"
+REFERENCE = f"{PREFIX}clock/reference"
 #: Rounds of one measurement (the shortest round trip is kept).
 ROUNDS = 5
 #: Seconds a ring waits for the bell (others ringing), and for the reference's answer.
@@ -195,11 +199,12 @@ class Keeper:
         if self.serves:
             if self.done < 0:
                 self.done = 0
+                kv.set(REFERENCE, f"{self.rank} {os.getpid()}".encode())
                 self.note("clock", offset_us=0.0, uncertainty_us=0.0, rounds=0, reference_rank=0,
                           why="reference", channel=kind, measured_at=now_ns() / 1e9)
             return
-        if not self.due():
-            return
+        if not self.due() or not kv.has(REFERENCE):
+            return  # (no reference answers yet: looked at again at the next poll)
         why = "start" if self.done < 0 else "capture"
         self.done = self.asked
         at = now_ns() / 1e9

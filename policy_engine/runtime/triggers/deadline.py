@@ -101,6 +101,11 @@ class CallThread:
         """The thread ends after the call under way, if any (never, if that one hangs)."""
         self._calls.put(None)
 
+    def join(self, seconds: float) -> None:
+        """Wait at most ``seconds`` for the thread to end (after :meth:`close`)."""
+        if self._thread is not None and seconds > 0:
+            self._thread.join(seconds)
+
 
 def abandoned() -> bool:
     """Whether a call was given up on and its thread is still blocked: a process that

@@ -28,6 +28,7 @@ alone (``requests=False``: it reads no request and publishes no progress).
 
 from __future__ import annotations
 
+import atexit
 import json
 import logging
 import math
@@ -83,6 +84,11 @@ MAX_OUTBOX = 1024
 REPUBLISH = 10.0
 #: The shortest time between two polls (``poll_seconds: 0`` polls this often).
 MIN_POLL = 0.05
+#: Seconds the interpreter's exit waits, in all, for the listeners' threads to leave the
+#: calls they are in (:func:`_at_exit`).
+EXIT_WAIT = 3.0
+#: The listeners of this process, for its exit.
+_LIVE: weakref.WeakSet[ListenerThread] = weakref.WeakSet()
 
 
 class _Pace:
@@ -194,6 +200,8 @@ class ListenerThread:
                                                              self.polls.wake.set)
         thread = threading.Thread(target=_run, args=(weakref.ref(self), self.polls),
                                   name=f"policy-engine-listener-{plan.role}", daemon=True)
+        self._thread = thread
+        _LIVE.add(self)
         thread.start()
 
     def close(self) -> None:
@@ -455,6 +463,27 @@ class _Lazy:
         if self.found is None:
             self.found = self.channel.reports()
         return self.found
+
+
+def _at_exit() -> None:
+    """The interpreter exits: every listener stops, and its threads get a moment (at most
+    :data:`EXIT_WAIT` seconds in all) to leave the call they are in. A thread still inside
+    torch's store client when the interpreter finalises is ended where it stands, and the
+    C++ frames it ends in abort the process ("terminate called without an active
+    exception"). A call given up on (its store hung) is not waited for."""
+    listeners = list(_LIVE)
+    calls = [listener.link.calls for listener in listeners]
+    for listener in listeners:
+        listener.close()
+    deadline = time.monotonic() + EXIT_WAIT
+    for listener, call in zip(listeners, calls, strict=True):
+        listener._thread.join(max(0.0, deadline - time.monotonic()))
+        if call is not None and call.hung is None:
+            call.close()
+            call.join(deadline - time.monotonic())
+
+
+atexit.register(_at_exit)  # does nothing in a process without listeners
 
 
 def _run(ref: weakref.ref[ListenerThread], polls: _Polls) -> None:

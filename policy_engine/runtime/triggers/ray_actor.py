@@ -36,7 +36,7 @@ ACTOR = "policy_engine_triggers"
 NAMESPACE = "policy_engine"
 TIMEOUT = 10.0
 FIND_PAUSE = 0.2  # seconds between asking for the actor again while a dying one is found
-WAIT_PAUSE = 0.002  # seconds between two looks for a key that is waited for
+WAIT_PAUSE = 0.001  # seconds between the first two looks for a key waited for
 #: Keys the actor holds at most, bytes of keys and values, the longest key, and the keys
 #: one read may ask for.
 MAX_KEYS = 16_384
@@ -170,13 +170,16 @@ class RayKV:
         return bytes(self._call("compare_set", key, expected, new))
 
     def wait(self, key: str, seconds: float) -> bool:
-        """Whether ``key`` exists within ``seconds``: asked every :data:`WAIT_PAUSE`
-        seconds (an actor call is a round trip of its own; the clock keeps the best)."""
+        """Whether ``key`` exists within ``seconds``: asked again after a pause that
+        doubles from :data:`WAIT_PAUSE` to 20 times it (an actor call is a round trip of
+        its own; the clock keeps its best round)."""
         deadline = time.monotonic() + seconds
+        pause = WAIT_PAUSE
         while not self.has(key):
             if time.monotonic() >= deadline:
                 return False
-            time.sleep(WAIT_PAUSE)
+            time.sleep(pause)
+            pause = min(pause * 2, 20 * WAIT_PAUSE)
         return True
 
     def delete(self, key: str) -> None:
