@@ -233,3 +233,11 @@ def test_the_critical_path_holds_through_a_row_of_ranks_that_differ_a_little(
         row(step, "actor+ref", "0-1")["phases"][0]["start_us"]
     assert [p["phase"] for p in step["critical_path"]][:2] == ["generate_sequences",
                                                               "ref_compute_log_prob"]
+
+
+def test_the_library_gives_the_same_timeline(skewed: Path) -> None:
+    from policy_engine.analysis import step_timeline as library
+
+    assert library(str(skewed), step=4) == timeline(skewed, step=4)
+    own = library(str(skewed), own_clocks=True)
+    assert own["clock"]["basis"] == "own" and len(own["steps"]) == 2

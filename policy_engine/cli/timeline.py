@@ -18,7 +18,7 @@ import argparse
 import json
 from typing import Any
 
-from policy_engine.analysis.run import analyze_run
+from policy_engine.analysis import step_timeline
 from policy_engine.analysis.timeline import text
 from policy_engine.cli._common import add_format_option, positive_int, whole_number
 from policy_engine.cli.analyze import default_jobs
@@ -42,10 +42,8 @@ def add_parser(sub: Any, name: str, help: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    result = analyze_run(args.dir, step=args.step, jobs=args.jobs or default_jobs(),
-                         own_clocks=args.own_clocks)
-    result.close()  # the ranks' own objects are not shown here
-    timeline = dict(result.timeline or {})
+    timeline = step_timeline(args.dir, step=args.step, jobs=args.jobs or default_jobs(),
+                             own_clocks=args.own_clocks)
     if args.format == "json":
         print(json.dumps(timeline, indent=1))
     else:
