@@ -25,7 +25,7 @@ MAX_DRAWN = 16
 #: Phase colours, in the order names first appear in the run.
 PALETTE = ("#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#b07aa1", "#76b7b2", "#edc948",
            "#ff9da7", "#9c755f", "#bab0ac")
-_LABEL_W, _PLOT_W, _ROW_H, _BAR_H, _AXIS_H, _PAD = 230, 720, 24, 16, 34, 10
+_LABEL_W, _PLOT_W, _ROW_H, _BAR_H, _AXIS_H, _PAD = 230, 720, 24, 16, 40, 10
 
 
 def _esc(value: Any) -> str:
