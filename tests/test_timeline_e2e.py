@@ -114,6 +114,9 @@ def check_step(step: dict[str, Any]) -> None:
 
 
 def test_every_rank_measured_its_clock_over_the_store(plain: Path) -> None:
+    # the clock's listeners read no request: nothing tells `policy-engine trigger` that
+    # someone listens
+    assert not (plain / "triggers").exists()
     notes = clock_notes(plain)
     assert sorted(notes) == [0, 1, 2, 3]
     assert [n["why"] for n in notes[0]] == ["reference"]

@@ -187,7 +187,8 @@ class ListenerThread:
         self.link = _Link()
         self.pace = _Pace()
         self.folder = channel_folder.RequestFolder(plan.output_dir)
-        self.folder.start(plan.role)  # before training starts: what is there is old
+        if requests:  # (the folder tells `policy-engine trigger` that someone listens)
+            self.folder.start(plan.role)  # before training starts: what is there is old
         self.polls = _Polls()
         self.stopped = False
         self.requests = requests  # False: the job's clock alone
