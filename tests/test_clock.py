@@ -197,6 +197,7 @@ def test_clock_notes_are_checked_and_read_per_rank() -> None:
     assert clocks.offset(1, 101.0).offset_us == -2e6  # type: ignore[union-attr]
     assert clocks.offset(1, 499.0).offset_us == -2.001e6  # type: ignore[union-attr]
     assert clocks.offset(2) is None
+    assert clocks.offsets([0, 1, 2], 101.0) == {0: (0.0, 0.0), 1: (-2e6, 900.0)}
     status = clocks.status([0, 1, 2])
     assert (status["basis"], status["unmeasured"]) == ("partial", "2")
     assert status["failed"] == [{"rank": 2, "error": "rank 0 did not answer within 2 s"}]

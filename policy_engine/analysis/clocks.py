@@ -98,6 +98,17 @@ class Clocks:
         return min((r for r in every if r.at is not None),
                    key=lambda r: r.uncertainty_us + DRIFT * abs(r.at - at))  # type: ignore[operator]
 
+    def offsets(self, ranks: Any, at: float | None = None) -> dict[int, tuple[float, float]]:
+        """``{rank: (offset_us, uncertainty_us)}`` of the ``ranks`` that measured one, for
+        a time ``at`` (Unix seconds): what analysis/matching.py's ``Matcher`` takes to lay
+        the ranks' collective calls on rank 0's clock."""
+        found = {}
+        for rank in ranks:
+            reading = self.offset(rank, at)
+            if reading is not None:
+                found[rank] = (reading.offset_us, reading.uncertainty_us)
+        return found
+
     def status(self, ranks: Any) -> dict[str, Any]:
         """What the clock of ``ranks`` (those a figure lays on one axis) rests on: every
         rank measured, some, or none, and the words that say so."""
