@@ -71,6 +71,7 @@ def test_a_rank_measures_its_offset_to_the_reference(job: Job) -> None:
     # one host, one clock: the offset is within the uncertainty (plus a scheduler's slice
     # on a loaded machine), and the uncertainty is half the best round trip
     assert reading.reference == 0 and reading.rounds == clock.ROUNDS
+    assert reading.process == clock.process_name()  # host:pid of the reference
     assert 0 < reading.uncertainty_us < 200_000
     assert abs(reading.offset_us) <= reading.uncertainty_us + 20_000
     job.stop()
@@ -201,6 +202,21 @@ def test_clock_notes_are_checked_and_read_per_rank() -> None:
     status = clocks.status([0, 1, 2])
     assert (status["basis"], status["unmeasured"]) == ("partial", "2")
     assert status["failed"] == [{"rank": 2, "error": "rank 0 did not answer within 2 s"}]
+
+
+def test_ranks_measured_against_two_references_are_said_to_be(tmp_path: Path) -> None:
+    """Two stores (verl's worker groups each have one), two rank 0s: their ranks' offsets
+    are to different clocks, and the status says which ranks measured against which."""
+    clocks = Clocks()
+    for rank, process in ((1, "a:10"), (2, "a:10"), (3, "b:20")):
+        clocks.add(from_json(note_line({"role": "x", "rank": rank}, note="clock",
+                                       offset_us=5.0, uncertainty_us=1.0,
+                                       reference_process=process)))
+    status = clocks.status([1, 2, 3])
+    assert status["references"] == [{"process": "a:10", "ranks": "1-2"},
+                                    {"process": "b:20", "ranks": "3"}]
+    assert "measured against 2 different references" in status["text"]
+    assert "references" not in clocks.status([1, 2])
 
 
 def test_the_ray_actor_deletes_a_key() -> None:

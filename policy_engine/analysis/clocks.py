@@ -42,11 +42,12 @@ NONE = Offset(0.0, 0.0, None)
 
 
 class _Rank:
-    __slots__ = ("first", "last")
+    __slots__ = ("first", "last", "process")
 
-    def __init__(self, first: Offset) -> None:
+    def __init__(self, first: Offset, process: str | None) -> None:
         self.first = first
         self.last: deque[Offset] = deque(maxlen=KEPT)
+        self.process = process  # the reference it measured against (``host:pid``)
 
 
 class Clocks:
@@ -78,11 +79,14 @@ class Clocks:
             self.reference = rank
         at = line.measured_at if line.measured_at is not ABSENT else None
         reading = Offset(float(offset), float(unc), at)
+        process = line.more.get("reference_process")
+        process = process[:MAX_ERROR] if isinstance(process, str) else None
         found = self.ranks.get(rank)
         if found is None:
-            self.ranks[rank] = _Rank(reading)
+            self.ranks[rank] = _Rank(reading, process)
         else:
             found.last.append(reading)
+            found.process = found.process or process
 
     def offset(self, rank: Any, at: float | None = None) -> Offset | None:
         """Rank ``rank``'s reading for ``at`` (its own clock, Unix seconds): the most
@@ -134,6 +138,19 @@ class Clocks:
                 out["text"] += (f"; ranks {rank_spans(missing)} measured none (offset 0: "
                                 "their host's clock is taken as rank "
                                 f"{reference}'s)")
+        by_reference: dict[str, list[int]] = {}
+        for r in measured:
+            process = self.ranks[r].process
+            if process is not None:
+                by_reference.setdefault(process, []).append(r)
+        if len(by_reference) > 1:  # two stores (verl's worker groups), two rank 0s
+            out["references"] = [{"process": p, "ranks": rank_spans(rs, sep=",")}
+                                 for p, rs in list(by_reference.items())[:8]]
+            out["text"] += (f"; but the ranks measured against {len(by_reference)} "
+                            "different references (each job's store has its own rank 0): "
+                            + "; ".join(f"ranks {rank_spans(rs)} against {p}"
+                                        for p, rs in list(by_reference.items())[:8])
+                            + ", whose clocks are not compared with each other")
         failed = [(r, self.failed[r]) for r in missing if r in self.failed]
         if failed:
             out["failed"] = [{"rank": r, "error": e} for r, e in failed[:8]]

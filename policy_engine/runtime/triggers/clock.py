@@ -46,6 +46,7 @@ from typing import Any
 import attrs
 
 from policy_engine.backends.base import clock_shift_ns
+from policy_engine.files.layout import host_name
 from policy_engine.language.values.triggers import Triggers
 from policy_engine.plan.plan import Plan
 from policy_engine.runtime.process.state import STATE
@@ -71,7 +72,8 @@ SLOW = 0.1
 #: Measurements without an answer, in a row, after which a process stops measuring.
 GIVE_UP = 3
 _TOKEN = re.compile(rb"^[0-9A-Za-z-]{1,64}$")
-_ANSWER = re.compile(rb"^(\d{1,9}) (-?\d{1,20})$")
+_ANSWER = re.compile(rb"^(\d{1,9}) (-?\d{1,20})(?: ([\w.:-]{1,160}))?$")
+_NOT_NAME = re.compile(r"[^\w.:-]+")
 
 
 def now_ns() -> int:
@@ -92,6 +94,9 @@ class Reading:
     uncertainty_us: float
     rounds: int
     reference: int
+    #: the reference's process, ``host:pid`` (two stores, two references: verl's worker
+    #: groups each have a store of their own)
+    process: str | None = None
 
 
 def _ring(kv: KeyValue, body: bytes) -> int:
@@ -111,7 +116,7 @@ def _ring(kv: KeyValue, body: bytes) -> int:
 def measure(kv: KeyValue, rounds: int = ROUNDS) -> Reading:
     """This process's offset to the reference's clock, the best of ``rounds`` round
     trips; ClockError when a round gets no answer."""
-    best: tuple[int, float, int] | None = None  # round trip, offset (ns), reference
+    best: tuple[int, float, int, str | None] | None = None  # trip, offset (ns), rank, process
     for _ in range(rounds):
         token = f"{os.getpid()}-{secrets.token_hex(6)}"
         body = token.encode()
@@ -127,12 +132,18 @@ def measure(kv: KeyValue, rounds: int = ROUNDS) -> Reading:
         if found is None:
             raise ClockError("the answer is not a rank and a time")
         reference, t2 = int(found.group(1)), int(found.group(2))
+        process = found.group(3).decode() if found.group(3) else None
         trip = t4 - t1
         if best is None or trip < best[0]:
-            best = (trip, t2 - (t1 + t4) / 2, reference)
+            best = (trip, t2 - (t1 + t4) / 2, reference, process)
     assert best is not None  # rounds >= 1
-    trip, offset, reference = best
-    return Reading(round(offset / 1000, 3), round(trip / 2000, 3), rounds, reference)
+    trip, offset, reference, process = best
+    return Reading(round(offset / 1000, 3), round(trip / 2000, 3), rounds, reference, process)
+
+
+def process_name() -> str:
+    """This process as a reference names itself in its answers: ``host:pid``."""
+    return f"{_NOT_NAME.sub('-', host_name())[:120]}:{os.getpid()}"
 
 
 def serve(kv: KeyValue, rank: int, seconds: float, stop: Callable[[], bool]) -> int:
@@ -146,6 +157,7 @@ def serve(kv: KeyValue, rank: int, seconds: float, stop: Callable[[], bool]) -> 
     answered = 0
     deadline = time.monotonic() + seconds
     pause = SLOW
+    me = process_name()
     while not stop():
         left = deadline - time.monotonic()
         if left <= 0:
@@ -156,7 +168,7 @@ def serve(kv: KeyValue, rank: int, seconds: float, stop: Callable[[], bool]) -> 
             pause = min(pause * 2, SLOW)
             continue
         if _TOKEN.match(body):
-            kv.set(ANSWER + body.decode(), f"{rank} {now_ns()}".encode())
+            kv.set(ANSWER + body.decode(), f"{rank} {now_ns()} {me}".encode())
             answered += 1
         kv.delete(BELL)  # a ring that is none is dropped too: the bell is free again
         pause = FAST
@@ -199,9 +211,11 @@ class Keeper:
         if self.serves:
             if self.done < 0:
                 self.done = 0
-                kv.set(REFERENCE, f"{self.rank} {os.getpid()}".encode())
-                self.note("clock", offset_us=0.0, uncertainty_us=0.0, rounds=0, reference_rank=0,
-                          why="reference", channel=kind, measured_at=now_ns() / 1e9)
+                me = process_name()
+                kv.set(REFERENCE, f"{self.rank} {me}".encode())
+                self.note("clock", offset_us=0.0, uncertainty_us=0.0, rounds=0,
+                          reference_rank=self.rank, reference_process=me, why="reference",
+                          channel=kind, measured_at=now_ns() / 1e9)
             return
         if not self.due() or not kv.has(REFERENCE):
             return  # (no reference answers yet: looked at again at the next poll)
@@ -223,7 +237,8 @@ class Keeper:
         self.failures = 0
         self.note("clock", offset_us=reading.offset_us,
                   uncertainty_us=reading.uncertainty_us, rounds=reading.rounds,
-                  reference_rank=reading.reference, why=why, channel=kind, measured_at=at)
+                  reference_rank=reading.reference, reference_process=reading.process,
+                  why=why, channel=kind, measured_at=at)
 
 
 def wanted(plan: Plan, triggers: Triggers) -> bool:
