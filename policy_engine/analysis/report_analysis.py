@@ -20,6 +20,7 @@ from policy_engine.analysis.errors import AnalysisError
 from policy_engine.analysis.format import rank_spans
 from policy_engine.analysis.report_calls import STYLE as CALLS_STYLE
 from policy_engine.analysis.report_calls import section as calls_section
+from policy_engine.analysis.report_gantt import section as timeline_section
 from policy_engine.analysis.run import analyze_run
 from policy_engine.analysis.text import ms, notes, rank_rows, why
 from policy_engine.analysis.windows import Index
@@ -198,6 +199,7 @@ def section(root: str, *, jobs: int = 1, max_traces: int = MAX_TRACES,
         else ""
     loose = "".join(f'<p class="note">{_esc(n["role"])} rank {_esc(n["rank"])}: '
                     f'{_esc(n["message"])}</p>' for n in result.notes[:MAX_STEPS])
-    return (f'<section class="analysis">{_STYLE}<h2>Analysis</h2><p>{len(windows)} capture '
+    return (timeline_section(result.timeline)
+            + f'<section class="analysis">{_STYLE}<h2>Analysis</h2><p>{len(windows)} capture '
             f"window(s); {named} name a straggler. Bars: each rank's profiled steps, "
             f"summed. {_legend()}</p>{loose}{body}{more}</section>")

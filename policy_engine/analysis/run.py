@@ -23,6 +23,7 @@ from typing import Any
 
 from policy_engine.analysis.answers import RunAnalysis, WindowAnalysis
 from policy_engine.analysis.chrome_trace import declared_size
+from policy_engine.analysis.clocks import Clocks
 from policy_engine.analysis.errors import AnalysisError
 from policy_engine.analysis.format import size_cell
 from policy_engine.analysis.manifests import Scan, load_summary
@@ -30,6 +31,7 @@ from policy_engine.analysis.matching import RankWork
 from policy_engine.analysis.spool import RankView, Spool
 from policy_engine.analysis.stalls import read_stalls
 from policy_engine.analysis.summary import problem, summarize
+from policy_engine.analysis.timeline import Timeline
 from policy_engine.analysis.window import Figures
 from policy_engine.analysis.window_calls import WORK_RANKS, WindowCalls, digest, work_of
 from policy_engine.analysis.windows import (
@@ -41,13 +43,15 @@ from policy_engine.analysis.windows import (
     from_folders,
     from_manifests,
     inside,
+    read_index,
     readable,
 )
 from policy_engine.errors import did_you_mean, printable
 from policy_engine.files.records import SummaryLine
 
-#: The analysis document's version: 2 added the device view (``gpu_timeline``, ``hta``)
-#: and the ``npu`` basis, and made a GPU step's span its time on the host.
+#: The analysis document's version: 2 added the device view (``gpu_timeline``, ``hta``),
+#: the ``npu`` basis, ``collectives``, ``stalls`` and ``timeline``, and made a GPU step's
+#: span its time on the host.
 VERSION = 2
 #: Steps listed in a message about the steps a run captured; the rest are counted.
 LISTED_STEPS = 32
@@ -324,14 +328,18 @@ class _Window:
     """One window analysed: its ranks read, added to its figures and spooled."""
 
     def __init__(self, w: dict[str, Any], want: set[int], spool: Spool, *, manifests: bool,
-                 detail: bool) -> None:
+                 detail: bool, timeline: Timeline, clocks: Clocks | None = None) -> None:
         self.w = w
+        self.timeline = timeline
         self.spool = spool
         self.manifests = manifests
         self.detail = detail
         self.figures = Figures(w, want, detail=detail)
         self.figures.path_of = self._path_of
-        self.calls = WindowCalls()
+        # the calls laid on rank 0's clock by each rank's measured offset (its most
+        # certain reading), where the ranks measured one
+        self.calls = WindowCalls(None if clocks is None else clocks.offsets(
+            e.rank for e in w["traces"]))
         self.places: list[tuple[Any, int, int]] = []
         self.by_order: list[int] = []  # ranks numbered by their trace's place
 
@@ -351,6 +359,7 @@ class _Window:
                 rank, doc["rank_from"] = index, "order"
                 self.by_order.append(index)
             doc["rank"] = rank
+        self.timeline.add(self.w, rank, summary)
         doc.update(summary)
         doc = self.figures.add(doc)
         if not doc.get("error"):
@@ -439,8 +448,8 @@ class _Window:
 def analyze_run(root: str, *, role: str | None = None, step: int | None = None,
                 jobs: int = 1, max_traces: int | None = None, from_traces: bool = False,
                 scan: Scan | None = None, index: Index | None = None,
-                detail: bool = False, limits: tuple[int, int] | None = None
-                ) -> RunAnalysis:
+                detail: bool = False, limits: tuple[int, int] | None = None,
+                own_clocks: bool = False) -> RunAnalysis:
     """The analysis of every capture window under ``root`` that ``role`` and ``step``
     choose. AnalysisError when nothing is chosen. ``max_traces``: read whole windows, oldest
     first, while their traces fit in it (the first one always); the others say only why
@@ -451,11 +460,14 @@ def analyze_run(root: str, *, role: str | None = None, step: int | None = None,
     of them, gathered already); ``detail``: each window keeps what
     the comparison of two runs reads (operators, how it was recorded); ``limits``: the
     most text read of one trace and of all (bytes), a trace past them reading as an
-    error."""
+    error; ``own_clocks``: the timeline lays each rank on its own clock (the measured
+    offsets not applied)."""
     if not os.path.isdir(root):
         raise AnalysisError(f"{root} is not a folder")
-    windows, problems, notes = from_manifests(root, from_traces=from_traces, scan=scan,
-                                              index=index)
+    if index is None:
+        index = read_index(root, from_traces=from_traces, scan=scan)
+    windows, problems, notes = from_manifests(root, from_traces=from_traces, index=index)
+    timeline = Timeline(None if own_clocks else index.clocks)
     stalls = read_stalls(root)  # a hung job may have written nothing else
     manifests = bool(windows or problems)
     if not manifests:
@@ -482,12 +494,13 @@ def analyze_run(root: str, *, role: str | None = None, step: int | None = None,
     with _Readers(jobs, limits) as readers:
         for w in windows:
             want = _wanted(expected, w) if manifests else set()
-            one = _Window(w, want, spool, manifests=manifests, detail=detail)
+            one = _Window(w, want, spool, manifests=manifests, detail=detail,
+                          timeline=timeline, clocks=None if own_clocks else index.clocks)
             one.run(readers, root)
             out.append(one.finish())
     return RunAnalysis(version=VERSION, root=os.path.abspath(root), windows=tuple(out),
                        notes=tuple(notes), problems=tuple(problems), spool=spool,
-                       stalls=stalls)
+                       stalls=stalls, timeline=timeline.finish())
 
 
 

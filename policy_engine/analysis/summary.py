@@ -27,6 +27,7 @@ import os
 import re
 from typing import Any
 
+from policy_engine.analysis import phases as _phases
 from policy_engine.analysis.chrome_trace import TraceError, TraceReader
 from policy_engine.analysis.collectives import Collectives
 from policy_engine.analysis.device_view import DeviceView
@@ -234,7 +235,7 @@ def summarize(path: str, *, max_bytes: int | None = None) -> dict[str, Any]:
         from policy_engine.analysis.npu_summary import summarize_npu
 
         return summarize_npu(path, max_bytes=max_bytes)
-    p, view, calls = _Pass(), DeviceView(), Collectives()
+    p, view, calls, phases = _Pass(), DeviceView(), Collectives(), _phases.Phases()
     try:
         size = os.path.getsize(path)
         with TraceReader(path, max_bytes=max_bytes, max_ratio=MAX_RATIO) as reader:
@@ -243,6 +244,7 @@ def summarize(path: str, *, max_bytes: int | None = None) -> dict[str, Any]:
                     p.event(event)
                     view.event(event)
                     calls.event(event)
+                    phases.event(event)
             except _BadEvent as err:
                 return {"error": f"{err}, at event {reader.count} of traceEvents"}
             meta, count = reader.meta, reader.count
@@ -273,6 +275,7 @@ def summarize(path: str, *, max_bytes: int | None = None) -> dict[str, Any]:
         "device_error": found["error"] if gpu else None,
         "collectives": calls.result(meta),
         "regions": {name: {"count": int(n), "time_us": _r(t)} for name, (n, t) in regions},
+        "phases": phases.result(meta),
         # time inside each call, nested calls included (a stream keeps no stack)
         "ops": {"top": [{"cat": cat, "name": name, "calls": int(n), "time_us": _r(t)}
                         for (cat, name), (n, t) in ops],
@@ -472,6 +475,9 @@ def problem(summary: Any, *, ops: bool = True) -> str | None:
     for v in regions.values():
         if not (type(v) is dict and _count(v.get("count")) and _number(v.get("time_us"))):
             return "its regions are not counts and times"
+    why = _phases.problem(summary.get("phases"))
+    if why is not None:
+        return why
     if ops:
         why = _ops_problem(summary.get("ops", {"top": [], "left_out": 0}))
         if why is not None:

@@ -24,6 +24,7 @@ import os
 from typing import Any, NamedTuple
 
 from policy_engine.analysis import folders
+from policy_engine.analysis.clocks import Clocks
 from policy_engine.analysis.manifests import (
     ManifestProblem,
     Place,
@@ -216,6 +217,7 @@ class Index:
         self.notes_kept = 0
         self.folders: dict[str, str] = {}
         self.problems: list[ManifestProblem] = []
+        self.clocks = Clocks()  # the ranks' clock readings (``clock`` notes), kept apart
 
     def add(self, line: Line, manifest: str, place: Place | None) -> None:
         """One line of the manifest ``manifest`` (``place``: where it lies)."""
@@ -241,7 +243,9 @@ class Index:
             if isinstance(limit, str):
                 self.limits[str(line.capture)] = limit
         elif line.EVENT == "note":
-            if self.notes_kept < MAX_NOTES:
+            if line.note == "clock":
+                self.clocks.add(line)
+            elif self.notes_kept < MAX_NOTES:
                 self.notes_kept += 1
                 self.notes.setdefault(str(_get(line.role)), []).append(line.to_json())
             else:
@@ -292,6 +296,21 @@ def _not_open(raw: bytes) -> bool:
     return _OPEN not in raw
 
 
+def read_index(root: str, *, from_traces: bool = False, scan: Scan | None = None) -> Index:
+    """What the windows need of the manifests under ``root`` (from ``scan`` when the
+    caller read them already)."""
+    index = Index(from_traces=from_traces)
+    if scan is None:
+        index.read(root)
+    else:
+        for r in scan.records:
+            index.add(from_json({k: v for k, v in r.items() if not k.startswith("_")}),
+                      r["_manifest"], None)
+        index.problems = list(scan.problems)
+    index.end_process()
+    return index
+
+
 def from_manifests(root: str, *, from_traces: bool = False, scan: Scan | None = None,
                    index: Index | None = None
                    ) -> tuple[list[dict[str, Any]], list[str], list[dict[str, Any]]]:
@@ -301,14 +320,7 @@ def from_manifests(root: str, *, from_traces: bool = False, scan: Scan | None = 
     line lies, or the figures themselves when ``scan`` holds them) and is not read again,
     unless ``from_traces``; ``scan`` or ``index``: the manifests, already read."""
     if index is None:
-        index = Index(from_traces=from_traces)
-        if scan is None:
-            index.read(root)
-        else:
-            for r in scan.records:
-                index.add(from_json({k: v for k, v in r.items() if not k.startswith("_")}),
-                          r["_manifest"], None)
-            index.problems = list(scan.problems)
+        index = read_index(root, from_traces=from_traces, scan=scan)
     index.end_process()
     problems = [f"manifest {p.path}{f':{p.line}' if p.line else ''}: {p.why}"
                 for p in index.problems]
@@ -480,4 +492,4 @@ def from_folders(root: str) -> tuple[list[dict[str, Any]], list[str]]:
 
 
 __all__ = ["IDENTITY", "Entry", "Index", "describe", "from_folders", "from_manifests",
-           "process_of"]
+           "process_of", "read_index"]

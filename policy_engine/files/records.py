@@ -4,8 +4,9 @@ which the writer builds lines with and the reader checks lines with.
 Five kinds of line (the ``event`` key): ``open`` when a capture opens (:class:`OpenLine`),
 ``trace`` per file a capture wrote or failed to write (:class:`TraceLine`), ``close`` when
 it ends (:class:`CloseLine`), ``note`` for what happened to a role that is no capture
-(:class:`NoteLine`), and ``summary`` per torch trace, the figures its rank computed from
-it after the capture (:class:`SummaryLine`, written by ``runtime.process.summaries``).
+(:class:`NoteLine`: a trigger, a limit, a reading of the job's clock), and ``summary``
+per torch trace, the figures its rank computed from it after the capture
+(:class:`SummaryLine`, written by ``runtime.process.summaries``).
 
 :class:`Line` declares every field a line may carry, with its type and what its value
 must be. A field means one thing on every line, whatever its kind (a note line that names
@@ -176,6 +177,16 @@ class Line:
     seconds: float | Absent = attrs.field(default=ABSENT, metadata=_must(
         lambda v: _is_number(v) and v >= 0, "a number of seconds"))
     trimmed: str | Absent | None = attrs.field(default=ABSENT, metadata=_OPT_STR)
+    # -- a reading of the job's clock (a ``clock`` note): the offset that brings the
+    # process's clock to the reference rank's (``reference_rank``), within
+    # ``uncertainty_us``, the best of ``rounds`` round trips; ``measured_at``: when, on the
+    # process's own clock (Unix seconds)
+    offset_us: float | Absent = attrs.field(default=ABSENT, metadata=_NUMBER)
+    uncertainty_us: float | Absent = attrs.field(default=ABSENT, metadata=_must(
+        lambda v: _is_number(v) and v >= 0, "a number of microseconds, not negative"))
+    reference_rank: int | Absent = attrs.field(default=ABSENT, metadata=_COUNT)
+    rounds: int | Absent = attrs.field(default=ABSENT, metadata=_COUNT)
+    measured_at: float | Absent = attrs.field(default=ABSENT, metadata=_NUMBER)
     #: The keys no field declares, with their values as written.
     more: Mapping[str, Any] = attrs.field(factory=dict)
 

@@ -341,6 +341,7 @@ class Capture:
         self.session.note({"roles": list(self.lines.record.get("roles") or ()),
                            "capture": self.lines.id, "joined": list(self.span.joined),
                            "inner_steps": list(self.cycle.inner_steps),
+                           "region_ranges": list(self.regions.marked),
                            **self.notes.facts()})
         if self.lines.exporter and self.session.saves_later:
             # the backend stops here, on this thread; the rest waits

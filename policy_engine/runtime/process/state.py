@@ -179,6 +179,7 @@ class ProcessState:
         self.exporter: Any = None  # runtime.process.export.Exporter, made on first use
         self.summaries: Any = None  # runtime.process.summaries.Pool, made on first use
         self.budgets: dict[tuple[int, str], Any] = {}  # (pid, role) -> runtime.process.budget.Spend
+        self.clock: Any = None  # runtime.triggers.clock.Keeper: who measures the job's clock
 
     # The hooks' fields that other modules and tests name on STATE itself.
     @property
@@ -259,6 +260,7 @@ def _after_fork() -> None:
     STATE.manifest_lock = GuardedLock()
     STATE.exporter = None  # its thread stayed in the parent
     STATE.summaries = None  # so did the summary workers
+    STATE.clock = None  # and the listener thread that measures the job's clock
     for found in STATE.slots.values():
         found.lock = GuardedLock()
         found.capture = None

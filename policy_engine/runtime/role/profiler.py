@@ -50,6 +50,8 @@ from policy_engine.runtime.role.wrapping import (
     regions_on,
     wrap_region,
 )
+from policy_engine.runtime.triggers import clock
+from policy_engine.runtime.triggers.listener_thread import ListenerThread
 from policy_engine.runtime.triggers.step_triggers import PLAN, StepTriggers, Why
 
 log = logging.getLogger("policy_engine")
@@ -127,6 +129,10 @@ class RoleProfiler:
         # the listener thread when it watches for stalls: told where each step ends
         self._watch = self._listener.thread if self._listener is not None and \
             spec.triggers.stall is not None else None
+        # the job's clock, where no listener of the triggers keeps it (runtime.triggers.clock)
+        self._clock = ListenerThread(plan, spec.triggers, job=True, requests=False,
+                                     note=self._note) if clock.wanted(plan, spec.triggers) \
+            else None
         self._exporter = export.exporter(spec.export_in_flight) \
             if spec.export == "background" else None
         self._late: list[BaseException] = []  # background exports that failed
@@ -204,6 +210,7 @@ class RoleProfiler:
                 manifest.append(plan.output_dir, open_line(
                     record, capture=cid, start=time.time(), host=host_name(),
                     thread=threading.current_thread().name))
+                clock.capture_opened()  # the job's clock is measured again, off this thread
                 info = CaptureInfo(plan.role, plan.rank, plan.world, plan.coords, region,
                                    tuple(steps), plan.output_dir, self._settings,
                                    plan.plan_hash, plan.on_error)
@@ -433,6 +440,8 @@ class RoleProfiler:
         self._turn_off("closed")
         if self._listener is not None:
             self._listener.close()  # its listener thread, when it has one
+        if self._clock is not None:
+            self._clock.close()
         self._close(own, "complete")
         export.flush()
         if self._late:

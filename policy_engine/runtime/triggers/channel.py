@@ -123,13 +123,16 @@ class Refused(Exception):
 class KeyValue(Protocol):
     """What the channel needs of a store: TCPStore's operations, with ``get`` answering
     None for a missing key instead of waiting for it, and ``has`` whether a key exists
-    (without fetching its value)."""
+    (without fetching its value); ``wait`` (whether a key exists within some seconds) and
+    ``delete`` are what the job's clock needs besides (runtime.triggers.clock)."""
 
     def get(self, key: str) -> bytes | None: ...
     def gets(self, keys: list[str]) -> list[bytes | None]: ...
     def has(self, key: str) -> bool: ...
     def set(self, key: str, value: bytes) -> None: ...
     def compare_set(self, key: str, expected: bytes, new: bytes) -> bytes: ...
+    def wait(self, key: str, seconds: float) -> bool: ...
+    def delete(self, key: str) -> None: ...
 
 
 class StoreKV:
@@ -156,6 +159,18 @@ class StoreKV:
 
     def compare_set(self, key: str, expected: bytes, new: bytes) -> bytes:
         return bytes(self.store.compare_set(key, expected, new))
+
+    def wait(self, key: str, seconds: float) -> bool:
+        """Whether ``key`` exists within ``seconds`` (the store tells the moment it is set:
+        the job's clock measures its round trips with it)."""
+        try:
+            self.store.wait([key], timedelta(seconds=seconds))
+        except Exception:  # a timeout, or the store went away: the check below tells
+            return bool(self.store.check([key]))
+        return True
+
+    def delete(self, key: str) -> None:
+        self.store.delete_key(key)
 
 
 def quiet_torch(force: bool = False) -> None:
