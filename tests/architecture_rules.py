@@ -12,7 +12,7 @@ from pathlib import Path
 
 #: The kinds of manifest line (policy_engine.files.records.EVENTS, spelled here so that
 #: the rule does not import the code it checks).
-MANIFEST_EVENTS = frozenset({"open", "trace", "close", "note"})
+MANIFEST_EVENTS = frozenset({"open", "trace", "close", "note", "summary"})
 #: Calls that publish a file by name: only the one publisher may make them.
 PUBLISHING_CALLS = frozenset({"link", "rename", "replace", "renames", "move"})
 
@@ -171,7 +171,7 @@ def _event_value(node: ast.AST | None) -> bool:
 
 def record_building(tree: ast.AST) -> list[str]:
     """Manifest lines built outside the one builder module: a dict display with the key
-    ``"event"`` set to a manifest kind (open, trace, close, note), a call given
+    ``"event"`` set to a manifest kind (open, trace, close, note, summary), a call given
     ``event=<kind>`` (``dict(...)``, ``.update(...)``), or ``x["event"] = <kind>``."""
     found: list[tuple[int, str]] = []
     for node in ast.walk(tree):
@@ -357,3 +357,73 @@ def session_probing(tree: ast.AST) -> list[str]:
             what = repr(attr.value) if isinstance(attr, ast.Constant) else "a name"
             found.append((node.lineno, f"{node.func.id}(..., {what})"))
     return _lines(found)
+
+
+def _isinstance_of(node: ast.AST, kind: str) -> str | None:
+    """The first argument of ``isinstance(x, <kind>)`` (as source), else None."""
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.Not):
+        node = node.operand
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) \
+            and node.func.id == "isinstance" and len(node.args) == 2 \
+            and isinstance(node.args[1], ast.Name) and node.args[1].id == kind:
+        return ast.unparse(node.args[0])
+    return None
+
+
+def int_checks(tree: ast.AST) -> list[str]:
+    """"An int, not a bool" written out (``isinstance(x, int) and not isinstance(x,
+    bool)``, or its negation): :func:`policy_engine.errors.is_int` says it once."""
+    found: list[tuple[int, str]] = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.BoolOp):
+            continue
+        ints = {_isinstance_of(v, "int") for v in node.values} - {None}
+        bools = {_isinstance_of(v, "bool") for v in node.values} - {None}
+        found += [(node.lineno, f"{name}: an int and not a bool, written out")
+                  for name in sorted(ints & bools)]  # type: ignore[type-var]
+    return _lines(found)
+
+
+def _defined_privately(tree: ast.AST) -> dict[str, int]:
+    """The private names (``_x``) a module defines at its top level: functions, classes
+    and assignments."""
+    found: dict[str, int] = {}
+    for node in getattr(tree, "body", []):
+        names: list[str] = []
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names = [node.name]
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            names = [t.id for t in targets if isinstance(t, ast.Name)]
+        found.update({n: node.lineno for n in names if _private(n)})
+    return found
+
+
+def _named(tree: ast.AST) -> set[str]:
+    """Every name a module reads, imports, or spells as an attribute or a string."""
+    out: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load):
+            out.add(node.id)
+        elif isinstance(node, ast.Attribute):
+            out.add(node.attr)
+        elif isinstance(node, ast.alias):
+            out.add(node.name)
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+            out.add(node.value)
+    return out
+
+
+def unused_private_names(trees: Mapping[str, ast.AST],
+                         among: Iterable[str]) -> dict[str, list[str]]:
+    """Private top-level names of the modules ``among`` that no module of ``trees`` uses:
+    code left behind (a private name is its folder's, so the package is where a use
+    would be)."""
+    used: set[str] = set().union(*(_named(tree) for tree in trees.values()))
+    out: dict[str, list[str]] = {}
+    for name in among:
+        left = [f"line {line}: {n}" for n, line in sorted(
+            _defined_privately(trees[name]).items(), key=lambda kv: kv[1]) if n not in used]
+        if left:
+            out[name] = left
+    return out

@@ -20,6 +20,7 @@ import attrs
 
 from policy_engine.analysis.format import size_cell
 from policy_engine.cli.usage import UsageError
+from policy_engine.errors import is_int
 from policy_engine.language.model import Policy, RoleSpec
 from policy_engine.plan.captures import count_ranges
 
@@ -69,7 +70,7 @@ def read_sizes(folder: str) -> Sizes:
         if record["event"] != "trace" or record.get("status") != "complete":
             continue
         size = record.get("bytes")
-        if not isinstance(size, int) or isinstance(size, bool) or size <= 0:
+        if not is_int(size) or size <= 0:
             continue
         backend = str(record.get("backend") or "torch")
         for part in backend.split("+") if "+" in backend else (backend,):

@@ -36,7 +36,7 @@ from typing import Any, ClassVar, TypeVar
 
 import attrs
 
-from policy_engine.errors import printable
+from policy_engine.errors import is_int, printable
 
 #: Keys of a trace line's ``extra`` that name a file written beside the trace (relative
 #: to the output folder, as ``path`` is).
@@ -69,7 +69,7 @@ _CHECK = "check"  # a field's metadata: (check, what its value must be)
 def _is_int(v: Any) -> bool:
     """An integer of 64 bits: JSON allows thousands of digits, which no field of a line
     has, and which would overflow what a reader does with them (a float, a length)."""
-    return isinstance(v, int) and not isinstance(v, bool) and -(1 << 63) <= v < 1 << 63
+    return is_int(v) and -(1 << 63) <= v < 1 << 63
 
 
 def _is_number(v: Any) -> bool:
