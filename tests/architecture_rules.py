@@ -427,3 +427,31 @@ def unused_private_names(trees: Mapping[str, ast.AST],
         if left:
             out[name] = left
     return out
+
+
+def alias_properties(tree: ast.AST) -> list[str]:
+    """Properties that hand on another object's field (``return self.hooks.usr2_count``):
+    one value then has two names, and callers read it both ways."""
+    found: list[tuple[int, str]] = []
+    for cls in (n for n in ast.walk(tree) if isinstance(n, ast.ClassDef)):
+        for item in cls.body:
+            if not isinstance(item, ast.FunctionDef) or not any(
+                    ast.unparse(d) == "property" for d in item.decorator_list):
+                continue
+            body = [b for b in item.body if not (isinstance(b, ast.Expr)
+                                                 and isinstance(b.value, ast.Constant))]
+            value = body[0].value if len(body) == 1 and isinstance(body[0], ast.Return) \
+                else None
+            if isinstance(value, ast.Attribute) and isinstance(value.value, ast.Attribute) \
+                    and isinstance(value.value.value, ast.Name) \
+                    and value.value.value.id == "self":
+                found.append((item.lineno, f"{cls.name}.{item.name} is {ast.unparse(value)}"))
+    return _lines(found)
+
+
+def state_fields(tree: ast.AST, fields: Iterable[str]) -> list[str]:
+    """Uses of the process state's ``fields`` (``STATE.warned``, ``STATE.lock``)."""
+    wanted = set(fields)
+    return _lines((node.lineno, f"STATE.{node.attr}") for node in ast.walk(tree)
+                  if isinstance(node, ast.Attribute) and node.attr in wanted
+                  and isinstance(node.value, ast.Name) and node.value.id == "STATE")

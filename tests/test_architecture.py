@@ -181,6 +181,22 @@ def test_no_private_name_is_left_unused() -> None:
     assert rules.unused_private_names(TREES, _BUT_ANALYSIS) == {}
 
 
+def test_no_runtime_value_has_two_names() -> None:
+    found = {name: rules.alias_properties(TREES[name]) for name in sorted(MODULES)
+             if rules.layer(name) == "runtime"}
+    assert {name: where for name, where in found.items() if where} == {}
+
+
+def test_once_per_process_is_said_through_one_helper() -> None:
+    # warn_once and warned keep the record of what was said; the process's lock is the
+    # runtime's own, not something a plugin takes to write that record by hand.
+    found = {name: rules.state_fields(TREES[name], [
+        *(["warned"] if name != "policy_engine.runtime.process.state" else []),
+        *(["lock"] if not name.startswith("policy_engine.runtime.process.") else [])])
+        for name in sorted(MODULES)}
+    assert {name: where for name, where in found.items() if where} == {}
+
+
 # ----------------------------------------------------- each rule catches a planted violation
 
 def _package(tmp_path: Path, files: dict[str, str]) -> dict[str, set[str]]:
@@ -434,3 +450,21 @@ def test_a_private_name_nothing_uses_is_caught() -> None:
              "pkg.other": ast.parse("from pkg.off import _NAMED\nx = 'a'\n")}
     assert rules.unused_private_names(trees, ["pkg.off"]) == {
         "pkg.off": ["line 1: _off_step", "line 5: _TABLE"]}
+
+
+def test_an_alias_property_is_caught() -> None:
+    text = ("class ProcessState:\n"
+            "    @property\n    def usr2_count(self) -> int:\n"
+            "        return self.hooks.usr2_count\n"
+            "    @property\n    def name(self) -> str:\n        return self._name\n"
+            "    @property\n    def total(self) -> int:\n"
+            "        return self.a.n + self.b.n\n")
+    assert rules.alias_properties(ast.parse(text)) == [
+        "line 3: ProcessState.usr2_count is self.hooks.usr2_count"]
+
+
+def test_reaching_into_the_process_state_is_caught() -> None:
+    text = ("with STATE.lock:\n    if key in STATE.warned:\n        pass\n"
+            "STATE.hooks.usr2_count\nwarn_once(key, 'said')\n")
+    assert rules.state_fields(ast.parse(text), ["warned", "lock"]) == [
+        "line 1: STATE.lock", "line 2: STATE.warned"]

@@ -210,15 +210,6 @@ class Capture:
         # for backends that write outside transitions (OOM dumps)
         session.set_reporter(self.lines.report, self._current_name)
 
-    # -- what the owner's failure handling reads ---------------------------------------
-    @property
-    def owner(self) -> str:
-        return self.span.owner
-
-    @property
-    def failure(self) -> tuple[BaseException, str] | None:
-        return self.outcome.failure
-
     # -- the schedule -------------------------------------------------------------
     def begin(self) -> bool:
         """Apply inner step 0's action. True when the backend failed."""

@@ -393,21 +393,22 @@ def order(output_dir: str, trace: Mapping[str, Any], full: str, *, keep: str,
 def pool() -> Pool:
     """This process's pool (made on first use)."""
     with STATE.lock:
-        found: Pool | None = STATE.summaries
-        if found is None:
-            found = STATE.summaries = Pool()
+        found = STATE.summaries
+        if not isinstance(found, Pool):  # none yet: the slot holds nothing else
+            found = Pool()
+            STATE.summaries = found
         return found
 
 
 def wait(timeout: float | None = None) -> bool:
     """Wait for every summary of this process to be written (tests, benchmarks)."""
-    found: Pool | None = STATE.summaries
+    found = STATE.summaries
     return True if found is None else found.wait(timeout)
 
 
 def finish(wait_for: float | None = None) -> None:
     """At exit and on SIGTERM: wait ``wait_for`` seconds at most (:data:`EXIT_WAIT`),
     then cut the rest."""
-    found: Pool | None = STATE.summaries
+    found = STATE.summaries
     if found is not None:
         found.finish(EXIT_WAIT if wait_for is None else wait_for)

@@ -171,7 +171,7 @@ class RoleProfiler:
         return {"region": list(capture.regions.stack)[:16],
                 "inner_step": next(copy.copy(capture.cursor.ticks)) - 1,
                 "capture": {"id": capture.lines.id, "backend": self.slot.name,
-                            "owner": capture.owner, "steps": list(capture.span.steps[-64:]),
+                            "owner": capture.span.owner, "steps": list(capture.span.steps[-64:]),
                             "thread": home.name,
                             "main": home.ident == threading.main_thread().ident}}
 
@@ -240,14 +240,14 @@ class RoleProfiler:
         if not running.span.join(role):
             return
         declared = dict(self.plan.colocated)
-        if role in declared and running.owner in declared:
+        if role in declared and running.span.owner in declared:
             return
         mode = " (a discrete role: it gets no capture of its own here)" if region else ""
-        warn_once(("colocate", frozenset((running.owner, role))),
+        warn_once(("colocate", frozenset((running.span.owner, role))),
                   "policy-engine: roles %r and %r share this process and its %s capture, "
                   "but the policy does not say so%s: add `colocate: [[%s, %s]]` so that "
                   "validate checks them and explain names their traces",
-                  running.owner, role, self.slot.name, mode, running.owner, role)
+                  running.span.owner, role, self.slot.name, mode, running.span.owner, role)
 
     def _backend(self) -> Any:
         if len(self.plan.backends) == 1:
@@ -513,14 +513,14 @@ class RoleProfiler:
 
     def _raise_failure(self, capture: Capture) -> None:
         """After a call of this role drove ``capture`` into a backend failure."""
-        if capture.failure is None:
+        if capture.outcome.failure is None:
             return
-        err, when = capture.failure
+        err, when = capture.outcome.failure
         if self.plan.on_error == "raise":
             raise ProfilingError(self._message(err, when)) from err
-        if capture.owner != self.plan.role:
+        if capture.span.owner != self.plan.role:
             log.warning("%s (in the capture of role %r)", self._message(err, when),
-                        capture.owner)
+                        capture.span.owner)
 
     def _export_failed(self) -> None:
         """A background export of this role failed (recorded in the manifest by the export
