@@ -455,3 +455,31 @@ def state_fields(tree: ast.AST, fields: Iterable[str]) -> list[str]:
     return _lines((node.lineno, f"STATE.{node.attr}") for node in ast.walk(tree)
                   if isinstance(node, ast.Attribute) and node.attr in wanted
                   and isinstance(node.value, ast.Name) and node.value.id == "STATE")
+
+
+#: The words of a capture's status (policy_engine.files.records.Status, spelled here so
+#: that the rule does not import the code it checks).
+STATUS_WORDS = frozenset({"complete", "partial", "failed", "interrupted"})
+
+
+def _status_word(node: ast.AST | None) -> bool:
+    return isinstance(node, ast.Constant) and node.value in STATUS_WORDS
+
+
+def status_strings(tree: ast.AST) -> list[str]:
+    """A capture's status handed on or compared as a string (``capture.end("partial")``,
+    ``status="failed"``, ``x == "complete"``, ``in ("complete", "partial")``, a default):
+    ``files.records.Status`` names them, and its members are the words the manifest
+    writes. The words inside messages are prose."""
+    found: list[ast.AST] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Compare):
+            for side in (node.left, *node.comparators):
+                found += [side] if _status_word(side) else [
+                    e for e in getattr(side, "elts", []) if _status_word(e)]
+        elif isinstance(node, ast.Call):
+            found += [a for a in node.args if _status_word(a)]
+            found += [k.value for k in node.keywords if _status_word(k.value)]
+        elif isinstance(node, ast.arguments):
+            found += [d for d in (*node.defaults, *node.kw_defaults) if _status_word(d)]
+    return _lines((n.lineno, repr(n.value)) for n in found)  # type: ignore[attr-defined]

@@ -181,6 +181,12 @@ def test_no_private_name_is_left_unused() -> None:
     assert rules.unused_private_names(TREES, _BUT_ANALYSIS) == {}
 
 
+def test_a_status_is_named_by_its_member() -> None:
+    found = {name: rules.status_strings(TREES[name]) for name in _BUT_ANALYSIS
+             if name != RECORD_BUILDER}
+    assert {name: where for name, where in found.items() if where} == {}
+
+
 def test_no_runtime_value_has_two_names() -> None:
     found = {name: rules.alias_properties(TREES[name]) for name in sorted(MODULES)
              if rules.layer(name) == "runtime"}
@@ -468,3 +474,21 @@ def test_reaching_into_the_process_state_is_caught() -> None:
             "STATE.hooks.usr2_count\nwarn_once(key, 'said')\n")
     assert rules.state_fields(ast.parse(text), ["warned", "lock"]) == [
         "line 1: STATE.lock", "line 2: STATE.warned"]
+
+
+@pytest.mark.parametrize("text", [
+    "capture.end('partial')\n",
+    "line = trace_line(record, capture=cid, status='failed')\n",
+    "if status == 'complete':\n    pass\n",
+    "ok = status not in ('complete', 'partial')\n",
+    "def end(self, status: str = 'complete') -> None:\n    pass\n",
+])
+def test_a_status_spelled_as_a_string_is_caught(text: str) -> None:
+    assert rules.status_strings(ast.parse(text))
+
+
+def test_status_words_in_messages_and_keys_are_no_status() -> None:
+    text = ("log.warning('the summary %s', 'was cut' if cut else 'failed')\n"
+            "rows = data['interrupted']\ncapture.end(Status.PARTIAL)\n"
+            "'A capture ends complete or partial.'\n")
+    assert rules.status_strings(ast.parse(text)) == []

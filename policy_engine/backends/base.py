@@ -31,6 +31,8 @@ from typing import Any, ClassVar, Protocol
 
 import attrs
 
+from policy_engine.files.records import Status
+
 
 class BackendUnavailable(RuntimeError):
     """The tool cannot run here (package missing, no device). Reported once, then off."""
@@ -127,7 +129,7 @@ class Session(abc.ABC):
         failure, when it may be anywhere)."""
 
     # -- optional: defaults that do nothing ---------------------------------------------
-    def set_reporter(self, report: Callable[[Artifact, str], None],
+    def set_reporter(self, report: Callable[[Artifact, Status], None],
                      name: Callable[[], str]) -> None:
         """Called once, when the capture is made, for a session that writes files outside
         the transitions (the memory backend's out-of-memory snapshot): ``report(artifact,

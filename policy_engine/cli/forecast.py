@@ -21,6 +21,7 @@ import attrs
 from policy_engine.analysis.format import size_cell
 from policy_engine.cli.usage import UsageError
 from policy_engine.errors import is_int
+from policy_engine.files.records import Status
 from policy_engine.language.model import Policy, RoleSpec
 from policy_engine.plan.captures import count_ranges
 
@@ -67,7 +68,7 @@ def read_sizes(folder: str) -> Sizes:
     scan = scan_manifests(folder)
     files: dict[tuple[str, str], list[int]] = defaultdict(list)
     for record in scan.records:
-        if record["event"] != "trace" or record.get("status") != "complete":
+        if record["event"] != "trace" or record.get("status") != Status.COMPLETE:
             continue
         size = record.get("bytes")
         if not is_int(size) or size <= 0:

@@ -41,11 +41,42 @@ from policy_engine.errors import is_int, printable
 #: Keys of a trace line's ``extra`` that name a file written beside the trace (relative
 #: to the output folder, as ``path`` is).
 COMPANIONS = ("plot", "memory_timeline")
-TRACE_STATUSES = ("complete", "partial", "failed", "oom")
-CLOSE_STATUSES = ("complete", "partial", "failed", "interrupted")
-#: complete: ``summary`` holds the figures; failed: ``error`` says why there are none;
-#: cut: the process ended while the summary was being made.
-SUMMARY_STATUSES = ("complete", "failed", "cut")
+
+
+class Status(str, enum.Enum):
+    """How a capture, or one file of it, ended: a member is the word its manifest line says
+    (it equals that word, and JSON writes it so)."""
+
+    COMPLETE = "complete"
+    PARTIAL = "partial"
+    FAILED = "failed"
+    #: trace lines only: a file written at an out-of-memory error, outside any capture
+    OOM = "oom"
+    #: close lines only: the process ended while another thread held the capture
+    INTERRUPTED = "interrupted"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class SummaryStatus(str, enum.Enum):
+    """How a trace's summary came out: ``complete`` (``summary`` holds the figures),
+    ``failed`` (``error`` says why there are none), ``cut`` (the process ended while the
+    summary was being made)."""
+
+    COMPLETE = "complete"
+    FAILED = "failed"
+    CUT = "cut"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+TRACE_STATUSES = tuple(s.value for s in (Status.COMPLETE, Status.PARTIAL, Status.FAILED,
+                                         Status.OOM))
+CLOSE_STATUSES = tuple(s.value for s in (Status.COMPLETE, Status.PARTIAL, Status.FAILED,
+                                         Status.INTERRUPTED))
+SUMMARY_STATUSES = tuple(s.value for s in SummaryStatus)
 
 Record = dict[str, Any]
 #: Steps a close or trace line lists, at most. A capture that covered more (merged steps,

@@ -18,7 +18,7 @@ from typing import Any
 
 from policy_engine.backends.engine.files import EngineFile, publish
 from policy_engine.files.layout import host_name
-from policy_engine.files.records import close_line, note_line, open_line, trace_line
+from policy_engine.files.records import Status, close_line, note_line, open_line, trace_line
 from policy_engine.language.rules.engine_layout import rank_at
 from policy_engine.plan.plan import Plan
 from policy_engine.runtime.capture.lines import timestamp
@@ -57,7 +57,7 @@ class Window:
         self.started = time.time()
         self.stamp = timestamp()
         self.parts = [Part(plan, stage, ident[plan.rank]) for plan in plans for stage in stages]
-        self.status: str | None = None  # set when the window is over
+        self.status: Status | None = None  # set when the window is over
         self.failed_parts = 0
 
     def open_lines(self) -> None:
@@ -73,7 +73,7 @@ class Window:
         late = plan.late_fields(self.stamp, env)  # as the runtime names
         return plan.capture_name(first=self.first, region=part.stage, cycle=cycle, late=late)
 
-    def _trace(self, part: Part, status: str, path: str | None = None, size: int | None = None,
+    def _trace(self, part: Part, status: Status, path: str | None = None, size: int | None = None,
                error: str | None = None, extra: Mapping[str, Any] | None = None) -> None:
         record = trace_line(part.record, capture=part.id, status=status,
                             path=None if path is None else os.path.relpath(
@@ -90,10 +90,10 @@ class Window:
     def fail(self, error: str) -> None:
         """Every part failed (the engine refused, or timed out): a failed trace and close."""
         for part in self.parts:
-            self._trace(part, "failed", error=error)
-        self.close("failed", error)
+            self._trace(part, Status.FAILED, error=error)
+        self.close(Status.FAILED, error)
 
-    def close(self, status: str, error: str | None = None) -> None:
+    def close(self, status: Status, error: str | None = None) -> None:
         self.status = status
         for part in self.parts:
             record = close_line(capture=part.id, status=status, end=time.time(),
@@ -103,7 +103,7 @@ class Window:
             part.append(record)
 
     def collect(self, files: Sequence[EngineFile], mesh: Mapping[str, int] | None,
-                spanning: bool, env: Mapping[str, str], status: str,
+                spanning: bool, env: Mapping[str, str], status: Status,
                 missing: str | None = None) -> list[str]:
         """Match the engine's files to the window's parts, move them into the layout and
         write the trace and close lines; what could not be matched, for the caller to say."""
@@ -126,7 +126,7 @@ class Window:
                 path, size = publish(found.path, part.plan.output_dir, self.stem(part, env),
                                      found.extension)
             except OSError as err:
-                self._trace(part, "failed", error=f"moving {found.path}: {err}")
+                self._trace(part, Status.FAILED, error=f"moving {found.path}: {err}")
                 continue
             extra = {"engine": dict(found.coords), "engine_file": os.path.basename(found.path),
                      "engine_prefix": self.prefix, "kind": found.kind}
@@ -136,14 +136,14 @@ class Window:
         for key, part in by_key.items():
             if key not in done:
                 self.failed_parts += 1
-                self._trace(part, "failed", error=missing or (
+                self._trace(part, Status.FAILED, error=missing or (
                     f"the engine wrote no trace for coordinates {_show(part.plan.coords)} "
                     f"(prefix {self.prefix})"))
         for part in self.parts:
             record = close_line(
                 capture=part.id, end=time.time(), steps=list(self.steps), joined=[],
                 traces=part.lines,
-                status=status if (part.plan.rank, part.stage) in done else "failed")
+                status=status if (part.plan.rank, part.stage) in done else Status.FAILED)
             part.append(record)
         self.status = status
         return problems

@@ -42,6 +42,7 @@ from policy_engine.backends.engine.control import EngineCallError, EngineTimeout
 from policy_engine.backends.engine.kind import EngineKind
 from policy_engine.errors import ProfilingError
 from policy_engine.files.publish import make_tool_folder
+from policy_engine.files.records import Status
 from policy_engine.integrations._engine_calls import Calls, Offload, Work, adrive, drive
 from policy_engine.integrations._engine_launch import check_launch
 from policy_engine.integrations._engine_window import Window
@@ -135,7 +136,7 @@ class EngineProfiler:
         opens one."""
         end, begin = self._begins(n)
         if end:
-            yield from self._stop_all("complete")
+            yield from self._stop_all(Status.COMPLETE)
         if begin:
             self._pairs = self._windows(n)
             self._last = self.plan.capture_last(n)
@@ -144,12 +145,12 @@ class EngineProfiler:
     def _leave(self, n: int) -> Work:
         """After step ``n``: end the window when ``n`` is its last step."""
         if self._ends(n):
-            yield from self._stop_all("complete")
+            yield from self._stop_all(Status.COMPLETE)
 
     def _abandon(self) -> Work:
         """A step failed, or the loop is over: the window still open ends ``partial``."""
         if self._open:
-            yield from self._stop_all("partial")
+            yield from self._stop_all(Status.PARTIAL)
 
     @contextlib.contextmanager
     def training_step(self, n: int) -> Iterator[None]:
@@ -231,7 +232,7 @@ class EngineProfiler:
         for (target, window), error in zip(pairs, errors, strict=True):
             self._start_one(target, window, None if error is None else str(error))
 
-    def _stopped(self, window: Window, error: EngineCallError | None, status: str) -> None:
+    def _stopped(self, window: Window, error: EngineCallError | None, status: Status) -> None:
         """After a stop: collect the window's files. A stop that timed out fails the window
         (the files may come later; they stay where the engine put them). A stop the engine
         refused may still have files behind it (SGLang stops itself after num_steps and
@@ -260,7 +261,7 @@ class EngineProfiler:
                                     f"were not found in {self.folder} within "
                                     f"{self.files_timeout:g} s of the stop")
 
-    def _stop_all(self, status: str) -> Work:
+    def _stop_all(self, status: Status) -> Work:
         """Stop every replica with an open window at once, each window's files collected
         as soon as its own stop returns."""
         windows, self._open = self._open, []

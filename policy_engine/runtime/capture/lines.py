@@ -13,7 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 from policy_engine.backends.base import Artifact
-from policy_engine.files.records import close_line, covered_steps, trace_line
+from policy_engine.files.records import Status, close_line, covered_steps, trace_line
 from policy_engine.runtime.process import manifest, summaries
 from policy_engine.runtime.process.budget import Budget
 from policy_engine.runtime.process.export import Exporter
@@ -54,13 +54,13 @@ class Lines:
         self.export_error: str | None = None  # a background export of it failed
         self.keep = keep  # the role's keep: whether a summarised trace stays
 
-    def report(self, artifact: Artifact, status: str) -> None:
+    def report(self, artifact: Artifact, status: Status) -> None:
         """A file the session wrote outside a save (an out-of-memory snapshot), from
         whatever thread the tool called it on."""
         with contextlib.suppress(OSError):
             self.trace(artifact, status)
 
-    def export(self, write: Callable[[], list[Artifact]], status: str) -> None:
+    def export(self, write: Callable[[], list[Artifact]], status: Status) -> None:
         """Hand what a save left (``write``) to the export thread, with its lines."""
         assert self.exporter is not None
         fields = self.snapshot()
@@ -71,7 +71,7 @@ class Lines:
         budget = self.budget  # limits.bytes: in flight until written (runtime.process.budget)
         self.exporter.submit(job if budget is None else budget.carry(job), export=True)
 
-    def record_artifacts(self, artifacts: list[Artifact], status: str,
+    def record_artifacts(self, artifacts: list[Artifact], status: Status,
                          fields: dict[str, Any] | None = None) -> str | None:
         """A trace line per file a save wrote, or per part that failed (or one when it
         wrote nothing); the first failure, if any."""
@@ -81,7 +81,7 @@ class Lines:
         for artifact in artifacts:
             if artifact.failed is not None:
                 failed = failed or artifact.failed
-                self.trace(None, "failed", error=artifact.failed, backend=artifact.backend,
+                self.trace(None, Status.FAILED, error=artifact.failed, backend=artifact.backend,
                            fields=fields)
             else:
                 self.trace(artifact, status, fields=fields)
@@ -96,7 +96,7 @@ class Lines:
         else:
             line()
 
-    def trace(self, artifact: Artifact | None, status: str, error: str | None = None,
+    def trace(self, artifact: Artifact | None, status: Status, error: str | None = None,
               backend: str | None = None, fields: dict[str, Any] | None = None) -> None:
         more: dict[str, Any] = {}
         if artifact is not None and artifact.extra:
@@ -125,7 +125,7 @@ class Lines:
                                 budget=self.budget)
         self._emit(line)
 
-    def close(self, status: str, error: str | None = None, *, steps: list[int],
+    def close(self, status: Status, error: str | None = None, *, steps: list[int],
               joined: list[str], waits: int = 0, stopped_by: str | None = None,
               limited: bool = False, reason: str | None = None) -> None:
         """The capture's ``close`` line (after its queued exports' lines). ``limited``:
@@ -146,12 +146,12 @@ class Lines:
         def line() -> None:  # after the queued exports: their traces are counted
             final = {**record, "traces": self.traces}
             ends, failed = status, self.export_error
-            if failed is not None and status == "complete":
-                ends, final["error"] = "failed", failed  # an export of it failed
+            if failed is not None and status is Status.COMPLETE:
+                ends, final["error"] = Status.FAILED, failed  # an export of it failed
             manifest.append(self.output_dir, close_line(capture=self.id, status=ends, **final))
         self._emit(line)
 
-    def _export(self, write: Callable[[], list[Artifact]], status: str,
+    def _export(self, write: Callable[[], list[Artifact]], status: Status,
                 fields: dict[str, Any]) -> None:
         """On the export thread: write what a save left, and its trace lines. A failure is
         recorded here and reported to the owner (``on_export_failure``)."""

@@ -31,6 +31,7 @@ from types import FrameType
 from typing import Any, Generic, Protocol, TypeVar, Union
 
 from policy_engine.backends.base import Backend
+from policy_engine.files.records import Status
 
 log = logging.getLogger("policy_engine")
 #: A signal's disposition, as ``signal.getsignal`` gives it: a handler, or SIG_DFL/SIG_IGN.
@@ -112,7 +113,7 @@ class Running(Protocol):
     """What this module and runtime.process.signals ask of a running capture (runtime.capture.driver
     builds it; this module only holds it, so it never imports it)."""
 
-    def end(self, status: str = ..., stopped_by: str | None = ...) -> None: ...
+    def end(self, status: Status = ..., stopped_by: str | None = ...) -> None: ...
     def terminate(self, why: str) -> None: ...
     def abandon(self, why: str) -> None: ...
     def cut_short(self, why: str) -> bool: ...
@@ -278,7 +279,7 @@ def reset() -> None:
     """Forget everything (tests): running captures are ended as partial first."""
     for capture in captures():
         try:
-            capture.end("partial")
+            capture.end(Status.PARTIAL)
         except Exception as err:  # a test double that fails on purpose
             log.debug("reset: ending a capture failed: %r", err)
     if STATE.exporter is not None:

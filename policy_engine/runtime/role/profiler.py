@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import enum
 import logging
 import sys
 import threading
@@ -36,7 +37,7 @@ from policy_engine.backends.base import CaptureInfo
 from policy_engine.backends.combined import Combined
 from policy_engine.errors import ProfilingError
 from policy_engine.files.layout import host_name
-from policy_engine.files.records import close_line, note_line, open_line, trace_line
+from policy_engine.files.records import Status, close_line, note_line, open_line, trace_line
 from policy_engine.plan.plan import Plan
 from policy_engine.runtime.capture.driver import Capture
 from policy_engine.runtime.process import export, manifest, signals
@@ -55,8 +56,21 @@ from policy_engine.runtime.triggers.step_triggers import PLAN, StepTriggers, Why
 log = logging.getLogger("policy_engine")
 F = TypeVar("F", bound=Callable[..., Any])
 
-# The states of a RoleProfiler (the module docstring draws them).
-NEW, PROVISIONAL, SESSION, STEPS, OFF = "new", "provisional", "session", "steps", "off"
+
+
+class State(enum.Enum):
+    """The states of a RoleProfiler (the module docstring draws them)."""
+
+    NEW = "new"
+    PROVISIONAL = "provisional"
+    SESSION = "session"
+    STEPS = "steps"
+    OFF = "off"
+
+
+# Module names for the members: the quiet path of step() reads one global, as a constant.
+NEW, PROVISIONAL, SESSION, STEPS, OFF = (State.NEW, State.PROVISIONAL, State.SESSION,
+                                         State.STEPS, State.OFF)
 
 #: The torch profiler's settings that change what a trace holds (compare withholds its
 #: verdict where two runs differ in them).
@@ -133,7 +147,7 @@ class RoleProfiler:
         self._combined: Combined | None = None  # several backends: made on first open
         # -- where the training loop is (changes as it goes) --
         self._state = NEW
-        self._off: str | None = None  # why the profiler stopped for good
+        self._closed = False  # close() was called: a second one does nothing
         self._outer: int | None = None  # the outer step under way
         self._own: Capture | None = None  # the capture this role opened and runs
         self._captured = False  # the step under way is inside a capture
@@ -260,7 +274,7 @@ class RoleProfiler:
                  for name in self.plan.backends}, note=self._note)
         return self._combined
 
-    def _close(self, capture: Capture | None, status: str) -> None:
+    def _close(self, capture: Capture | None, status: Status) -> None:
         if capture is None:
             return
         if self._own is capture:
@@ -268,13 +282,12 @@ class RoleProfiler:
         try:
             capture.end(status)
         except Exception as err:
-            self._failure(err, "stop", raising=status == "complete")
+            self._failure(err, "stop", raising=status is Status.COMPLETE)
 
-    def _turn_off(self, why: str) -> None:
+    def _turn_off(self) -> None:
         """To OFF: from now on every method does nothing (the stall watch sees no more
         steps: the one under way is not a stall)."""
         self._state = OFF
-        self._off = why
         if self._watch is not None:
             self._watch.done = self._watch.step
         if self._release is not None:  # history kept outside captures ends with the role
@@ -308,7 +321,7 @@ class RoleProfiler:
                 self._drop_session(own, n)
             own = None
         elif state is SESSION:
-            self._close(own, "complete")  # the code switched to training steps
+            self._close(own, Status.COMPLETE)  # the code switched to training steps
             own = None
         if self._state is not OFF:  # dropping the session capture may have failed
             self._state = STEPS
@@ -324,14 +337,14 @@ class RoleProfiler:
         if plan.discrete or self._state is OFF or (why is None and not planned):
             self._captured = False
             if own is not None:
-                self._close(own, "complete")
+                self._close(own, Status.COMPLETE)
             return
         self._captured = True
         if own is not None:
             if own.span.goes_on_into(n):
                 own.add_step(n)  # a merged capture goes on
                 return
-            self._close(own, "complete")
+            self._close(own, Status.COMPLETE)
         self._own = self._open(n, None, why)
 
     def _exit_step(self, n: int, *, failed: bool) -> None:
@@ -349,12 +362,12 @@ class RoleProfiler:
         if own is None:
             return
         if failed:
-            self._close(own, "partial")
+            self._close(own, Status.PARTIAL)
         elif own.span.last_step is None or n < own.span.last_step:
             if own.home.pending:
                 own.catch_up()  # a merged capture goes on into the next step
         else:
-            self._close(own, "complete")
+            self._close(own, Status.COMPLETE)
 
     # -- inner steps ----------------------------------------------------------------
     def step(self) -> None:
@@ -408,7 +421,7 @@ class RoleProfiler:
             self._own = capture
         return capture  # None: joined another role's capture, or failed
 
-    def close_region(self, capture: Capture, status: str) -> None:
+    def close_region(self, capture: Capture, status: Status) -> None:
         """A discrete region's call ended: its capture ends (``partial`` on an exception)."""
         self._close(capture, status)
 
@@ -422,7 +435,7 @@ class RoleProfiler:
     def close(self) -> None:
         """Stop whatever this role opened; the profiler does nothing from then on.
         Idempotent."""
-        if self._off == "closed":
+        if self._closed:
             return
         own = failed = self._own
         if self._state is PROVISIONAL and own is not None and own.cursor.action is None:
@@ -430,10 +443,11 @@ class RoleProfiler:
             # enter to exit; one whose begin waited for a first step begins now.
             self._state = SESSION
             own = None if own.begin() else own
-        self._turn_off("closed")
+        self._closed = True
+        self._turn_off()
         if self._listener is not None:
             self._listener.close()  # its listener thread, when it has one
-        self._close(own, "complete")
+        self._close(own, Status.COMPLETE)
         export.flush()
         if self._late:
             self._export_failed()
@@ -483,7 +497,7 @@ class RoleProfiler:
     def __exit__(self, exc_type: object, *rest: object) -> None:
         own = self._own
         if exc_type is not None:
-            self._close(own, "partial")
+            self._close(own, Status.PARTIAL)
         self.close()
 
 
@@ -493,10 +507,10 @@ class RoleProfiler:
         message = f"{type(err).__name__}: {err}"
         try:  # the folder may be what failed
             manifest.append(self.plan.output_dir, trace_line(
-                record, capture=cid, status="failed", path=None, bytes=None, cycle=0,
+                record, capture=cid, status=Status.FAILED, path=None, bytes=None, cycle=0,
                 inner_steps=[], start=now, end=now, joined=[], error=message))
             manifest.append(self.plan.output_dir, close_line(
-                capture=cid, status="failed", end=now, steps=record["steps"], traces=1,
+                capture=cid, status=Status.FAILED, end=now, steps=record["steps"], traces=1,
                 joined=[], error=message))
         except OSError:
             pass
@@ -506,7 +520,7 @@ class RoleProfiler:
         """The capture this role owns failed in a backend call (on any thread). The call
         that drove it raises, if its role says so (:meth:`_raise_failure`)."""
         self._own = None
-        self._turn_off("failed")
+        self._turn_off()
         if self.plan.on_error != "raise":
             log.warning("%s; profiling is off for this role from now on",
                         self._message(err, when))
@@ -527,7 +541,7 @@ class RoleProfiler:
         thread): turn off, and raise here, on the training thread, if the role says so."""
         err = self._late.pop(0)
         self._late.clear()
-        self._close(self._own, "partial")
+        self._close(self._own, Status.PARTIAL)
         self._failure(err, "export")
 
     def _message(self, err: BaseException, when: str) -> str:
@@ -536,7 +550,7 @@ class RoleProfiler:
                 f"on rank {plan.rank} failed at {when}: {type(err).__name__}: {err}")
 
     def _failure(self, err: BaseException, when: str, raising: bool = True) -> None:
-        self._turn_off("failed")
+        self._turn_off()
         message = self._message(err, when)
         if self.plan.on_error == "raise" and raising:
             raise ProfilingError(message) from err
