@@ -483,3 +483,27 @@ def status_strings(tree: ast.AST) -> list[str]:
         elif isinstance(node, ast.arguments):
             found += [d for d in (*node.defaults, *node.kw_defaults) if _status_word(d)]
     return _lines((n.lineno, repr(n.value)) for n in found)  # type: ignore[attr-defined]
+
+
+#: The builders of a capture's own lines (policy_engine.files.records), and their classes.
+LIFECYCLE_BUILDERS = frozenset({"open_line", "trace_line", "close_line"})
+LIFECYCLE_KINDS = frozenset({"OpenLine", "TraceLine", "CloseLine"})
+
+
+def lifecycle_lines(tree: ast.AST) -> list[str]:
+    """A capture's ``open``, ``trace`` or ``close`` line built outside its one lifecycle
+    (``runtime/capture/lines.py`` ``Lines``): a call of ``open_line``, ``trace_line`` or
+    ``close_line``, or of their classes' ``build``."""
+    found: list[tuple[int, str]] = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Call):
+            continue
+        func = node.func
+        name = func.id if isinstance(func, ast.Name) else \
+            func.attr if isinstance(func, ast.Attribute) else ""
+        if name in LIFECYCLE_BUILDERS:
+            found.append((node.lineno, f"{name}(...)"))
+        elif name == "build" and isinstance(func, ast.Attribute) \
+                and ast.unparse(func.value).rpartition(".")[2] in LIFECYCLE_KINDS:
+            found.append((node.lineno, f"{ast.unparse(func)}(...)"))
+    return _lines(found)

@@ -46,6 +46,7 @@ PACKAGES = {"settings", "files", "language", "plan", "backends", "analysis", "ru
 PUBLISHER = "policy_engine.files.publish"
 TRACE_READER = "policy_engine.analysis.chrome_trace"
 RECORD_BUILDER = "policy_engine.files.records"
+LIFECYCLE = "policy_engine.runtime.capture.lines"
 
 MODULES = rules.modules_under(ROOT, "policy_engine")
 TREES = {name: ast.parse(path.read_text()) for name, path in MODULES.items()}
@@ -126,6 +127,12 @@ def test_one_module_parses_trace_events() -> None:
 
 def test_manifest_lines_are_built_in_one_module() -> None:
     assert _offenders(rules.record_building, skip=RECORD_BUILDER) == {}
+
+
+def test_every_capture_goes_through_one_manifest_lifecycle() -> None:
+    found = {name: rules.lifecycle_lines(TREES[name]) for name in sorted(MODULES)
+             if name not in (RECORD_BUILDER, LIFECYCLE)}
+    assert {name: where for name, where in found.items() if where} == {}
 
 
 def test_no_private_name_crosses_a_package() -> None:
@@ -492,3 +499,20 @@ def test_status_words_in_messages_and_keys_are_no_status() -> None:
             "rows = data['interrupted']\ncapture.end(Status.PARTIAL)\n"
             "'A capture ends complete or partial.'\n")
     assert rules.status_strings(ast.parse(text)) == []
+
+
+@pytest.mark.parametrize("text", [
+    "manifest.append(out, open_line(record, capture=cid, start=now))\n",
+    "line = records.trace_line(part.record, capture=part.id, status=Status.FAILED)\n",
+    "manifest.append(out, close_line(capture=cid, status=Status.FAILED, traces=1))\n",
+    "line = CloseLine.build({}, capture=cid, status='failed').to_json()\n",
+])
+def test_a_capture_line_written_outside_the_lifecycle_is_caught(text: str) -> None:
+    assert rules.lifecycle_lines(ast.parse(text))
+
+
+def test_the_lifecycle_and_other_lines_are_no_second_lifecycle() -> None:
+    text = ("lines = Lines(record, out)\nlines.open()\nlines.fail(error, steps=[1])\n"
+            "manifest.append(out, note_line(base, note='slow_step'))\n"
+            "line = summary_line(base, capture=cid, path=p, status=s)\n")
+    assert rules.lifecycle_lines(ast.parse(text)) == []

@@ -25,7 +25,6 @@ import itertools
 import logging
 import threading
 from collections.abc import Callable
-from typing import Any
 
 from policy_engine.backends.base import Session
 from policy_engine.files.records import Status
@@ -37,7 +36,6 @@ from policy_engine.runtime.capture.home import Home
 from policy_engine.runtime.capture.lines import Lines, Recorded, timestamp
 from policy_engine.runtime.capture.ranges import Regions
 from policy_engine.runtime.process.budget import Budget
-from policy_engine.runtime.process.export import Exporter
 from policy_engine.runtime.process.state import Slot, warn_once
 
 log = logging.getLogger("policy_engine")
@@ -158,18 +156,14 @@ class Capture:
                  "outcome", "regions", "session", "slot", "span", "transitions")
 
     def __init__(self, *, slot: Slot[Capture], session: Session, schedule: Schedule | None,
-                 owner: str, capture_id: str, record: dict[str, Any], name: Namer,
-                 output_dir: str, last_step: int | None,
+                 owner: str, lines: Lines, name: Namer, last_step: int | None,
                  on_failure: Callable[[BaseException, str], None],
-                 step_per_cycle: bool = False, budget: Budget | None = None,
-                 exporter: Exporter | None = None,
-                 on_export_failure: Callable[[BaseException], None] | None = None,
-                 keep: str = "traces") -> None:
+                 step_per_cycle: bool = False, budget: Budget | None = None) -> None:
         self.slot = slot
         self.session = session
         self.name = name
         self.on_failure = on_failure
-        self.span = Span(owner, list(record["steps"]), last_step)
+        self.span = Span(owner, list(lines.record["steps"]), last_step)
         self.cursor = Cursor(schedule, budget)
         self.cycle = Cycle(step_per_cycle)
         self.home = Home(session.any_thread)
@@ -177,11 +171,8 @@ class Capture:
                                self.catch_up)
         self.outcome = Outcome()
         self.notes = CollectiveNotes(slot.name == "torch")  # the trace's collectives
-        self.lines = Lines(record, capture_id, output_dir,
-                           lambda: self.cycle.fields(self.span.steps, self.span.joined),
-                           budget, exporter,
-                           on_export_failure or (lambda err: on_failure(err, "export")),
-                           keep)
+        self.lines = lines  # opened by its owner, before the session was
+        lines.follow(lambda: self.cycle.fields(self.span.steps, self.span.joined))
         self.transitions = self._transitions()
         # for backends that write outside transitions (OOM dumps)
         session.set_reporter(self.lines.report, self._current_name)

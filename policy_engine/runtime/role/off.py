@@ -18,7 +18,8 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 
 class _Null:
-    """A context manager that does nothing, shared by every disabled call."""
+    """A context manager that does nothing, shared by every disabled call (``async with``
+    too: an engine role that is off, integrations.engines)."""
 
     __slots__ = ()
 
@@ -26,6 +27,12 @@ class _Null:
         return None
 
     def __exit__(self, *exc: object) -> None:
+        return None
+
+    async def __aenter__(self) -> None:
+        return None
+
+    async def __aexit__(self, *exc: object) -> None:
         return None
 
 

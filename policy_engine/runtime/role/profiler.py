@@ -33,16 +33,17 @@ from importlib import metadata
 from typing import Any, TypeVar
 
 from policy_engine import backends
-from policy_engine.backends.base import CaptureInfo
+from policy_engine.backends.base import Backend, CaptureInfo
 from policy_engine.backends.combined import Combined
 from policy_engine.errors import ProfilingError
 from policy_engine.files.layout import host_name
-from policy_engine.files.records import Status, close_line, note_line, open_line, trace_line
+from policy_engine.files.records import Status, note_line
 from policy_engine.plan.plan import Plan
 from policy_engine.runtime.capture.driver import Capture
+from policy_engine.runtime.capture.lines import Lines
 from policy_engine.runtime.process import export, manifest, signals
 from policy_engine.runtime.process.budget import Budget
-from policy_engine.runtime.process.state import Slot, capture_id, slot, warn_once
+from policy_engine.runtime.process.state import Slot, slot, warn_once
 from policy_engine.runtime.role import history
 from policy_engine.runtime.role.off import NULL, as_step
 from policy_engine.runtime.role.wrapping import (
@@ -112,7 +113,7 @@ class _StepBlock:
         self.prof._exit_step(self.n, failed=exc_type is not None)
 
 
-def _process_backend(name: str) -> Any:
+def _process_backend(name: str) -> Backend:
     """This process's Backend object for ``name`` (kept in its slot; tests may install
     their own there)."""
     found = slot(name)
@@ -203,7 +204,6 @@ class RoleProfiler:
                 return None
             if self._budget is not None and not self._budget.room():
                 return None
-            cid = capture_id()
             steps = [] if first is None else [first]
             record = dict(self._identity, roles=list(plan.roles_for(first)),
                           region=region, steps=steps, trigger=PLAN if why is None else why.trigger)
@@ -211,19 +211,19 @@ class RoleProfiler:
                 record["request"] = why.request
             last = (None if first is None else plan.capture_last(first)) if why is None \
                 else why.last
+            lines = Lines(record, plan.output_dir, budget=self._budget,
+                          exporter=self._exporter, on_export_failure=self._late.append,
+                          keep=plan.spec.keep)
             signals.install()  # before the open line: a SIGTERM from here on ends it
             try:
-                # Write-ahead: a process killed from here on leaves a capture that
-                # `traces` reports as interrupted.
-                manifest.append(plan.output_dir, open_line(
-                    record, capture=cid, start=time.time(), host=host_name(),
-                    thread=threading.current_thread().name))
+                lines.open()  # write-ahead: from here on, a killed process leaves it known
                 info = CaptureInfo(plan.role, plan.rank, plan.world, plan.coords, region,
                                    tuple(steps), plan.output_dir, self._settings,
                                    plan.plan_hash, plan.on_error)
                 session = self._backend().open(info)
             except Exception as err:
-                self._open_failed(cid, record, err)
+                lines.fail(f"{type(err).__name__}: {err}", steps=steps)
+                self._failure(err, "open")
                 return None
             schedule = plan.schedule
             if region is not None:
@@ -236,13 +236,10 @@ class RoleProfiler:
                 return plan.capture_name(first=first, region=region, cycle=cycle, late=late,
                                          at=at, last=None if why is None else last)
             capture = Capture(slot=self.slot, session=session, schedule=schedule,
-                              owner=plan.role, capture_id=cid, record=record, name=name,
-                              output_dir=plan.output_dir,
-                              last_step=last, on_failure=self._capture_failed,
+                              owner=plan.role, lines=lines, name=name, last_step=last,
+                              on_failure=self._capture_failed,
                               step_per_cycle=first is not None and plan.step_per_cycle,
-                              budget=self._budget, exporter=self._exporter,
-                              on_export_failure=self._late.append,
-                              keep=plan.spec.keep)
+                              budget=self._budget)
             self.slot.hold(capture)
             if begin and capture.begin():
                 self._raise_failure(capture)
@@ -263,7 +260,7 @@ class RoleProfiler:
                   "validate checks them and explain names their traces",
                   running.span.owner, role, self.slot.name, mode, running.span.owner, role)
 
-    def _backend(self) -> Any:
+    def _backend(self) -> Backend | Combined:
         if len(self.plan.backends) == 1:
             return _process_backend(self.plan.backend)
         if self._combined is None:
@@ -499,22 +496,6 @@ class RoleProfiler:
         if exc_type is not None:
             self._close(own, Status.PARTIAL)
         self.close()
-
-
-
-    def _open_failed(self, cid: str, record: dict[str, Any], err: BaseException) -> None:
-        now = time.time()
-        message = f"{type(err).__name__}: {err}"
-        try:  # the folder may be what failed
-            manifest.append(self.plan.output_dir, trace_line(
-                record, capture=cid, status=Status.FAILED, path=None, bytes=None, cycle=0,
-                inner_steps=[], start=now, end=now, joined=[], error=message))
-            manifest.append(self.plan.output_dir, close_line(
-                capture=cid, status=Status.FAILED, end=now, steps=record["steps"], traces=1,
-                joined=[], error=message))
-        except OSError:
-            pass
-        self._failure(err, "open")
 
     def _capture_failed(self, err: BaseException, when: str) -> None:
         """The capture this role owns failed in a backend call (on any thread). The call
