@@ -10,8 +10,11 @@ command line only parses arguments and prints what it computes. No import cycle,
 imports inside functions, under ``if TYPE_CHECKING:`` and modules named to importlib (the
 registry's strings). The language and the runtime keep their own sub-package orders.
 No module over 650 lines, bar the named waivers. Each fact at the edges has one home: one
-module publishes files, one parses ``traceEvents``, one builds manifest lines; no private
-name crosses a package; no module of the language or the runtime is a mixin (a class of
+module publishes files, one parses ``traceEvents``, one builds manifest lines, one writes a
+capture's lines (the manifest lifecycle), one checks that a parsed value is an integer;
+a status is named by its member, not spelled as a string; no runtime value has two names
+and nothing reaches into the process state's one-time record; no private name crosses a
+package or is left unused; no module of the language or the runtime is a mixin (a class of
 stub methods another class fills in) or hands on names it imports (a re-export); no
 module of the runtime or the backends probes a session for a hook (``getattr``): every
 session subclasses ``backends.base.Session``, whose optional hooks do nothing.
