@@ -151,7 +151,7 @@ def test_sigusr2_captures_the_next_step(make_policy: Any, out: Path) -> None:
             run(prof, range(8), {4: lambda: os.kill(os.getpid(), signal.SIGUSR2)})
     finally:
         signal.signal(signal.SIGUSR2, previous)
-        STATE.usr2_installed = False
+        STATE.hooks.usr2_installed = False
     assert opened(out) == [([4], "signal", None)]
     assert seen == [signal.SIGUSR2]  # still called
 

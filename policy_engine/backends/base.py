@@ -33,6 +33,8 @@ from typing import Any, ClassVar, Protocol
 
 import attrs
 
+from policy_engine.files.records import Status
+
 #: Tests only: seconds this process's clock is moved by, so that a test job shows what a
 #: host whose clock is off does to the figures: its traces' timestamps (the torch
 #: session's ``baseTimeNanoseconds``) and its readings of the job's clock
@@ -148,7 +150,7 @@ class Session(abc.ABC):
         failure, when it may be anywhere)."""
 
     # -- optional: defaults that do nothing ---------------------------------------------
-    def set_reporter(self, report: Callable[[Artifact, str], None],
+    def set_reporter(self, report: Callable[[Artifact, Status], None],
                      name: Callable[[], str]) -> None:
         """Called once, when the capture is made, for a session that writes files outside
         the transitions (the memory backend's out-of-memory snapshot): ``report(artifact,

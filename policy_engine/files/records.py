@@ -37,16 +37,47 @@ from typing import Any, ClassVar, TypeVar
 
 import attrs
 
-from policy_engine.errors import printable
+from policy_engine.errors import is_int, printable
 
 #: Keys of a trace line's ``extra`` that name a file written beside the trace (relative
 #: to the output folder, as ``path`` is).
 COMPANIONS = ("plot", "memory_timeline")
-TRACE_STATUSES = ("complete", "partial", "failed", "oom")
-CLOSE_STATUSES = ("complete", "partial", "failed", "interrupted")
-#: complete: ``summary`` holds the figures; failed: ``error`` says why there are none;
-#: cut: the process ended while the summary was being made.
-SUMMARY_STATUSES = ("complete", "failed", "cut")
+
+
+class Status(str, enum.Enum):
+    """How a capture, or one file of it, ended: a member is the word its manifest line says
+    (it equals that word, and JSON writes it so)."""
+
+    COMPLETE = "complete"
+    PARTIAL = "partial"
+    FAILED = "failed"
+    #: trace lines only: a file written at an out-of-memory error, outside any capture
+    OOM = "oom"
+    #: close lines only: the process ended while another thread held the capture
+    INTERRUPTED = "interrupted"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class SummaryStatus(str, enum.Enum):
+    """How a trace's summary came out: ``complete`` (``summary`` holds the figures),
+    ``failed`` (``error`` says why there are none), ``cut`` (the process ended while the
+    summary was being made)."""
+
+    COMPLETE = "complete"
+    FAILED = "failed"
+    CUT = "cut"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+TRACE_STATUSES = tuple(s.value for s in (Status.COMPLETE, Status.PARTIAL, Status.FAILED,
+                                         Status.OOM))
+CLOSE_STATUSES = tuple(s.value for s in (Status.COMPLETE, Status.PARTIAL, Status.FAILED,
+                                         Status.INTERRUPTED))
+SUMMARY_STATUSES = tuple(s.value for s in SummaryStatus)
 
 Record = dict[str, Any]
 #: Steps a close or trace line lists, at most. A capture that covered more (merged steps,
@@ -70,7 +101,7 @@ _CHECK = "check"  # a field's metadata: (check, what its value must be)
 def _is_int(v: Any) -> bool:
     """An integer of 64 bits: JSON allows thousands of digits, which no field of a line
     has, and which would overflow what a reader does with them (a float, a length)."""
-    return isinstance(v, int) and not isinstance(v, bool) and -(1 << 63) <= v < 1 << 63
+    return is_int(v) and -(1 << 63) <= v < 1 << 63
 
 
 def _is_number(v: Any) -> bool:

@@ -44,6 +44,7 @@ from collections.abc import Callable, Iterable
 from datetime import timedelta
 from typing import Any, Protocol
 
+from policy_engine.errors import is_int
 from policy_engine.runtime.triggers.requests import MAX_BYTES, MAX_STEP, BadRequest, load_bounded
 
 __all__ = ["MAX_LISTENERS", "PREFIX", "JobChannel", "KeyValue", "Refused", "StoreKV",
@@ -85,7 +86,7 @@ def progress_of(value: Any) -> tuple[int, float, float] | None:
     if not isinstance(value, dict):
         return None
     step, when, rate = value.get("step"), value.get("time"), value.get("rate", 0.0)
-    if not isinstance(step, int) or isinstance(step, bool) or not 0 <= step <= MAX_STEP:
+    if not is_int(step) or not 0 <= step <= MAX_STEP:
         return None
     if not all(isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
                for x in (when, rate)):

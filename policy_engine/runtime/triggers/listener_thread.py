@@ -50,7 +50,7 @@ import attrs
 
 from policy_engine.language.values.triggers import Triggers
 from policy_engine.plan.plan import Plan
-from policy_engine.runtime.process.state import STATE, warn_once
+from policy_engine.runtime.process.state import STATE, claim_clock, release_clock, warn_once
 from policy_engine.runtime.triggers import clock
 from policy_engine.runtime.triggers import folder as channel_folder
 from policy_engine.runtime.triggers.channel import JobChannel, Refused, agreed_step
@@ -210,10 +210,8 @@ class ListenerThread:
         # the process's clock keeper, when this listener is it (the first of a job's)
         self.keeper: clock.Keeper | None = None
         if job and note is not None and triggers.channel != "folder":
-            with STATE.lock:
-                if STATE.clock is None:
-                    self.keeper = STATE.clock = clock.Keeper(plan.rank, note,
-                                                             self.polls.wake.set)
+            wake = self.polls.wake.set
+            self.keeper = claim_clock(lambda: clock.Keeper(plan.rank, note, wake))
         thread = threading.Thread(target=_run, args=(weakref.ref(self), self.polls),
                                   name=f"policy-engine-listener-{plan.role}", daemon=True)
         self._thread = thread
@@ -242,9 +240,8 @@ class ListenerThread:
 
     def _let_go(self) -> None:
         """This listener keeps the process's clock no more."""
-        with STATE.lock:
-            if self.keeper is not None and STATE.clock is self.keeper:
-                STATE.clock = None
+        if self.keeper is not None:
+            release_clock(self.keeper)
         self.keeper = None
 
     def idle(self, seconds: float) -> None:
