@@ -1,12 +1,13 @@
 """Problems found in a policy, the exceptions that carry them, and the words every message
-uses: how a value's kind is named (:func:`describe`) and "did you mean" (:func:`did_you_mean`).
+uses: how a value's kind is named (:func:`describe`), whether it is an integer
+(:func:`is_int`), and "did you mean" (:func:`did_you_mean`).
 """
 
 from __future__ import annotations
 
 import difflib
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Literal
+from typing import Literal, TypeGuard
 
 import attrs
 
@@ -125,6 +126,13 @@ def describe(value: object) -> str:
     )
     return next((KINDS[name] for kind, name in kinds if isinstance(value, kind)),
                 type(value).__name__)
+
+
+def is_int(value: object) -> TypeGuard[int]:
+    """Whether a value read from a file, a policy or a message is an integer: an ``int``
+    and not a ``bool`` (Python's ``True`` is an int; ``true`` in a file never means 1).
+    The one such check: every reader of parsed values asks it, bounds its own range."""
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 # Words users reach for that are not close in spelling to the value they mean.

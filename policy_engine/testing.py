@@ -93,7 +93,7 @@ class RecordingBackend:
 
     name: ClassVar[str] = "recording"
     extension: ClassVar[str] = ".rec"
-    session: ClassVar[type[Session]] = RecordingSession
+    session: ClassVar[type[Session] | None] = RecordingSession
 
     def __init__(self, *, write_files: bool = True, fail_on: str | None = None,
                  any_thread: bool = False) -> None:

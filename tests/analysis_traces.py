@@ -170,11 +170,29 @@ def make_run(root: str, world: int, windows: int = 1, *, role: str = "trainer",
     return paths
 
 
-def make_summarised_run(root: str, world: int, *, slow: int = 1, **shape: Any) -> None:
-    """One window of ``world`` ranks as their manifests hold it when each rank summarised
-    its trace and kept only the summary (``keep: summaries``): no trace on disk. The
-    summaries are those of real generated traces (one of the slow rank, one of the
-    others, each with its rank's ``distributedInfo``)."""
+def _calls(rank: int, world: int, count: int, slow: int, late_us: float) -> dict[str, Any]:
+    """A collective record of ``count`` all-reduces of one group of ``world`` ranks, as a
+    rank's summary holds it, rank ``slow`` arriving ``late_us`` after the others."""
+    starts = [i * 1000.0 + (late_us if rank == slow else 0.0) for i in range(count)]
+    ends = [i * 1000.0 + late_us + 200.0 for i in range(count)]
+    return {"source": "nccl", "clock": "device", "numbered": "seq", "base_us": 1.0e6,
+            "groups": [{"name": "0", "desc": "default_pg", "size": world,
+                        "ranks": [[0, 1, world]]}],
+            "names": ["allreduce"], "dtypes": ["Float"],
+            "calls": {"group": [0] * count, "number": list(range(1, count + 1)),
+                      "name": [0] * count, "dtype": [0] * count, "bytes": [1 << 22] * count,
+                      "issue": [None] * count, "start": starts, "end": ends},
+            "folded": [], "total": count, "p2p": 0, "capped": False, "problems": []}
+
+
+def make_summarised_run(root: str, world: int, *, slow: int = 1, windows: int = 1,
+                        calls: int | None = None, **shape: Any) -> None:
+    """``windows`` windows of ``world`` ranks as their manifests hold them when each rank
+    summarised its trace and kept only the summary (``keep: summaries``): no trace on
+    disk. The summaries are those of real generated traces (one of the slow rank, one of
+    the others, each with its rank's ``distributedInfo``); ``calls``: each summary's
+    collective calls replaced by that many all-reduces of the whole world, the slow rank
+    arriving late to each."""
     import tempfile
 
     from policy_engine.analysis import summarize
@@ -192,20 +210,27 @@ def make_summarised_run(root: str, world: int, *, slow: int = 1, **shape: Any) -
         identity = {"role": "trainer", "roles": ["trainer"], "rank": rank, "world": world,
                     "coords": {}, "backend": "torch", "pid": pid, "region": None,
                     "plan_hash": "0" * 16, "trigger": "plan"}
-        cid = f"{pid}-1"
-        rel = f"trainer/step1/run_rank{rank}-of-{world}_pid{pid}.pt.trace.json.gz"
-        summary = json.loads(json.dumps(figures[rank == slow]))
-        summary["facts"]["distributed_info"]["rank"] = rank
-        lines = [
-            encode(dict(identity, event="open", capture=cid, steps=[1], start=2.0)),
-            encode(dict(identity, event="trace", capture=cid, path=rel,
-                        bytes=summary["bytes"], cycle=0, inner_steps=[0, 1, 2],
-                        status="complete", start=2.0, end=3.0, steps=[1], joined=[])),
-            encode(dict(identity, event="summary", capture=cid, path=rel, status="complete",
-                        summary=summary, kept=False, seconds=0.5)),
-            encode({"event": "close", "capture": cid, "status": "complete", "end": 3.0,
-                    "steps": [1], "traces": 1, "joined": []}),
-        ]
+        lines = []
+        for window in range(1, windows + 1):
+            cid = f"{pid}-{window}"
+            rel = f"trainer/step{window}/run_rank{rank}-of-{world}_pid{pid}.pt.trace.json.gz"
+            summary = json.loads(json.dumps(figures[rank == slow]))
+            summary["facts"]["distributed_info"]["rank"] = rank
+            if calls is not None:
+                summary["collectives"] = _calls(rank, world, calls, slow, 300.0)
+            start = 2.0 * window
+            lines += [
+                encode(dict(identity, event="open", capture=cid, steps=[window],
+                            start=start)),
+                encode(dict(identity, event="trace", capture=cid, path=rel,
+                            bytes=summary["bytes"], cycle=0, inner_steps=[0, 1, 2],
+                            status="complete", start=start, end=start + 1, steps=[window],
+                            joined=[])),
+                encode(dict(identity, event="summary", capture=cid, path=rel,
+                            status="complete", summary=summary, kept=False, seconds=0.5)),
+                encode({"event": "close", "capture": cid, "status": "complete",
+                        "end": start + 1, "steps": [window], "traces": 1, "joined": []}),
+            ]
         name = f"node{rank // 8}_pid{pid}_20261202000000{MANIFEST_SUFFIX}"
         with open(os.path.join(root, MANIFEST_DIR, name), "wb") as f:
             f.write(b"".join(lines))

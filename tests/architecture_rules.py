@@ -12,7 +12,7 @@ from pathlib import Path
 
 #: The kinds of manifest line (policy_engine.files.records.EVENTS, spelled here so that
 #: the rule does not import the code it checks).
-MANIFEST_EVENTS = frozenset({"open", "trace", "close", "note"})
+MANIFEST_EVENTS = frozenset({"open", "trace", "close", "note", "summary"})
 #: Calls that publish a file by name: only the one publisher may make them.
 PUBLISHING_CALLS = frozenset({"link", "rename", "replace", "renames", "move"})
 
@@ -171,7 +171,7 @@ def _event_value(node: ast.AST | None) -> bool:
 
 def record_building(tree: ast.AST) -> list[str]:
     """Manifest lines built outside the one builder module: a dict display with the key
-    ``"event"`` set to a manifest kind (open, trace, close, note), a call given
+    ``"event"`` set to a manifest kind (open, trace, close, note, summary), a call given
     ``event=<kind>`` (``dict(...)``, ``.update(...)``), or ``x["event"] = <kind>``."""
     found: list[tuple[int, str]] = []
     for node in ast.walk(tree):
@@ -356,4 +356,154 @@ def session_probing(tree: ast.AST) -> list[str]:
         if hook or _names_a_session(owner):
             what = repr(attr.value) if isinstance(attr, ast.Constant) else "a name"
             found.append((node.lineno, f"{node.func.id}(..., {what})"))
+    return _lines(found)
+
+
+def _isinstance_of(node: ast.AST, kind: str) -> str | None:
+    """The first argument of ``isinstance(x, <kind>)`` (as source), else None."""
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.Not):
+        node = node.operand
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) \
+            and node.func.id == "isinstance" and len(node.args) == 2 \
+            and isinstance(node.args[1], ast.Name) and node.args[1].id == kind:
+        return ast.unparse(node.args[0])
+    return None
+
+
+def int_checks(tree: ast.AST) -> list[str]:
+    """"An int, not a bool" written out (``isinstance(x, int) and not isinstance(x,
+    bool)``, or its negation): :func:`policy_engine.errors.is_int` says it once."""
+    found: list[tuple[int, str]] = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.BoolOp):
+            continue
+        ints = {_isinstance_of(v, "int") for v in node.values} - {None}
+        bools = {_isinstance_of(v, "bool") for v in node.values} - {None}
+        found += [(node.lineno, f"{name}: an int and not a bool, written out")
+                  for name in sorted(ints & bools)]  # type: ignore[type-var]
+    return _lines(found)
+
+
+def _defined_privately(tree: ast.AST) -> dict[str, int]:
+    """The private names (``_x``) a module defines at its top level: functions, classes
+    and assignments."""
+    found: dict[str, int] = {}
+    for node in getattr(tree, "body", []):
+        names: list[str] = []
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names = [node.name]
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            names = [t.id for t in targets if isinstance(t, ast.Name)]
+        found.update({n: node.lineno for n in names if _private(n)})
+    return found
+
+
+def _named(tree: ast.AST) -> set[str]:
+    """Every name a module reads, imports, or spells as an attribute or a string."""
+    out: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load):
+            out.add(node.id)
+        elif isinstance(node, ast.Attribute):
+            out.add(node.attr)
+        elif isinstance(node, ast.alias):
+            out.add(node.name)
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+            out.add(node.value)
+    return out
+
+
+def unused_private_names(trees: Mapping[str, ast.AST],
+                         among: Iterable[str]) -> dict[str, list[str]]:
+    """Private top-level names of the modules ``among`` that no module of ``trees`` uses:
+    code left behind (a private name is its folder's, so the package is where a use
+    would be)."""
+    used: set[str] = set().union(*(_named(tree) for tree in trees.values()))
+    out: dict[str, list[str]] = {}
+    for name in among:
+        left = [f"line {line}: {n}" for n, line in sorted(
+            _defined_privately(trees[name]).items(), key=lambda kv: kv[1]) if n not in used]
+        if left:
+            out[name] = left
+    return out
+
+
+def alias_properties(tree: ast.AST) -> list[str]:
+    """Properties that hand on another object's field (``return self.hooks.usr2_count``):
+    one value then has two names, and callers read it both ways."""
+    found: list[tuple[int, str]] = []
+    for cls in (n for n in ast.walk(tree) if isinstance(n, ast.ClassDef)):
+        for item in cls.body:
+            if not isinstance(item, ast.FunctionDef) or not any(
+                    ast.unparse(d) == "property" for d in item.decorator_list):
+                continue
+            body = [b for b in item.body if not (isinstance(b, ast.Expr)
+                                                 and isinstance(b.value, ast.Constant))]
+            value = body[0].value if len(body) == 1 and isinstance(body[0], ast.Return) \
+                else None
+            if isinstance(value, ast.Attribute) and isinstance(value.value, ast.Attribute) \
+                    and isinstance(value.value.value, ast.Name) \
+                    and value.value.value.id == "self":
+                found.append((item.lineno, f"{cls.name}.{item.name} is {ast.unparse(value)}"))
+    return _lines(found)
+
+
+def state_fields(tree: ast.AST, fields: Iterable[str]) -> list[str]:
+    """Uses of the process state's ``fields`` (``STATE.warned``, ``STATE.lock``)."""
+    wanted = set(fields)
+    return _lines((node.lineno, f"STATE.{node.attr}") for node in ast.walk(tree)
+                  if isinstance(node, ast.Attribute) and node.attr in wanted
+                  and isinstance(node.value, ast.Name) and node.value.id == "STATE")
+
+
+#: The words of a capture's status (policy_engine.files.records.Status, spelled here so
+#: that the rule does not import the code it checks).
+STATUS_WORDS = frozenset({"complete", "partial", "failed", "interrupted"})
+
+
+def _status_word(node: ast.AST | None) -> bool:
+    return isinstance(node, ast.Constant) and node.value in STATUS_WORDS
+
+
+def status_strings(tree: ast.AST) -> list[str]:
+    """A capture's status handed on or compared as a string (``capture.end("partial")``,
+    ``status="failed"``, ``x == "complete"``, ``in ("complete", "partial")``, a default):
+    ``files.records.Status`` names them, and its members are the words the manifest
+    writes. The words inside messages are prose."""
+    found: list[ast.AST] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Compare):
+            for side in (node.left, *node.comparators):
+                found += [side] if _status_word(side) else [
+                    e for e in getattr(side, "elts", []) if _status_word(e)]
+        elif isinstance(node, ast.Call):
+            found += [a for a in node.args if _status_word(a)]
+            found += [k.value for k in node.keywords if _status_word(k.value)]
+        elif isinstance(node, ast.arguments):
+            found += [d for d in (*node.defaults, *node.kw_defaults) if _status_word(d)]
+    return _lines((n.lineno, repr(n.value)) for n in found)  # type: ignore[attr-defined]
+
+
+#: The builders of a capture's own lines (policy_engine.files.records), and their classes.
+LIFECYCLE_BUILDERS = frozenset({"open_line", "trace_line", "close_line"})
+LIFECYCLE_KINDS = frozenset({"OpenLine", "TraceLine", "CloseLine"})
+
+
+def lifecycle_lines(tree: ast.AST) -> list[str]:
+    """A capture's ``open``, ``trace`` or ``close`` line built outside its one lifecycle
+    (``runtime/capture/lines.py`` ``Lines``): a call of ``open_line``, ``trace_line`` or
+    ``close_line``, or of their classes' ``build``."""
+    found: list[tuple[int, str]] = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Call):
+            continue
+        func = node.func
+        name = func.id if isinstance(func, ast.Name) else \
+            func.attr if isinstance(func, ast.Attribute) else ""
+        if name in LIFECYCLE_BUILDERS:
+            found.append((node.lineno, f"{name}(...)"))
+        elif name == "build" and isinstance(func, ast.Attribute) \
+                and ast.unparse(func.value).rpartition(".")[2] in LIFECYCLE_KINDS:
+            found.append((node.lineno, f"{ast.unparse(func)}(...)"))
     return _lines(found)

@@ -78,6 +78,7 @@ def test_the_report_page_holds_the_section(tmp_path: Path) -> None:
     flags = [browser, "--headless", "--no-sandbox", "--disable-gpu"]
     dom = subprocess.run([*flags, "--dump-dom", out.as_uri()], capture_output=True,
                          text=True, timeout=180).stdout
+    # the windows' bars (the step timeline above them draws its own charts)
     assert dom.count("<svg class=\"bars\"") == 2 and dom.count("\u25c0 straggler") == 2
     assert dom.count("<svg class=\"calls\"") == 2  # each window's collectives
     assert "ProfilerStep" in dom and "no_kernels" in dom

@@ -326,7 +326,7 @@ def test_a_signal_to_every_rank_is_one_capture_at_one_step(
                 ranks.close()
     finally:
         signal.signal(signal.SIGUSR2, previous)
-        STATE.usr2_installed = False
+        STATE.hooks.usr2_installed = False
     assert len(notes(out, note="trigger")) == 3  # one request, not three
     assert {(a["status"], a["trigger"]) for a in answers} == {("accepted", "signal")}
     assert len({a["first"] for a in answers}) == 1
@@ -484,7 +484,7 @@ def test_a_signal_to_every_rank_on_the_folder_is_one_request_at_one_step(
                 ranks.close()
     finally:
         signal.signal(signal.SIGUSR2, previous)
-        STATE.usr2_installed = False
+        STATE.hooks.usr2_installed = False
     answers = notes(out, note="trigger")
     assert len(answers) == 3, answers  # one request, not three
     assert {(a["status"], a["trigger"]) for a in answers} == {("accepted", "signal")}

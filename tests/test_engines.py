@@ -25,6 +25,7 @@ from policy_engine.backends.engine import files as engine_files
 from policy_engine.backends.vllm import checks as vllm_checks
 from policy_engine.cli.engine_args import build as engine_args
 from policy_engine.cli.main import main
+from policy_engine.files.layout import MANIFEST_DIR
 from policy_engine.integrations.engines import OffEngineProfiler, apply_engine_policy
 from policy_engine.language.load import load_policy
 from policy_engine.plan.predict import explain
@@ -357,6 +358,32 @@ def test_merged_steps_keep_one_session_and_an_exception_leaves_it_partial(
     assert sorted((t["steps"], t["status"]) for t in traces) == [
         ([2, 3], "complete"), ([2, 3], "complete"), ([5], "partial"), ([5], "partial")]
     assert all(t["path"].startswith(("rollout/step2-3/", "rollout/step5/")) for t in traces)
+
+
+def test_an_engine_window_goes_through_a_captures_one_lifecycle(tmp_path: Path) -> None:
+    # Each engine rank's capture is written as a role's capture is: open (who, where,
+    # when), a trace line per file, close; down to how a long merged window lists its
+    # steps (the first, the last and how many, past 64).
+    policy = _rollout_only(_example(tmp_path), mesh={"tp": 2}, ranks="all", schedule=None,
+                           steps=["1-70"], merge_steps=True)
+    llm = _llms(policy, 1, tensor_parallel_size=2)[0]
+    prof = apply_engine_policy(llm, policy=policy)
+    for step in range(1, 71):
+        with prof.training_step(step):
+            pass
+    assert [what for what, _ in llm.workers.calls] == ["start", "stop"]
+    records = [json.loads(line) for path in (tmp_path / "out" / MANIFEST_DIR).iterdir()
+               for line in path.read_text().splitlines()]  # as written
+    captures = {r["capture"] for r in records}
+    assert len(captures) == 2  # one per tp rank
+    for capture in captures:
+        lines = {r["event"]: r for r in records if r["capture"] == capture}
+        assert set(lines) == {"open", "trace", "close"}
+        assert {"host", "thread", "start", "engine_prefix"} <= set(lines["open"])
+        assert lines["open"]["steps"] == [1]
+        for event in ("trace", "close"):
+            assert (lines[event]["steps"], lines[event]["step_count"]) == ([1, 70], 70)
+        assert (lines["close"]["status"], lines["close"]["traces"]) == ("complete", 1)
 
 
 def test_an_engine_launched_with_other_settings_is_named(tmp_path: Path,

@@ -4,6 +4,7 @@ the reader checks every line with."""
 from __future__ import annotations
 
 import inspect
+import json
 
 import attrs
 import pytest
@@ -116,3 +117,16 @@ def test_what_is_wrong_is_said_in_one_printable_line(record: dict[str, object],
         records.from_json(record)
     assert str(info.value).startswith(why) and str(info.value).isprintable()
     assert len(str(info.value)) < 120
+
+
+def test_a_status_is_a_member_written_as_its_word() -> None:
+    # One declaration: the kinds' status checks take their words from the members.
+    assert set(records.TRACE_STATUSES) | set(records.CLOSE_STATUSES) == \
+        {s.value for s in records.Status}
+    assert set(records.SUMMARY_STATUSES) == {s.value for s in records.SummaryStatus}
+    line = records.close_line(capture="c1", status=records.Status.PARTIAL, end=1.0, traces=0,
+                              steps=[])
+    text = encode(line).decode()
+    assert '"status": "partial"' in text and "Status" not in text
+    back = records.from_json(json.loads(text))
+    assert back.status == records.Status.PARTIAL and f"{records.Status.PARTIAL}" == "partial"

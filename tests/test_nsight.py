@@ -20,6 +20,7 @@ from policy_engine import Topology, compile_plan, load_policy, profile_session
 from policy_engine.analysis.manifests import read_manifests
 from policy_engine.backends.base import BackendUnavailable, CaptureInfo
 from policy_engine.backends.nsight import session as nsight
+from policy_engine.files.records import Status
 from policy_engine.runtime.process.state import slot
 from policy_engine.settings import nsight as nsight_checks
 
@@ -58,7 +59,7 @@ def nvtx(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeNvtx]:
     previous, target.backend = target.backend, nsight.NsightBackend()
     yield fake
     if target.capture is not None:
-        target.capture.end("partial")
+        target.capture.end(Status.PARTIAL)
     target.backend = previous
 
 

@@ -22,6 +22,7 @@ from policy_engine import (
     profile_session,
 )
 from policy_engine.analysis.manifests import read_manifests, scan_manifests
+from policy_engine.runtime.role.profiler import State
 from policy_engine.testing import recording_backend
 
 
@@ -429,26 +430,26 @@ def test_the_role_profiler_is_one_state_machine(make_policy: Any, tmp_path: Path
     """Every edge of the diagram in runtime/role/profiler.py, read from ``_state``."""
     with recording_backend("torch") as rec:
         plain = profile_session(make_policy(steps=[2]), "actor", Topology())
-        assert plain._state == "new"
+        assert plain._state is State.NEW
         plain.step()  # NEW -> SESSION: one capture for the session
-        assert plain._state == "session"
+        assert plain._state is State.SESSION
         with plain.training_step(2):  # SESSION -> STEPS: the session capture completes
-            assert plain._state == "steps"
+            assert plain._state is State.STEPS
         plain.close()  # -> OFF
-        assert plain._state == "off"
+        assert plain._state is State.OFF
         assert plain.training_step(3).__class__.__name__ == "_Null"
         assert plain.region("x").__class__.__name__ == "_Null"
         opened = len(rec.infos)
         plain.step()
         assert len(rec.infos) == opened  # OFF opens nothing
         with profile_session(make_policy(steps=[2]), "actor", Topology()) as kept:
-            assert kept._state == "provisional"  # NEW -> PROVISIONAL (`with prof:`)
+            assert kept._state is State.PROVISIONAL  # NEW -> PROVISIONAL (`with prof:`)
             kept.step()
-            assert kept._state == "session"  # PROVISIONAL -> SESSION: kept
-        assert kept._state == "off"
+            assert kept._state is State.SESSION  # PROVISIONAL -> SESSION: kept
+        assert kept._state is State.OFF
         dropped = profile_session(make_policy(steps=[2]), "actor", Topology())
         with dropped, dropped.training_step(1):  # PROVISIONAL -> STEPS: dropped
-            assert dropped._state == "steps"
+            assert dropped._state is State.STEPS
     closes = [r for r in scan_manifests(str(tmp_path / "out")).records
               if r["event"] == "close"]
     assert len(closes) == 4 and {c["status"] for c in closes} == {"complete"}

@@ -11,7 +11,7 @@ import pytest
 
 from policy_engine import Topology, profile_session
 from policy_engine.analysis.manifests import scan_manifests
-from policy_engine.runtime.role.profiler import RoleProfiler
+from policy_engine.runtime.role.profiler import RoleProfiler, State
 from policy_engine.testing import recording_backend
 
 SCHEDULE = {"warmup": 1, "active": 2, "repeat": 1}
@@ -140,7 +140,7 @@ def test_with_block_whose_loop_steps_first_keeps_its_session_capture(
             profile_session(make_policy(steps=[2]), "actor", Topology()) as prof:
         assert isinstance(prof, RoleProfiler)
         prof.step()
-        assert prof._state == "session"  # the first step() kept the capture
+        assert prof._state is State.SESSION  # the first step() kept the capture
         prof.step()
         with prof.training_step(2):
             prof.step()

@@ -102,7 +102,7 @@ def caught(monkeypatch: Any) -> Iterator[list[int]]:
     # handler over the engine's: put the engine's back for the test, theirs after it.
     current = signal.getsignal(signal.SIGTERM)
     signal.signal(signal.SIGTERM, signals._on_sigterm)
-    monkeypatch.setattr(STATE, "previous_sigterm", lambda signum, frame: got.append(signum))
+    monkeypatch.setattr(STATE.hooks, "previous_sigterm", lambda signum, frame: got.append(signum))
     try:
         yield got
     finally:

@@ -151,7 +151,7 @@ def test_sigusr2_captures_the_next_step(make_policy: Any, out: Path) -> None:
             run(prof, range(8), {4: lambda: os.kill(os.getpid(), signal.SIGUSR2)})
     finally:
         signal.signal(signal.SIGUSR2, previous)
-        STATE.usr2_installed = False
+        STATE.hooks.usr2_installed = False
     assert opened(out) == [([4], "signal", None)]
     assert seen == [signal.SIGUSR2]  # still called
 
@@ -354,10 +354,10 @@ def test_applying_the_same_plan_again_keeps_one_listener_thread(make_policy: Any
     without building another (whose listener thread would read the same requests)."""
     policy = make_policy(steps=[], triggers={"on_demand": True, "poll_seconds": 60})
     worker = Worker()
-    before = len(_listener_threads("actor"))
+    before = set(_listener_threads("actor"))   # an earlier test's may still be leaving
     with recording_backend("torch"):
         first = apply_policy(worker, "actor", policy, Topology(rank=0, world=1))
         for _ in range(5):
             assert apply_policy(worker, "actor", policy, Topology(rank=0, world=1)) is first
-        assert len(_listener_threads("actor")) - before == 1
+        assert len(set(_listener_threads("actor")) - before) == 1
         first.close()

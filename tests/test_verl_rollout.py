@@ -23,12 +23,17 @@ import yaml
 from fake_engines import vllm as fake_vllm
 
 from policy_engine.analysis.manifests import scan_manifests
-from policy_engine.integrations.verl import PATCHES
+from policy_engine.integrations.verl import (
+    PATCHES,
+    PROFILE_MODULE,
+    SGLANG_SERVER,
+    VLLM_SERVER,
+)
 from policy_engine.integrations.verl import rollout as verl_rollout
 from policy_engine.language.load import ENV_FILE
 from policy_engine.runtime.process import state
 
-SERVER = verl_rollout.VLLM_SERVER
+SERVER = VLLM_SERVER
 
 
 def _server_source() -> ast.Module:
@@ -69,6 +74,16 @@ def test_verl_server_has_what_the_plugin_patches() -> None:
 
 def test_the_plugin_waits_for_the_server_module() -> None:
     assert PATCHES[SERVER] == ("rollout", "patch_vllm_server")
+
+
+def test_each_module_the_plugin_waits_for_is_named_once_and_patched() -> None:
+    # The names live beside the table that waits for them; rollout.py spells none again.
+    assert set(PATCHES) == {PROFILE_MODULE, VLLM_SERVER, SGLANG_SERVER}
+    assert PATCHES[SGLANG_SERVER] == ("rollout", "patch_sglang_server")
+    for module, function in PATCHES.values():
+        assert callable(getattr(importlib.import_module(
+            f"policy_engine.integrations.verl.{module}"), function))
+    assert not {"VLLM_SERVER", "SGLANG_SERVER"} & set(vars(verl_rollout))
 
 
 class _Server:

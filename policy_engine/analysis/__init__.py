@@ -14,6 +14,9 @@ imports nothing from the runtime, the integrations or the command line. Its publ
   the change in step time split into its parts, the regions and operators that moved, the
   straggler then and now, and a verdict gated by the steps' own noise
   (:meth:`RunComparison.to_json` is ``policy-engine compare --format json``).
+- :func:`step_timeline` — each training step end to end: every role's phases on every rank on
+  one clock (the ranks' measured offsets to rank 0's applied), who waited for whom, the
+  critical path (``RunAnalysis.timeline`` holds the same for :func:`analyze`).
 - :func:`scan` — the run's capture windows and manifest records, nothing parsed.
 - :func:`summarize` — one torch trace's per-rank figures (what a rank writes after a
   capture, and what :func:`analyze` reads when there is no summary).
@@ -47,7 +50,7 @@ if TYPE_CHECKING:
 
 __all__ = ["AnalysisError", "RankAnalysis", "RunAnalysis", "RunComparison", "RunScan",
            "StepFigures", "WindowAnalysis", "WindowScan", "analyze", "compare", "scan",
-           "summarize"]
+           "step_timeline", "summarize"]
 
 def analyze(path: str, *, role: str | None = None, step: int | None = None,
             jobs: int = 1, from_traces: bool = False) -> RunAnalysis:
@@ -58,6 +61,19 @@ def analyze(path: str, *, role: str | None = None, step: int | None = None,
     from policy_engine.analysis.run import analyze_run
 
     return analyze_run(path, role=role, step=step, jobs=jobs, from_traces=from_traces)
+
+
+def step_timeline(path: str, *, step: int | None = None, jobs: int = 1,
+                  own_clocks: bool = False) -> dict[str, Any]:
+    """The step timeline of the run folder ``path`` (``policy-engine timeline --format
+    json``: ``clock``, ``steps``, ``notes``), every training step or only ``step``;
+    ``own_clocks``: each rank on its own clock, its measured offset not applied.
+    AnalysisError when there is nothing to read."""
+    from policy_engine.analysis.run import analyze_run
+
+    result = analyze_run(path, step=step, jobs=jobs, own_clocks=own_clocks)
+    result.close()
+    return copy.deepcopy(dict(result.timeline or {}))
 
 
 @attrs.frozen

@@ -11,6 +11,7 @@ and :meth:`RunAnalysis.write_json` writes the same document as a stream.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Iterator, Mapping, Sequence
 from typing import IO, Any, overload
 
@@ -20,6 +21,8 @@ from policy_engine.analysis.spool import RankView, Spool, dumps
 from policy_engine.analysis.stalls import Stalls
 from policy_engine.analysis.window import Figures
 
+#: The timeline of a run that laid none out (an analysis made without one).
+_NO_TIMELINE: Mapping[str, Any] = {"clock": None, "steps": [], "notes": []}
 _PARTS = ("time_us", "span_us", "compute_us", "comm_us", "overlap_us", "other_us", "idle_us")
 
 
@@ -167,13 +170,17 @@ class RunAnalysis:
     spool: Spool | None = attrs.field(default=None, repr=False)
     #: the stall records under ``root`` (None: it has none), answered (analysis.stalls)
     stalls: Stalls | None = None
+    #: every training step's phases on one clock, who waited for whom, the critical path
+    #: (analysis/timeline.py)
+    timeline: Mapping[str, Any] | None = None
 
     def to_json(self) -> dict[str, Any]:
         """The JSON document of the analysis (its ``version`` says which), a fresh copy."""
         return {"version": self.version, "root": self.root,
                 "windows": [w.to_json() for w in self.windows],
                 "notes": [dict(n) for n in self.notes], "problems": list(self.problems),
-                "stalls": None if self.stalls is None else self.stalls.to_json()}
+                "stalls": None if self.stalls is None else self.stalls.to_json(),
+                "timeline": copy.deepcopy(dict(self.timeline or _NO_TIMELINE))}
 
     def write_json(self, out: IO[bytes]) -> None:
         """:meth:`to_json` as a stream, a window and a rank at a time."""
@@ -184,7 +191,8 @@ class RunAnalysis:
             w.write_json(out)
         out.write(b'],\n"notes":' + dumps(list(self.notes)) + b',\n"problems":'
                   + dumps(list(self.problems)) + b',\n"stalls":'
-                  + dumps(None if self.stalls is None else self.stalls.to_json()) + b"}\n")
+                  + dumps(None if self.stalls is None else self.stalls.to_json())
+                  + b',\n"timeline":' + dumps(dict(self.timeline or _NO_TIMELINE)) + b"}\n")
 
     def close(self) -> None:
         """Let go of the ranks written aside (the windows' ranks cannot be read after)."""

@@ -41,6 +41,8 @@ import statistics
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import attrs
+
 from policy_engine.analysis.answers import WindowAnalysis
 from policy_engine.analysis.compare_gate import told_apart, verdict
 from policy_engine.analysis.errors import AnalysisError
@@ -215,9 +217,26 @@ def _change(p: dict[str, Any]) -> str:
 def _per_step(window: WindowAnalysis, key: str) -> float | None:
     """The mean over the window's ranks of their ``key`` (wait or transfer) per step in
     its matched collective calls; None where none matched."""
-    found = window.collectives
-    values = [r[key] for r in (found or {}).get("ranks", {}).values() if key in r]
+    found = window.collectives or {}
+    if "means" in found:  # kept by _side in place of every rank's
+        mean: float | None = found["means"].get(key)
+        return mean
+    values = [r[key] for r in found.get("ranks", {}).values() if key in r]
     return statistics.fmean(values) if values else None
+
+
+def _light(window: WindowAnalysis) -> WindowAnalysis:
+    """``window`` as the comparison reads it: its figures' comparison data, and of its
+    collective calls their means and the late rank, in place of every rank's (two runs of
+    100,000 ranks are held at once)."""
+    if window.figures is not None:
+        window.figures.lighten()
+    calls = window.collectives
+    if calls is None:
+        return window
+    means = {key: _per_step(window, key) for key in ("wait_per_step_us",
+                                                      "transfer_per_step_us")}
+    return attrs.evolve(window, collectives={"means": means, "late": calls.get("late")})
 
 
 def _calls(base: WindowAnalysis, new: WindowAnalysis) -> dict[str, Any] | None:
@@ -298,7 +317,7 @@ def _side(path: str, which: str, role: str | None, step: int | None, jobs: int,
     except AnalysisError as err:
         raise AnalysisError(f"{which}: {err}") from None
     result.close()  # the ranks themselves are not read again: their figures are gathered
-    return [w for w in result.windows if w.not_analysed is None]
+    return [_light(w) for w in result.windows if w.not_analysed is None]
 
 
 def _titles(windows: list[WindowAnalysis]) -> str:

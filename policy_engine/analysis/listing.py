@@ -10,6 +10,8 @@ import re
 import time
 from typing import Any
 
+import attrs
+
 from policy_engine.analysis.format import size_cell
 from policy_engine.analysis.manifests import (
     Found,
@@ -32,7 +34,7 @@ from policy_engine.files.layout import (
     is_temp_name,
     temp_pid,
 )
-from policy_engine.files.records import ABSENT, COMPANIONS, SummaryLine
+from policy_engine.files.records import ABSENT, COMPANIONS, Line, SummaryLine
 
 # Folders written whole by a tool (torch_npu) are one trace, not many files.
 _TRACE_DIR_SUFFIXES = ("_ascend_pt",)
@@ -116,6 +118,53 @@ PAGE_KEYS = ("event", "role", "roles", "joined", "rank", "steps", "region", "cyc
              "error", "trigger", "capture")
 
 
+class PageRow:
+    """A trace line as the report's page reads it (:data:`PAGE_KEYS`, and what the listing
+    adds: ``exists``, ``summary``, ``kept``), one slot a key: a tenth of a dict's size,
+    read as a dict is (``get``, ``[key]``)."""
+
+    __slots__ = (*PAGE_KEYS, "exists", "summary", "kept")
+    KEYS = __slots__
+
+    def __init__(self, line: Line, share: Any) -> None:
+        declared = _declared(type(line))
+        for key in PAGE_KEYS:
+            if key == "event":
+                value: Any = line.EVENT
+            elif key in declared:
+                value = getattr(line, key)
+                value = None if value is ABSENT else value
+            else:
+                value = line.more.get(key)
+            setattr(self, key, share(value) if key not in ("path", "start", "capture")
+                    else value)
+        self.exists = self.summary = self.kept = None
+
+    def get(self, key: str, default: Any = None) -> Any:
+        value = getattr(self, key, None) if key in self.KEYS else None
+        return default if value is None else value
+
+    def __getitem__(self, key: str) -> Any:
+        return getattr(self, key)
+
+    def __setitem__(self, key: str, value: Any) -> None:
+        setattr(self, key, value)
+
+    def __contains__(self, key: object) -> bool:
+        return isinstance(key, str) and key in self.KEYS and getattr(self, key) is not None
+
+
+_DECLARED: dict[str, frozenset[str]] = {}
+
+
+def _declared(kind: type[Line]) -> frozenset[str]:
+    """The fields a kind of line declares (the others are in its ``more``)."""
+    found = _DECLARED.get(kind.EVENT)
+    if found is None:
+        found = _DECLARED[kind.EVENT] = frozenset(f.name for f in attrs.fields(kind))
+    return found
+
+
 class _Shared:
     """Values seen before, handed out again (the same role, status and hashes on every
     rank's line are held once)."""
@@ -138,7 +187,9 @@ class _Shared:
 class Listing:
     """A run's captures, gathered a manifest line at a time (:meth:`add`), then
     :meth:`finish`: what :func:`collect` returns. ``slim``: each trace's row holds only
-    :data:`PAGE_KEYS` (the report's page), its repeated values shared."""
+    :data:`PAGE_KEYS` (the report's page), its repeated values shared. A process's lines
+    come together (its files, in order): its summary lines and its captures' open and
+    close lines are joined to its trace lines when its last line is read, and let go."""
 
     def __init__(self, root: str, *, slim: bool = False) -> None:
         self.root = root
@@ -148,46 +199,66 @@ class Listing:
         self.named: set[str] = set()
         self.refused: list[dict[str, Any]] = []
         self.manifests: set[str] = set()
-        self.summaries: dict[tuple[str, Any], tuple[Any, Any]] = {}
-        self.row_keys: list[tuple[str, Any]] = []
-        # captures: where each open line lies (read again only for a capture that never
-        # closed), each close line's words, and how many trace lines each has
-        self.opens: dict[tuple[str, str], Place] = {}
-        self.closes: dict[tuple[str, str], tuple[Any, Any, Any, Any]] = {}
-        self.counted: dict[tuple[str, str], int] = {}
+        self.interrupted: list[dict[str, Any]] = []
         self.problems: list[ManifestProblem] = []
+        self.folders: dict[str, str] = {}
+        # the process being read: where its rows begin, its summary lines (by path) and
+        # the trace each of its rows names; where each open line lies (read again only for
+        # a capture that never closed), each close line's words, and how many trace lines
+        # each capture has
+        self.process: str | None = None
+        self.first = 0
+        self.summaries: dict[Any, tuple[Any, Any]] = {}
+        self.row_keys: list[Any] = []
+        self.opens: dict[str, Place] = {}
+        self.closes: dict[str, tuple[Any, Any, Any, Any]] = {}
+        self.counted: dict[str, int] = {}
 
     def add(self, found: Found) -> None:
         line, manifest = found.line, found.manifest
-        self.manifests.add(manifest)
+        if manifest != self.process:
+            self.end_process()
+            self.process, self.first = manifest, len(self.rows)
+            self.manifests.add(manifest)
         event = line.EVENT
         capture = line.capture if isinstance(line.capture, str) else None
         if event == "trace":
-            self._trace(line.to_json(), manifest, found.place)
+            self._trace(line, manifest, found.place)
             if capture is not None:
-                key = (manifest, capture)
-                self.counted[key] = self.counted.get(key, 0) + 1
+                self.counted[capture] = self.counted.get(capture, 0) + 1
         elif isinstance(line, SummaryLine):
-            self.summaries[(manifest, line.path)] = (self.share(line.status),
-                                                     line.kept if line.kept is not ABSENT
-                                                     else None)
+            self.summaries[line.path] = (self.share(line.status),
+                                         line.kept if line.kept is not ABSENT else None)
         elif event == "open" and capture is not None:
-            self.opens[(manifest, capture)] = found.place
+            self.opens[capture] = found.place
         elif event == "close" and capture is not None:
             close = line.to_json()
-            self.closes[(manifest, capture)] = (
-                self.share(close.get("status")), close.get("error"),
-                close.get("traces", 0), close.get("steps"))
+            self.closes[capture] = (self.share(close.get("status")), close.get("error"),
+                                    close.get("traces", 0), close.get("steps"))
 
-    def _trace(self, record: dict[str, Any], manifest: str, place: Place) -> None:
-        extra = record.get("extra")
+    def end_process(self) -> None:
+        """The process whose lines were read is done: its rows get its summaries, and
+        its captures that never closed (or lost traces) are listed."""
+        if self.process is None:
+            return
+        for record, key in zip(self.rows[self.first:], self.row_keys, strict=True):
+            summary = self.summaries.get(key)
+            if summary is not None:  # the rank summarised it: complete, failed or cut
+                record["summary"] = summary[0]
+                if summary[1] is False and summary[0] == "complete":
+                    record["kept"] = False  # removed by policy (keep: summaries), not lost
+        self.interrupted += self._interrupted(self.process, _alive(self.process)
+                                              if self.opens or self.closes else False)
+        self.summaries, self.row_keys = {}, []
+        self.opens, self.closes, self.counted = {}, {}, {}
+
+    def _trace(self, line: Line, manifest: str, place: Place) -> None:
+        extra = line.extra
         companions = [extra.get(key) for key in COMPANIONS] if isinstance(extra, dict) else []
         for companion in companions:
             with contextlib.suppress(ValueError):
                 self.named.add(os.path.relpath(path_in(manifest, companion), self.root))
-        if self.slim:
-            record = {k: self.share(record[k]) if k != "path" else record[k]
-                      for k in PAGE_KEYS if k in record}
+        record: Any = PageRow(line, self.share) if self.slim else line.to_json()
         rel = record.get("path")
         if rel:
             try:  # a path out of DIR is reported, never looked at
@@ -197,22 +268,30 @@ class Listing:
                                      "why": str(err)})
                 record["path"] = None
             else:
-                rel_path = os.path.relpath(full, self.root)
+                rel_path = os.path.normpath(os.path.join(self._folder(manifest), rel))
                 record["path"] = _text(rel_path)
                 record["exists"] = os.path.exists(full)
                 self.named.add(rel_path)
         self.rows.append(record)
-        self.row_keys.append((manifest, rel))
+        self.row_keys.append(rel)
 
-    def _interrupted(self, alive: dict[str, bool]) -> list[dict[str, Any]]:
-        """Captures whose close record is missing or says interrupted, or short of
-        traces."""
+    def _folder(self, manifest: str) -> str:
+        """The output folder of ``manifest``, relative to the folder listed."""
+        found = self.folders.get(manifest)
+        if found is None:
+            found = self.folders[manifest] = os.path.relpath(
+                os.path.dirname(os.path.dirname(manifest)), self.root)
+        return found
+
+    def _interrupted(self, manifest: str, alive: bool) -> list[dict[str, Any]]:
+        """The process's captures whose close record is missing or says interrupted, or
+        short of traces."""
         rows = []
         for key in sorted(set(self.opens) | set(self.closes)):
             closed = self.closes.get(key)
             traces = self.counted.get(key, 0)
             if closed is None:
-                status, why = ("running", _STILL_OPEN) if alive[key[0]] else (
+                status, why = ("running", _STILL_OPEN) if alive else (
                     "interrupted", _NEVER_CLOSED)
             elif closed[0] == "interrupted":
                 status, why = "interrupted", closed[1] or "interrupted"
@@ -229,12 +308,12 @@ class Listing:
             row = self._opened(key)
             if closed is not None and closed[3] is not None:
                 row["steps"] = closed[3]
-            row.update(event="capture", capture=key[1], status=status, reason=why,
-                       traces=traces, manifest=_text(os.path.relpath(key[0], self.root)))
+            row.update(event="capture", capture=key, status=status, reason=why,
+                       traces=traces, manifest=_text(os.path.relpath(manifest, self.root)))
             rows.append(row)
         return rows
 
-    def _opened(self, key: tuple[str, str]) -> dict[str, Any]:
+    def _opened(self, key: str) -> dict[str, Any]:
         """A capture's open line, read again (an empty row where it cannot be)."""
         place = self.opens.get(key)
         if place is None:
@@ -249,22 +328,18 @@ class Listing:
     def finish(self) -> dict[str, Any]:
         """What :func:`collect` returns."""
         root = self.root
-        for record, key in zip(self.rows, self.row_keys, strict=True):
-            summary = self.summaries.get(key)
-            if summary is not None:  # the rank summarised it: complete, failed or cut
-                record["summary"] = summary[0]
-                if summary[1] is False and summary[0] == "complete":
-                    record["kept"] = False  # removed by policy (keep: summaries), not lost
-        self.row_keys = []
+        self.end_process()
+        self.process = None
         rows = self.rows
         rows.sort(key=row_order)
-        alive = {m: _alive(m) for m in self.manifests}
-        interrupted = sorted(self._interrupted(alive), key=row_order)
+        interrupted = sorted(self.interrupted, key=row_order)
         # Temporary files of a process still running on this host are saves in progress.
+        leftover = find_leftovers(root)
+        alive = {m: _alive(m) for m in self.manifests} if leftover else {}
         writers = {w[1] for m, up in alive.items() if up and (w := _writer(m)) is not None}
         leftovers: list[str] = []
         writing: list[str] = []
-        for path in find_leftovers(root):
+        for path in leftover:
             busy = temp_pid(os.path.basename(path)) in writers
             (writing if busy else leftovers).append(_text(path))
         problems = self.problems
@@ -294,7 +369,7 @@ def collect(root: str, *, slim: bool = False) -> dict[str, Any]:
     missing and half-written files; manifest lines that could not be read. ``slim``:
     each row holds only what the report's page reads (:data:`PAGE_KEYS`)."""
     listing = Listing(root, slim=slim)
-    for found in read_lines(root, listing.problems):
+    for found in read_lines(root, listing.problems, heads=True):
         listing.add(found)
     return listing.finish()
 

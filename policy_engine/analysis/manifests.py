@@ -50,6 +50,7 @@ from policy_engine.files.records import (
     Line,
     SummaryLine,
     clean_value,
+    fields_of,
     from_json,
     quoted,
 )
@@ -177,9 +178,33 @@ def parse_line(raw: bytes) -> dict[str, Any]:
     return cleaned
 
 
-def parse_record(raw: bytes) -> Line:
+#: What a reader may take of a summary line before it needs its figures: the trace it is
+#: of and its status (fields_of; the rest is checked when the line is read again).
+SUMMARY_HEAD = ("path", "status", "kept")
+
+
+def _summary_head(raw: bytes) -> Line | None:
+    """A summary line's head (:data:`SUMMARY_HEAD`), read without checking its figures;
+    None when the line is not one orjson reads as such (the full reading decides)."""
+    if b'"event": "summary"' not in raw:
+        return None
+    parsed = _loads(raw)
+    if not isinstance(parsed, dict) or parsed.get("event") != "summary":
+        return None
+    try:
+        return fields_of(parsed, SummaryLine, SUMMARY_HEAD)
+    except ValueError:
+        return None  # read whole: the full reading says what is wrong
+
+
+def parse_record(raw: bytes, *, heads: bool = False) -> Line:
     """One manifest line as its kind's checked record (values cleaned as
-    :func:`parse_line` cleans them); ValueError says what is wrong."""
+    :func:`parse_line` cleans them); ValueError says what is wrong. ``heads``: of a
+    summary line only its :data:`SUMMARY_HEAD`."""
+    if heads:
+        head = _summary_head(raw)
+        if head is not None:
+            return head
     line, unclean = _parse(raw)
     if not unclean:
         return line
@@ -274,21 +299,25 @@ def manifest_files(output_dir: str, problems: list[ManifestProblem]) -> list[tup
 
 
 def read_lines(output_dir: str, problems: list[ManifestProblem], *,
-               wanted: Callable[[bytes], bool] | None = None) -> Generator[Found, None, None]:
+               wanted: Callable[[bytes], bool] | None = None,
+               heads: bool = False) -> Generator[Found, None, None]:
     """Every line of every manifest under ``output_dir``, checked, one at a time (each
     process's files in order); what cannot be read goes to ``problems``, never raised.
-    ``wanted``: lines (raw bytes) for which it is false are skipped unparsed."""
+    ``wanted``: lines (raw bytes) for which it is false are skipped unparsed; ``heads``:
+    of each summary line only its head (:data:`SUMMARY_HEAD`), its figures neither
+    checked nor kept (a reader that reads them again, by the line's place)."""
     _real.cache_clear()  # folders resolved by file_of: as they are now
     left = MAX_SCAN_BYTES
     for path, process in manifest_files(output_dir, problems):
-        used = yield from _read_file(path, process, problems, left, wanted)
+        used = yield from _read_file(path, process, problems, left, wanted, heads)
         left -= used
         if left <= 0:
             break
 
 
 def _read_file(path: str, process: str, problems: list[ManifestProblem], left: int,
-               wanted: Callable[[bytes], bool] | None) -> Generator[Found, None, int]:
+               wanted: Callable[[bytes], bool] | None,
+               heads: bool = False) -> Generator[Found, None, int]:
     """The records of one manifest file; returns the bytes read (``left`` at most)."""
     try:
         # Not through a link, and never blocking on a FIFO planted under the name.
@@ -314,7 +343,7 @@ def _read_file(path: str, process: str, problems: list[ManifestProblem], left: i
                 if not raw.strip() or (wanted is not None and not wanted(raw)):
                     continue
                 try:
-                    line, count = _listed(parse_record(raw))
+                    line, count = _listed(parse_record(raw, heads=heads))
                 except ValueError as err:
                     why = str(err)
                     if not ended:

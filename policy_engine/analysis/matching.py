@@ -98,10 +98,12 @@ class Matcher:
         self.c_last, self.c_second, self.c_first = array("d"), array("d"), array("d")
         self.c_last_unc, self.c_second_unc = array("d"), array("d")
         self.c_sum_arr, self.c_sum_end = array("d"), array("d")
-        # per rank: call ids, its table's starts, ends and issues (NaN: unknown), and
-        # what brings them to rank 0's clock (its table's base plus its offset, less ref)
-        self.ranks: dict[int, tuple[array[int], array[float], array[float], array[float],
-                                    float]] = {}
+        # per rank: where its calls lie in the flat columns below (first, count), and
+        # what brings them to rank 0's clock (its table's base plus its offset, less ref);
+        # the columns hold every rank's call ids, starts and ends, rank after rank (a few
+        # numbers a call, no object a rank: 100,000 ranks stay small)
+        self.ranks: dict[int, tuple[int, int, float]] = {}
+        self.r_cid, self.r_start, self.r_end = array("q"), array("d"), array("d")
         self.ref: float | None = None
         self._cached: tuple[int, _CallFigures, dict[str, int]] | None = None
         self.clocks: set[str] = set()
@@ -152,7 +154,10 @@ class Matcher:
                 c_second[cid], c_second_unc[cid] = a, unc
             if a < c_first[cid]:
                 c_first[cid] = a
-        self.ranks[rank] = (cids, table.start, table.end, table.issue, shift)
+        self.ranks[rank] = (len(self.r_cid), len(cids), shift)
+        self.r_cid.extend(cids)
+        self.r_start.extend(table.start)
+        self.r_end.extend(table.end)
 
     def _gid(self, name: str | None, size: int | None, rank: int) -> int:
         gid = self.gids.get(name)
@@ -197,7 +202,7 @@ class Matcher:
         calls = self._figures()
         why = self._cached[2] if self._cached is not None else {}
         per_rank, chance = self._ranks(calls)
-        late = _vote(per_rank, chance, lambda r: calls.coins(self.ranks[r][0]))
+        late = _vote(per_rank, chance, lambda r: calls.coins(self._of(r)[0]))
         groups = calls.groups()
         if late["rank"] is not None:
             late["cause"] = _cause(late["rank"], self._lateness(late["rank"], calls),
@@ -223,6 +228,13 @@ class Matcher:
             "worst_calls": calls.worst(),
             "problems": (self.problems + _said(why))[:16],
         }
+
+    def _of(self, rank: int) -> tuple[array[int], array[float], array[float], float]:
+        """Rank ``rank``'s call ids, starts and ends, and its shift to rank 0's clock."""
+        first, count, shift = self.ranks[rank]
+        end = first + count
+        return (self.r_cid[first:end], self.r_start[first:end], self.r_end[first:end],
+                shift)
 
     def clock(self) -> str:
         return "device" if self.clocks == {"device"} else "host"
@@ -266,7 +278,8 @@ class Matcher:
         out: dict[int, dict[str, Any]] = {}
         chance: dict[int, float] = {}
         f = calls
-        for rank, (cids, starts, ends, _, shift) in self.ranks.items():
+        for rank in self.ranks:
+            cids, starts, ends, shift = self._of(rank)
             def pick(col: array[float], cids: array[int] = cids) -> Any:
                 return map(col.__getitem__, cids)
             count = sum(pick(f.okf))
@@ -309,7 +322,7 @@ class Matcher:
         """Rank ``rank``'s matched calls, column by column: group, number, kind, arrival_us
         (on rank 0's clock), wait_us, transfer_us."""
         figures = self._figures()
-        cids, starts, ends, _, shift = self.ranks[rank]
+        cids, starts, ends, shift = self._of(rank)
         out: dict[str, list[Any]] = {k: [] for k in ("group", "number", "kind", "arrival_us",
                                                      "wait_us", "transfer_us")}
         for cid, a, e in zip(cids, starts, ends, strict=True):
@@ -335,7 +348,7 @@ class Matcher:
         others', summed per group, the largest group's sum (a rank late to its
         tensor-parallel call is late to the data-parallel one after it for the same
         reason; counting both would count that reason twice)."""
-        cids, starts, _, _, shift = self.ranks[rank]
+        cids, starts, _, shift = self._of(rank)
         by_group: dict[int, float] = {}
         for cid, a in zip(cids, starts, strict=True):
             if calls.okf[cid]:

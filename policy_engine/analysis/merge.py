@@ -6,7 +6,9 @@
 (AnalysisError when none or several match); :func:`merge` writes it: one process per
 rank, sorted, clocks aligned on each trace's baseTimeNanoseconds, flow and async ids
 moved apart, every input read under the readers' bounds (``merge_io.Bounds``), the output
-published whole (``files.publish``).
+published whole (``files.publish``). Each rank's clock is brought to rank 0's by the
+offset it measured over the job's channel (its ``clock`` notes: analysis/clocks.py), so
+that ranks on hosts whose clocks disagree line up; a rank without one keeps its own.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from collections.abc import Iterable
 from typing import IO, Any
 
 from policy_engine.analysis.chrome_trace import TraceError, TraceReader
+from policy_engine.analysis.clocks import Clocks
 from policy_engine.analysis.errors import AnalysisError
 from policy_engine.analysis.format import rank_spans
 from policy_engine.analysis.manifests import file_of, scan_manifests
@@ -33,6 +36,7 @@ from policy_engine.analysis.window_roles import (
 )
 from policy_engine.errors import did_you_mean, printable
 from policy_engine.files.publish import publish
+from policy_engine.files.records import from_json
 
 _PROG = "policy-engine merge"
 #: Flow and async ids of the i-th trace move by i << _ID_SHIFT (below 2**53 for 100k ranks).
@@ -65,6 +69,10 @@ def records(root: str) -> tuple[list[dict[str, Any]], set[str]]:
         raise AnalysisError(f"no manifests under {root} (a policy-engine output folder has "
                          "manifests/*.manifest.jsonl)")
     inputs = {r["_manifest"] for r in scan.records} | {p.path for p in scan.problems}
+    clocks = Clocks()
+    for r in scan.records:
+        if r["event"] == "note" and r.get("note") == "clock":
+            clocks.add(from_json({k: v for k, v in r.items() if not k.startswith("_")}))
     rows = []
     for r in scan.records:
         if r["event"] != "trace":
@@ -79,6 +87,9 @@ def records(root: str) -> tuple[list[dict[str, Any]], set[str]]:
                 continue
             inputs.add(record["_file"])
         record["_label"] = label(record)  # the roles that took part on its rank
+        start = record.get("start")
+        record["_clock"] = clocks.offset(record.get("rank"), start if isinstance(
+            start, (int, float)) and not isinstance(start, bool) else None)
         rows.append(record)
     if not rows:
         raise AnalysisError(f"the manifests under {root} record no traces")
@@ -232,19 +243,37 @@ def _copy(r: dict[str, Any], rel: str, proc: ProcessMap, writer: EventWriter,
     return reader.meta
 
 
+def clock_said(records: list[dict[str, Any]], own_clocks: bool = False) -> str:
+    """How the merged trace's ranks are laid on one clock, in words."""
+    if own_clocks:
+        return "each rank on its own clock (its measured offset not applied)"
+    measured = [r for r in records if r.get("_clock") is not None]
+    if not measured:
+        return ("no rank measured its clock offset (no job channel): the traces are "
+                "aligned on their own timestamps, as their hosts' clocks say")
+    worst = max(r["_clock"].uncertainty_us for r in measured)
+    missing = span(r.get("rank") for r in records if r.get("_clock") is None)
+    return (f"each rank's clock brought to rank 0's by its measured offset (uncertainty "
+            f"up to {worst / 1000:.3f} ms)" + ("" if missing == "-" else
+                                                f"; ranks {missing} measured none"))
+
+
 def merge(records: list[dict[str, Any]], root: str, out: str, force: bool,
-          bounds: Bounds | None = None) -> int:
+          bounds: Bounds | None = None, own_clocks: bool = False) -> int:
     """Write the traces of ``records`` (one window, sorted by rank) as one; the number of
     events written. TraceError (with the file in front) for a trace that cannot be read
     or is past ``bounds`` (the defaults of --max-trace-mb and --max-events when None);
-    FileExistsError when ``out`` exists and not ``force``."""
+    FileExistsError when ``out`` exists and not ``force``. Each rank's measured clock
+    offset moves its events, unless ``own_clocks``."""
     bounds = bounds or Bounds(MAX_TRACE_MB << 20, MAX_EVENTS)
     bases = []
     for r in records:
         try:
-            bases.append(_base_time(r, root, bounds) or 0)
+            base = _base_time(r, root, bounds) or 0
         except TraceError as err:
             raise TraceError(f"{os.path.relpath(r['_file'], root)}: {err}") from None
+        reading = None if own_clocks else r.get("_clock")
+        bases.append(base + (round(reading.offset_us * 1000) if reading is not None else 0))
     ref = min(bases)
     pids = _pids(records)
     tids = itertools.count(1000 * (max(pids) // 1000 + 1))
@@ -279,7 +308,8 @@ def merge(records: list[dict[str, Any]], root: str, out: str, force: bool,
             "role": first["_window"], "region": first.get("region"),
             "steps": first.get("steps"), "cycle": first.get("cycle"),
             "ranks": [r.get("rank") for r in records],
-            "traces": [os.path.relpath(r["_file"], root) for r in records]}})
+            "traces": [os.path.relpath(r["_file"], root) for r in records],
+            "clock": clock_said(records, own_clocks)}})
         if stream is not f:
             stream.close()  # the gzip trailer; publish closes the file
         written = writer.count

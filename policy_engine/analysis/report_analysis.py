@@ -18,10 +18,9 @@ from typing import Any
 from policy_engine.analysis.answers import WindowAnalysis
 from policy_engine.analysis.errors import AnalysisError
 from policy_engine.analysis.format import rank_spans
-from policy_engine.analysis.listing import Listing
-from policy_engine.analysis.manifests import read_lines
 from policy_engine.analysis.report_calls import STYLE as CALLS_STYLE
 from policy_engine.analysis.report_calls import section as calls_section
+from policy_engine.analysis.report_gantt import section as timeline_section
 from policy_engine.analysis.run import analyze_run
 from policy_engine.analysis.text import ms, notes, rank_rows, why
 from policy_engine.analysis.windows import Index
@@ -178,19 +177,6 @@ _STYLE = ("<style>.analysis .key{display:inline-block;padding:0 8px;margin-right
           + CALLS_STYLE + "</style>")
 
 
-def gather(root: str) -> tuple[dict[str, Any], Index]:
-    """The manifests under ``root`` read once, a line at a time, for the page's listing
-    (what :func:`~policy_engine.analysis.listing.collect` returns, each row holding what
-    the page shows) and for its analysis section (``index``, for :func:`section`)."""
-    listing = Listing(root, slim=True)
-    index = Index(from_traces=False)
-    index.problems = listing.problems
-    for found in read_lines(root, listing.problems):
-        listing.add(found)
-        index.add(found.line, found.manifest, found.place)
-    return listing.finish(), index
-
-
 def section(root: str, *, jobs: int = 1, max_traces: int = MAX_TRACES,
             index: Index | None = None, limits: tuple[int, int] | None = None) -> str:
     """The analysis section of the report of the run under ``root``: whole windows, oldest
@@ -213,6 +199,7 @@ def section(root: str, *, jobs: int = 1, max_traces: int = MAX_TRACES,
         else ""
     loose = "".join(f'<p class="note">{_esc(n["role"])} rank {_esc(n["rank"])}: '
                     f'{_esc(n["message"])}</p>' for n in result.notes[:MAX_STEPS])
-    return (f'<section class="analysis">{_STYLE}<h2>Analysis</h2><p>{len(windows)} capture '
+    return (timeline_section(result.timeline)
+            + f'<section class="analysis">{_STYLE}<h2>Analysis</h2><p>{len(windows)} capture '
             f"window(s); {named} name a straggler. Bars: each rank's profiled steps, "
             f"summed. {_legend()}</p>{loose}{body}{more}</section>")

@@ -31,6 +31,9 @@ COLOUR = {"complete": "#b7e1b0", "partial": "#ffd27f", "failed": "#f08080",
           "interrupted": "#c9a3e6", "oom": "#ff8c42", "running": "#9cc7f0"}
 #: The most entries a list of files (unlisted, missing, ...) shows.
 LIST_LIMIT = 200
+#: The most captures a role's list of every capture shows (those that need attention
+#: first, then by rank): a page of 100,000 ranks stays a page; `traces` lists them all.
+CAPTURE_ROWS = 2000
 
 
 @attrs.frozen
@@ -192,8 +195,12 @@ def _ops(ops: Ops | None) -> str:
 
 def _listing(entries: list[PageEntry], ops: dict[int, Ops]) -> str:
     rows = []
-    for c in sorted(entries, key=lambda c: (c.rank if c.rank is not None else -1,
-                                            c.column, _number(c.record.get("start")))):
+    shown = entries
+    if len(entries) > CAPTURE_ROWS:  # those that need attention first
+        shown = sorted(entries, key=lambda c: (not c.troubled, c.rank if c.rank is not None
+                                               else -1))[:CAPTURE_ROWS]
+    for c in sorted(shown, key=lambda c: (c.rank if c.rank is not None else -1,
+                                          c.column, _number(c.record.get("start")))):
         r = c.record
         if c.href is not None:
             target = (f'<a href="{html.escape(c.href, quote=True)}">{_esc(c.path)}</a>'
@@ -207,9 +214,12 @@ def _listing(entries: list[PageEntry], ops: dict[int, Ops]) -> str:
             f'<td>{_esc(c.status)}</td><td class="n">{_esc(size_cell(r.get("bytes")))}</td>'
             f'<td><code>{_esc(r.get("plan_hash") or "-")}</code></td>'
             f"<td>{target}</td><td>{_ops(ops.get(id(c)))}</td></tr>")
+    more = (f'<p class="note">{len(entries) - len(shown)} more captures are not listed '
+            "here (those that need attention come first; policy-engine traces DIR lists "
+            "every one).</p>") if len(shown) < len(entries) else ""
     return ("<table class=\"list\"><tr><th>rank</th><th>step</th><th>cycle</th>"
             "<th>status</th><th>size</th><th>plan hash</th><th>file</th><th>operators</th>"
-            "</tr>\n" + "\n".join(rows) + "</table>")
+            "</tr>\n" + "\n".join(rows) + "</table>" + more)
 
 
 def _number(value: Any) -> float:

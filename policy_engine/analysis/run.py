@@ -17,20 +17,23 @@ import concurrent.futures
 import contextlib
 import os
 import stat
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any
 
 from policy_engine.analysis.answers import RunAnalysis, WindowAnalysis
 from policy_engine.analysis.chrome_trace import declared_size
+from policy_engine.analysis.clocks import Clocks
 from policy_engine.analysis.errors import AnalysisError
 from policy_engine.analysis.format import size_cell
 from policy_engine.analysis.manifests import Scan, load_summary
+from policy_engine.analysis.matching import RankWork
 from policy_engine.analysis.spool import RankView, Spool
 from policy_engine.analysis.stalls import read_stalls
 from policy_engine.analysis.summary import problem, summarize
+from policy_engine.analysis.timeline import Timeline
 from policy_engine.analysis.window import Figures
-from policy_engine.analysis.window_calls import WindowCalls, digest
+from policy_engine.analysis.window_calls import WORK_RANKS, WindowCalls, digest, work_of
 from policy_engine.analysis.windows import (
     Entry,
     Index,
@@ -40,13 +43,15 @@ from policy_engine.analysis.windows import (
     from_folders,
     from_manifests,
     inside,
+    read_index,
     readable,
 )
 from policy_engine.errors import did_you_mean, printable
 from policy_engine.files.records import SummaryLine
 
-#: The analysis document's version: 2 added the device view (``gpu_timeline``, ``hta``)
-#: and the ``npu`` basis, and made a GPU step's span its time on the host.
+#: The analysis document's version: 2 added the device view (``gpu_timeline``, ``hta``),
+#: the ``npu`` basis, ``collectives``, ``stalls`` and ``timeline``, and made a GPU step's
+#: span its time on the host.
 VERSION = 2
 #: Steps listed in a message about the steps a run captured; the rest are counted.
 LISTED_STEPS = 32
@@ -256,14 +261,16 @@ def _line_of(source: Source) -> SummaryLine | str:
         return f"its summary line could not be read again: {err}"
 
 
-def _figures(line: SummaryLine, detail: bool) -> dict[str, Any] | str:
+def _figures(line: SummaryLine, detail: bool, causes: bool = True
+             ) -> dict[str, Any] | str:
     """The figures of a summary line, or why they cannot be used (``detail``: with its
-    operators, checked; else without them)."""
+    operators, checked; else without them, unless ``causes`` and it lists collective
+    calls: a late rank's cause is read from its operators too)."""
     if line.status != "complete":
         return f"its summary line says {line.status}"
     found: Any = line.summary
-    # operators are read for the comparison, and for the cause of a late collective
-    ops = detail or (isinstance(found, dict) and found.get("collectives") is not None)
+    ops = detail or (causes and isinstance(found, dict)
+                     and found.get("collectives") is not None)
     why = problem(found, ops=ops)
     if why is not None:
         return why
@@ -273,13 +280,15 @@ def _figures(line: SummaryLine, detail: bool) -> dict[str, Any] | str:
     return figures
 
 
-def _chosen_summary(entry: Entry, detail: bool, readable: bool
+def _chosen_summary(entry: Entry, detail: bool, readable: Callable[[], bool],
+                    causes: bool = True
                     ) -> tuple[dict[str, Any] | None, str | None, list[tuple[str, str]]]:
     """From the summary lines of one trace (one, as its rank writes them): the figures to
     use; why a complete summary is refused; and what the window's readiness says (code,
     message). A summary that cannot be used is passed over for the trace where it can be
-    read (``readable``). Lines that differ are not chosen between where the trace can be
-    read instead; where it cannot, the first usable one is used, and that is said."""
+    read (``readable``, asked only then). Lines that differ are not chosen between where
+    the trace can be read instead; where it cannot, the first usable one is used, and
+    that is said."""
     sources = entry.summary if isinstance(entry.summary, tuple) else (entry.summary,)
     lines: list[tuple[SummaryLine, Source]] = []  # those that differ
     refused = None
@@ -293,14 +302,14 @@ def _chosen_summary(entry: Entry, detail: bool, readable: bool
             lines.append((line, source))
     usable: list[tuple[dict[str, Any], Source]] = []
     for line, source in lines:
-        found = _figures(line, detail)
+        found = _figures(line, detail, causes)
         if isinstance(found, dict):
             usable.append((found, source))
         elif line.status == "complete":
             refused = refused or found
     if len(lines) > 1:
         twice = f"its trace has {len(lines)} summary lines that differ"
-        if readable:
+        if readable():
             return None, None, [("duplicate_rank", f"{twice}: the trace is read instead")]
         if usable:
             return usable[0][0], None, [("duplicate_rank", (
@@ -309,7 +318,7 @@ def _chosen_summary(entry: Entry, detail: bool, readable: bool
         return None, refused, [("duplicate_rank", f"{twice}; none can be used")]
     if usable:
         return usable[0][0], None, []
-    if refused is not None and readable:
+    if refused is not None and readable():
         return None, refused, [("summary_refused", f"its summary cannot be used ({refused}): "
                                 "the trace is read instead")]
     return None, refused, []
@@ -319,13 +328,18 @@ class _Window:
     """One window analysed: its ranks read, added to its figures and spooled."""
 
     def __init__(self, w: dict[str, Any], want: set[int], spool: Spool, *, manifests: bool,
-                 detail: bool) -> None:
+                 detail: bool, timeline: Timeline, clocks: Clocks | None = None) -> None:
         self.w = w
+        self.timeline = timeline
         self.spool = spool
         self.manifests = manifests
         self.detail = detail
         self.figures = Figures(w, want, detail=detail)
-        self.calls = WindowCalls()
+        self.figures.path_of = self._path_of
+        # the calls laid on rank 0's clock by each rank's measured offset (its most
+        # certain reading), where the ranks measured one
+        self.calls = WindowCalls(None if clocks is None else clocks.offsets(
+            e.rank for e in w["traces"]))
         self.places: list[tuple[Any, int, int]] = []
         self.by_order: list[int] = []  # ranks numbered by their trace's place
 
@@ -345,6 +359,7 @@ class _Window:
                 rank, doc["rank_from"] = index, "order"
                 self.by_order.append(index)
             doc["rank"] = rank
+        self.timeline.add(self.w, rank, summary)
         doc.update(summary)
         doc = self.figures.add(doc)
         if not doc.get("error"):
@@ -357,6 +372,7 @@ class _Window:
 
     def run(self, readers: _Readers, root: str) -> None:
         pending: list[tuple[int, Entry]] = []
+        causes = len(self.w["traces"]) <= WORK_RANKS  # operators kept for the cause
         for entry, message in self.w.get("twice") or ():
             used = next((e.path for e in self.w["traces"] if e.rank == entry.rank), None)
             self.places.append((entry.rank, *self.spool.add(self.figures.left_out(
@@ -367,13 +383,19 @@ class _Window:
                 pending.append((index, entry))
                 continue
             file = os.path.join(root, entry.path) if entry.path else ""
-            there = bool(file) and inside(file, root) and readable(file)
-            found, refused, said = _chosen_summary(entry, self.detail, there)
+            known: list[bool] = []
+
+            def there(file: str = file, known: list[bool] = known) -> bool:
+                if not known:  # resolved only where the summary cannot be used
+                    known.append(bool(file) and inside(file, root) and readable(file))
+                return known[0]
+
+            found, refused, said = _chosen_summary(entry, self.detail, there, causes)
             for code, message in said:
                 self.figures.say(code, f"rank {entry.rank}: {message}", entry.rank)
             if found is not None:
                 self.add(entry, index, found)
-            elif there:
+            elif there():
                 pending.append((index, entry._replace(file=file)))  # read the trace instead
             else:
                 why = ("outside the folder analysed: not read" if file and not inside(
@@ -392,13 +414,28 @@ class _Window:
                              "names: these ranks are the traces' places in the folder's "
                              "sorted list", self.by_order)
 
+    def _doc_of(self, rank: Any) -> dict[str, Any] | None:
+        """Rank ``rank``'s entry (the first written), read back."""
+        place = next((p for p in self.places if p[0] == rank), None)
+        return None if place is None else RankView(self.spool, [place])[0]
+
+    def _path_of(self, rank: Any) -> Any:
+        doc = self._doc_of(rank)
+        return None if doc is None else doc.get("path")
+
+    def _work_of(self, rank: int) -> RankWork | None:
+        """Rank ``rank``'s figures for a cause, read back from its entry."""
+        doc = self._doc_of(rank)
+        return None if doc is None or doc.get("error") else work_of(doc, ops=False)
+
     def finish(self) -> WindowAnalysis:
         w = self.w
         for rank, why in self.calls.unreadable:
             self.figures.say("collectives_unreadable", f"rank {rank}: its collective calls "
                              f"cannot be read: {why}", rank)
         figures = self.figures.finish()
-        figures["collectives"] = self.calls.result(len(figures["step_times"]))
+        figures["collectives"] = self.calls.result(
+            len(figures["step_times"]), own=self._work_of, others=self.figures.medians)
         return WindowAnalysis(
             title=describe(w), role=w["role"], region=w["region"], steps=tuple(w["steps"]),
             cycle=w["cycle"], capture=w["capture"], world=w["world"], why=w["why"],
@@ -411,8 +448,8 @@ class _Window:
 def analyze_run(root: str, *, role: str | None = None, step: int | None = None,
                 jobs: int = 1, max_traces: int | None = None, from_traces: bool = False,
                 scan: Scan | None = None, index: Index | None = None,
-                detail: bool = False, limits: tuple[int, int] | None = None
-                ) -> RunAnalysis:
+                detail: bool = False, limits: tuple[int, int] | None = None,
+                own_clocks: bool = False) -> RunAnalysis:
     """The analysis of every capture window under ``root`` that ``role`` and ``step``
     choose. AnalysisError when nothing is chosen. ``max_traces``: read whole windows, oldest
     first, while their traces fit in it (the first one always); the others say only why
@@ -423,11 +460,14 @@ def analyze_run(root: str, *, role: str | None = None, step: int | None = None,
     of them, gathered already); ``detail``: each window keeps what
     the comparison of two runs reads (operators, how it was recorded); ``limits``: the
     most text read of one trace and of all (bytes), a trace past them reading as an
-    error."""
+    error; ``own_clocks``: the timeline lays each rank on its own clock (the measured
+    offsets not applied)."""
     if not os.path.isdir(root):
         raise AnalysisError(f"{root} is not a folder")
-    windows, problems, notes = from_manifests(root, from_traces=from_traces, scan=scan,
-                                              index=index)
+    if index is None:
+        index = read_index(root, from_traces=from_traces, scan=scan)
+    windows, problems, notes = from_manifests(root, from_traces=from_traces, index=index)
+    timeline = Timeline(None if own_clocks else index.clocks)
     stalls = read_stalls(root)  # a hung job may have written nothing else
     manifests = bool(windows or problems)
     if not manifests:
@@ -454,12 +494,13 @@ def analyze_run(root: str, *, role: str | None = None, step: int | None = None,
     with _Readers(jobs, limits) as readers:
         for w in windows:
             want = _wanted(expected, w) if manifests else set()
-            one = _Window(w, want, spool, manifests=manifests, detail=detail)
+            one = _Window(w, want, spool, manifests=manifests, detail=detail,
+                          timeline=timeline, clocks=None if own_clocks else index.clocks)
             one.run(readers, root)
             out.append(one.finish())
     return RunAnalysis(version=VERSION, root=os.path.abspath(root), windows=tuple(out),
                        notes=tuple(notes), problems=tuple(problems), spool=spool,
-                       stalls=stalls)
+                       stalls=stalls, timeline=timeline.finish())
 
 
 

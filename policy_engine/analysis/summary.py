@@ -27,8 +27,8 @@ import os
 import re
 from typing import Any
 
+from policy_engine.analysis import phases as _phases
 from policy_engine.analysis.chrome_trace import TraceError, TraceReader
-from policy_engine.analysis.collective_form import problem as collectives_problem
 from policy_engine.analysis.collectives import Collectives
 from policy_engine.analysis.device_view import DeviceView
 from policy_engine.analysis.intervals import (
@@ -235,7 +235,7 @@ def summarize(path: str, *, max_bytes: int | None = None) -> dict[str, Any]:
         from policy_engine.analysis.npu_summary import summarize_npu
 
         return summarize_npu(path, max_bytes=max_bytes)
-    p, view, calls = _Pass(), DeviceView(), Collectives()
+    p, view, calls, phases = _Pass(), DeviceView(), Collectives(), _phases.Phases()
     try:
         size = os.path.getsize(path)
         with TraceReader(path, max_bytes=max_bytes, max_ratio=MAX_RATIO) as reader:
@@ -244,6 +244,7 @@ def summarize(path: str, *, max_bytes: int | None = None) -> dict[str, Any]:
                     p.event(event)
                     view.event(event)
                     calls.event(event)
+                    phases.event(event)
             except _BadEvent as err:
                 return {"error": f"{err}, at event {reader.count} of traceEvents"}
             meta, count = reader.meta, reader.count
@@ -274,6 +275,7 @@ def summarize(path: str, *, max_bytes: int | None = None) -> dict[str, Any]:
         "device_error": found["error"] if gpu else None,
         "collectives": calls.result(meta),
         "regions": {name: {"count": int(n), "time_us": _r(t)} for name, (n, t) in regions},
+        "phases": phases.result(meta),
         # time inside each call, nested calls included (a stream keeps no stack)
         "ops": {"top": [{"cat": cat, "name": name, "calls": int(n), "time_us": _r(t)}
                         for (cat, name), (n, t) in ops],
@@ -453,10 +455,8 @@ def problem(summary: Any, *, ops: bool = True) -> str | None:
             v is None or (type(v) is dict and all(_number(x) for x in v.values()))
             for v in (ascend.get("overlap"), ascend.get("lanes")))):
         return "its Ascend figures are not times"
-    if summary.get("collectives") is not None:
-        why = collectives_problem(summary["collectives"])
-        if why is not None:
-            return f"its collectives: {why}"
+    # its collective calls are checked where they are read (analysis.window_calls): a
+    # record that cannot be read leaves the rank's other figures in use
     device = summary.get("device")
     if device is not None:
         if type(device) is not dict:
@@ -475,6 +475,9 @@ def problem(summary: Any, *, ops: bool = True) -> str | None:
     for v in regions.values():
         if not (type(v) is dict and _count(v.get("count")) and _number(v.get("time_us"))):
             return "its regions are not counts and times"
+    why = _phases.problem(summary.get("phases"))
+    if why is not None:
+        return why
     if ops:
         why = _ops_problem(summary.get("ops", {"top": [], "left_out": 0}))
         if why is not None:

@@ -23,8 +23,10 @@ from __future__ import annotations
 import math
 import statistics
 from array import array
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
+
+from policy_engine.analysis.matching import RankWork
 
 #: A step's straggler arrives at least this share of the median step time after the
 #: median rank...
@@ -255,7 +257,9 @@ class Figures:
         self.count = 0  # ranks added, readable or not
         self.unreadable: dict[str, list[Any]] = {}
         self.reasons_left_out = 0
-        self.seen: dict[Any, Any] = {}  # rank -> the path of its trace analysed
+        self.seen: set[Any] = set()  # ranks analysed (their paths: path_of, when needed)
+        #: the path of a rank's trace analysed, read back (where a second one turns up)
+        self.path_of: Callable[[Any], Any] = lambda rank: None
         self.times: dict[Any, int] = {}  # rank -> its traces, where it has several
         self.twice: list[tuple[Any, str]] = []  # ranks left out, and what is said of them
         self.said: list[tuple[str, str, Iterable[Any]]] = []  # (code, message, ranks)
@@ -281,13 +285,13 @@ class Figures:
             self._unreadable(str(doc["error"]), rank)
             return doc
         if isinstance(rank, int):
-            used = self.seen.get(rank)
-            if used is not None:  # a folder whose traces name the same rank
+            if rank in self.seen:  # a folder whose traces name the same rank
+                used = self.path_of(rank)
                 count = self.times[rank] = self.times.get(rank, 1) + 1
                 return self.left_out(doc, used, f"rank {rank} has {count} traces in this "
                                      f"window: {used} is used ({USED_FIRST}); "
                                      f"{doc.get('path')} is left out of every figure")
-            self.seen[rank] = doc.get("path")
+            self.seen.add(rank)
         self.count += 1
         steps = doc["steps"]
         total = doc["total"] = totals(steps)
@@ -359,6 +363,24 @@ class Figures:
                     self.looks.add(name)
 
     # -- the window's figures ----------------------------------------------------------
+
+    def lighten(self) -> None:
+        """Keep only what the comparison of two runs reads (``compared``, the ranks and
+        why any were unreadable), once the window's figures are finished."""
+        self.window = {}
+        self.steps, self.regions = {}, {}
+        self.seen = set()
+        self.basis = []
+        self.columns = {key: array("d") for key in TOTALS}
+        self.device = _Device()
+
+    def medians(self) -> RankWork:
+        """The ranks' median region times and device idle time (what one rank's figures
+        are held against, where the window is too large to keep each rank's)."""
+        idle = [v for v in self.device.columns["idle_us"] if not math.isnan(v)]
+        return RankWork(regions={name: statistics.median(times)
+                                 for name, times in self.regions.items()},
+                        idle_us=statistics.median(idle) if idle else None)
 
     def rows(self) -> Iterator[tuple[Any, str, dict[str, Any]]]:
         """(rank, basis, totals) of every readable rank, in the order added; the totals

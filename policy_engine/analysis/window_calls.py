@@ -4,14 +4,17 @@ call, how long every rank waited for it, how long the transfer then took, and at
 bandwidth; the late rank by vote, with its cause.
 
 :class:`WindowCalls` takes each rank's summary as the window reads it (``add``) and keeps
-its calls (a few numbers per call, columnar) and what the cause is read from: its regions'
-times, its operators' (in a window of at most :data:`WORK_RANKS` ranks) and its device's
-idle time. A rank's own summary keeps only a digest of its calls (:func:`digest`): the
-calls themselves are the window's, matched.
+its calls (a few numbers per call, columnar). The cause is read from the ranks' figures:
+in a window of at most :data:`WORK_RANKS` ranks each rank's regions, operators and device
+idle time are kept; in a larger one, the late rank's own (read back from its entry) are
+held against the other ranks' medians, which the window's figures gather anyway, so that
+memory does not grow with the ranks. A rank's own summary keeps only a digest of its
+calls (:func:`digest`): the calls themselves are the window's, matched.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from policy_engine.analysis.collective_form import FormError, read
@@ -34,12 +37,25 @@ def digest(found: Any) -> dict[str, Any] | None:
             "groups": len(found.get("groups") or ())}
 
 
+def work_of(summary: dict[str, Any], ops: bool = True) -> RankWork:
+    """A rank's figures the cause of its lateness is read from."""
+    regions = {name: float(r["time_us"]) for name, r in
+               (summary.get("regions") or {}).items()}
+    times: dict[str, float] = {}
+    if ops:
+        for op in (summary.get("ops") or {}).get("top") or ():
+            times[op["name"]] = times.get(op["name"], 0.0) + float(op["time_us"])
+    timeline = summary.get("gpu_timeline")
+    idle = float(timeline["idle_us"]) if isinstance(timeline, dict) else None
+    return RankWork(regions=regions, ops=times, idle_us=idle)
+
+
 class WindowCalls:
     """A window's calls, rank by rank, then matched (``result``)."""
 
     def __init__(self, offsets: dict[int, tuple[float, float]] | None = None) -> None:
         self.matcher = Matcher(offsets)
-        self.work: dict[int, RankWork] = {}
+        self.work: dict[int, RankWork] | None = {}  # None past WORK_RANKS ranks
         self.ranks = 0
         self.unreadable: list[tuple[Any, str]] = []
 
@@ -57,20 +73,24 @@ class WindowCalls:
             return
         self.ranks += 1
         self.matcher.add(rank, table)
-        regions = {name: float(r["time_us"]) for name, r in
-                   (summary.get("regions") or {}).items()}
-        ops: dict[str, float] = {}
-        if self.ranks <= WORK_RANKS:
-            for op in (summary.get("ops") or {}).get("top") or ():
-                ops[op["name"]] = ops.get(op["name"], 0.0) + float(op["time_us"])
-        timeline = summary.get("gpu_timeline")
-        idle = float(timeline["idle_us"]) if isinstance(timeline, dict) else None
-        self.work[rank] = RankWork(regions=regions, ops=ops, idle_us=idle)
+        if self.work is not None:
+            if self.ranks > WORK_RANKS:
+                self.work = None  # the others' medians stand in for them (result)
+            else:
+                self.work[rank] = work_of(summary)
 
-    def result(self, steps: int) -> dict[str, Any] | None:
-        """The window's matching (JSON-ready), or None when no rank listed a call."""
+    def result(self, steps: int, *, own: Callable[[int], RankWork | None],
+               others: Callable[[], RankWork]) -> dict[str, Any] | None:
+        """The window's matching (JSON-ready), or None when no rank listed a call. In a
+        window past WORK_RANKS ranks the cause holds the late rank's figures (``own``,
+        read back) against the other ranks' medians (``others``)."""
         if not self.ranks:
             return None
-        found = self.matcher.result(self.work, steps=steps or None)
+        work = self.work
+        if work is None:  # find the late rank first (the matching is kept), then why
+            late = self.matcher.result({}, steps=steps or None)["late"].get("rank")
+            mine = own(late) if late is not None else None
+            work = {} if mine is None else {late: mine, -1: others()}
+        found = self.matcher.result(work, steps=steps or None)
         found["calls"]["table"] = self.matcher.calls()
         return found

@@ -24,6 +24,7 @@ import os
 from typing import Any, NamedTuple
 
 from policy_engine.analysis import folders
+from policy_engine.analysis.clocks import Clocks
 from policy_engine.analysis.manifests import (
     ManifestProblem,
     Place,
@@ -89,6 +90,10 @@ class _Trace(NamedTuple):
     trigger: Any
     request: Any
     identity: tuple[Any, ...]
+    #: its process's summary lines of it, and the limit its capture's close line names
+    #: (set when the process's lines are all read: :meth:`Index.add`)
+    summary: Any = None
+    limit: Any = None
 
     def get(self, key: str, default: Any = None) -> Any:
         value = getattr(self, key, default)
@@ -194,28 +199,37 @@ def _get(value: Any) -> Any:
 
 
 class Index:
-    """What the windows need of the manifests, gathered a line at a time."""
+    """What the windows need of the manifests, gathered a line at a time. A process's
+    lines come together (its files, in order): its summary lines and its captures' limits
+    are joined to its trace lines when its last line is read, and let go, so that what
+    is held between lines does not grow with the processes."""
 
     def __init__(self, *, from_traces: bool) -> None:
         self.from_traces = from_traces
         self.share = _Shared()
         self.traces: list[_Trace] = []
-        self.limits: dict[tuple[str, str], str] = {}  # a close line's limit, by capture
-        self.summaries: dict[tuple[str, Any], Source | tuple[Source, ...]] = {}
+        self.process: str | None = None  # whose lines are being read
+        self.first = 0  # where its trace lines begin in ``traces``
+        self.limits: dict[str, str] = {}  # its close lines' limits, by capture
+        self.summaries: dict[Any, Source | tuple[Source, ...]] = {}  # its, by path
         self.notes: dict[str, list[dict[str, Any]]] = {}
         self.notes_left_out = 0
         self.notes_kept = 0
         self.folders: dict[str, str] = {}
         self.problems: list[ManifestProblem] = []
+        self.clocks = Clocks()  # the ranks' clock readings (``clock`` notes), kept apart
 
     def add(self, line: Line, manifest: str, place: Place | None) -> None:
         """One line of the manifest ``manifest`` (``place``: where it lies)."""
+        if manifest != self.process:
+            self.end_process()
+            self.process, self.first = manifest, len(self.traces)
         if line.EVENT == "trace":
             self.traces.append(_compact(line, manifest, self.share))
         elif isinstance(line, SummaryLine):
             if self.from_traces:
                 return
-            key = (manifest, line.path)
+            key = line.path
             source: Source = place if place is not None else line
             found = self.summaries.get(key)
             if found is None:
@@ -227,13 +241,34 @@ class Index:
         elif line.EVENT == "close":
             limit = line.more.get("limit")
             if isinstance(limit, str):
-                self.limits[(manifest, str(line.capture))] = limit
+                self.limits[str(line.capture)] = limit
         elif line.EVENT == "note":
-            if self.notes_kept < MAX_NOTES:
+            if line.note == "clock":
+                self.clocks.add(line)
+            elif self.notes_kept < MAX_NOTES:
                 self.notes_kept += 1
                 self.notes.setdefault(str(_get(line.role)), []).append(line.to_json())
             else:
                 self.notes_left_out += 1
+
+    def end_process(self) -> None:
+        """The process whose lines were read is done: its trace lines get its summary
+        lines and limits."""
+        summaries, limits = self.summaries, self.limits
+        if summaries or limits:
+            traces = self.traces
+            for i in range(self.first, len(traces)):
+                t = traces[i]
+                found, limit = summaries.get(t.path), limits.get(str(t.capture))
+                if found is not None or limit is not None:
+                    traces[i] = t._replace(summary=found, limit=limit)
+        self.summaries, self.limits = {}, {}
+
+    def release(self) -> None:
+        """Let go of what the windows were made from (an index is read once)."""
+        self.traces = []
+        self.folders = {}
+        self.share = _Shared()
 
     def folder_of(self, manifest: str, root: str) -> str:
         """The output folder of the manifest ``manifest``, relative to ``root``."""
@@ -246,7 +281,7 @@ class Index:
     def read(self, root: str) -> None:
         """Every line of the manifests under ``root`` (their problems in
         :attr:`problems`)."""
-        for found in read_lines(root, self.problems, wanted=_not_open):
+        for found in read_lines(root, self.problems, wanted=_not_open, heads=True):
             self.add(found.line, found.manifest, found.place)
 
 
@@ -261,6 +296,21 @@ def _not_open(raw: bytes) -> bool:
     return _OPEN not in raw
 
 
+def read_index(root: str, *, from_traces: bool = False, scan: Scan | None = None) -> Index:
+    """What the windows need of the manifests under ``root`` (from ``scan`` when the
+    caller read them already)."""
+    index = Index(from_traces=from_traces)
+    if scan is None:
+        index.read(root)
+    else:
+        for r in scan.records:
+            index.add(from_json({k: v for k, v in r.items() if not k.startswith("_")}),
+                      r["_manifest"], None)
+        index.problems = list(scan.problems)
+    index.end_process()
+    return index
+
+
 def from_manifests(root: str, *, from_traces: bool = False, scan: Scan | None = None,
                    index: Index | None = None
                    ) -> tuple[list[dict[str, Any]], list[str], list[dict[str, Any]]]:
@@ -270,14 +320,8 @@ def from_manifests(root: str, *, from_traces: bool = False, scan: Scan | None = 
     line lies, or the figures themselves when ``scan`` holds them) and is not read again,
     unless ``from_traces``; ``scan`` or ``index``: the manifests, already read."""
     if index is None:
-        index = Index(from_traces=from_traces)
-        if scan is None:
-            index.read(root)
-        else:
-            for r in scan.records:
-                index.add(from_json({k: v for k, v in r.items() if not k.startswith("_")}),
-                          r["_manifest"], None)
-            index.problems = list(scan.problems)
+        index = read_index(root, from_traces=from_traces, scan=scan)
+    index.end_process()
     problems = [f"manifest {p.path}{f':{p.line}' if p.line else ''}: {p.why}"
                 for p in index.problems]
     traces: list[_Trace] = index.traces
@@ -314,6 +358,8 @@ def from_manifests(root: str, *, from_traces: bool = False, scan: Scan | None = 
     if index.notes_left_out:
         problems.append(f"the manifests hold more than {MAX_NOTES} notes: "
                         f"{index.notes_left_out} more were not read")
+    del traces
+    index.release()  # what it gathered is in the windows now (a caller may still hold it)
     for window in found.values():
         window.pop("_last", None)
         window.pop("identities", None)
@@ -379,10 +425,10 @@ def _place(window: dict[str, Any], r: _Trace, root: str, index: Index) -> None:
         also = why.setdefault("also", [])
         if len(also) < _ALSO:
             also.append({"rank": rank, "trigger": trigger, "request": r.request})
-    limit = index.limits.get((r.manifest, str(r.capture)))
+    limit = r.limit
     if limit is not None and limit not in [x["why"] for x in window["limits"]]:
         window["limits"].append({"rank": rank, "why": limit})
-    summary = index.summaries.get((r.manifest, path))
+    summary = r.summary
     if r.status == "failed" or full is None:
         window["dropped"].append({"rank": rank, "backend": r.backend,
                                   "why": r.error or "no file written"})
@@ -446,4 +492,4 @@ def from_folders(root: str) -> tuple[list[dict[str, Any]], list[str]]:
 
 
 __all__ = ["IDENTITY", "Entry", "Index", "describe", "from_folders", "from_manifests",
-           "process_of"]
+           "process_of", "read_index"]

@@ -25,11 +25,34 @@ from __future__ import annotations
 
 import abc
 import functools
+import math
+import os
 from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager
 from typing import Any, ClassVar, Protocol
 
 import attrs
+
+from policy_engine.files.records import Status
+
+#: Tests only: seconds this process's clock is moved by, so that a test job shows what a
+#: host whose clock is off does to the figures: its traces' timestamps (the torch
+#: session's ``baseTimeNanoseconds``) and its readings of the job's clock
+#: (runtime.triggers.clock) move together, as a host's clock would move them.
+TEST_CLOCK_SHIFT = "POLICY_ENGINE_TEST_CLOCK_SHIFT"
+
+
+def clock_shift_ns() -> int:
+    """:data:`TEST_CLOCK_SHIFT` in nanoseconds (0 when unset or not a finite number of
+    at most a day)."""
+    text = os.environ.get(TEST_CLOCK_SHIFT)
+    if not text:
+        return 0
+    try:
+        seconds = float(text)
+    except ValueError:
+        return 0
+    return int(seconds * 1e9) if math.isfinite(seconds) and abs(seconds) <= 86400 else 0
 
 
 class BackendUnavailable(RuntimeError):
@@ -127,7 +150,7 @@ class Session(abc.ABC):
         failure, when it may be anywhere)."""
 
     # -- optional: defaults that do nothing ---------------------------------------------
-    def set_reporter(self, report: Callable[[Artifact, str], None],
+    def set_reporter(self, report: Callable[[Artifact, Status], None],
                      name: Callable[[], str]) -> None:
         """Called once, when the capture is made, for a session that writes files outside
         the transitions (the memory backend's out-of-memory snapshot): ``report(artifact,

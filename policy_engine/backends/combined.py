@@ -23,6 +23,7 @@ from typing import Any
 import attrs
 
 from policy_engine.backends.base import Artifact, BackendUnavailable, CaptureInfo, Session
+from policy_engine.files.records import Status
 
 log = logging.getLogger("policy_engine")
 
@@ -57,7 +58,7 @@ class CombinedSession(Session):
     def note(self, facts: dict[str, Any]) -> None:
         self._each(lambda s: s.note(facts))
 
-    def set_reporter(self, report: Callable[[Artifact, str], None],
+    def set_reporter(self, report: Callable[[Artifact, Status], None],
                      name: Callable[[], str]) -> None:
         self._each(lambda s: s.set_reporter(report, name))
 

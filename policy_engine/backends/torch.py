@@ -18,13 +18,20 @@ import importlib.util
 import json
 import logging
 import os
+import re
 import shutil
 import warnings
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from typing import Any, ClassVar
 
-from policy_engine.backends.base import Artifact, BackendUnavailable, CaptureInfo, Session
+from policy_engine.backends.base import (
+    Artifact,
+    BackendUnavailable,
+    CaptureInfo,
+    Session,
+    clock_shift_ns,
+)
 from policy_engine.backends.files import torch_extension
 from policy_engine.files.publish import open_temp, write_atomic
 from policy_engine.settings.torch import ACTIVITIES as _ACTIVITIES
@@ -72,20 +79,51 @@ def _write_trace(finished: Any, path: str, *, gz: bool) -> None:
     ``path``, an unguessable temporary name; gzipped when ``gz``. torch's own .gz export
     goes through a file in $TMPDIR and gzips whatever it finds there, even nothing;
     exporting beside the target keeps the check and the space on the output folder's disk."""
+    shift = clock_shift_ns()
     if not gz:
         finished.export_chrome_trace(path)
         check_trace(path)
+        if shift:
+            _shift_base(path, shift)
         return
     raw = path + ".json"
     try:
         finished.export_chrome_trace(raw)
         check_trace(raw)
+        if shift:
+            _shift_base(raw, shift)
         with open(raw, "rb") as src, open_temp(path) as out, \
                 gzip.GzipFile(fileobj=out, mode="wb", compresslevel=6) as dst:
             shutil.copyfileobj(src, dst, 1 << 20)
     finally:
         if os.path.lexists(raw):
             os.unlink(raw)
+
+
+_BASE_TIME = re.compile(rb'"baseTimeNanoseconds"\s*:\s*(\d{1,20})')
+#: Bytes at each end of a trace looked in for its baseTimeNanoseconds (kineto writes it
+#: among the keys before the events).
+_EDGE = 1 << 16
+
+
+def _shift_base(path: str, shift_ns: int) -> None:
+    """Move the trace's baseTimeNanoseconds by ``shift_ns`` (the test clock shift:
+    backends.base.TEST_CLOCK_SHIFT), in place: the digits are rewritten where they are,
+    padded with a space where the new number is shorter (one with more digits than the
+    old is left as it is)."""
+    with open(path, "r+b") as f:
+        size = f.seek(0, os.SEEK_END)
+        for at in (0, max(0, size - _EDGE)):
+            f.seek(at)
+            found = _BASE_TIME.search(f.read(_EDGE))
+            if found is None:
+                continue
+            old = found.group(1)
+            new = str(max(0, int(old) + shift_ns)).encode()
+            if len(new) <= len(old):
+                f.seek(at + found.start(1))
+                f.write(new + b" " * (len(old) - len(new)))
+            return
 
 
 def _not_empty(path: str) -> None:

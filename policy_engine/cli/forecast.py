@@ -20,6 +20,8 @@ import attrs
 
 from policy_engine.analysis.format import size_cell
 from policy_engine.cli.usage import UsageError
+from policy_engine.errors import is_int
+from policy_engine.files.records import Status
 from policy_engine.language.model import Policy, RoleSpec
 from policy_engine.plan.captures import count_ranges
 
@@ -66,10 +68,10 @@ def read_sizes(folder: str) -> Sizes:
     scan = scan_manifests(folder)
     files: dict[tuple[str, str], list[int]] = defaultdict(list)
     for record in scan.records:
-        if record["event"] != "trace" or record.get("status") != "complete":
+        if record["event"] != "trace" or record.get("status") != Status.COMPLETE:
             continue
         size = record.get("bytes")
-        if not isinstance(size, int) or isinstance(size, bool) or size <= 0:
+        if not is_int(size) or size <= 0:
             continue
         backend = str(record.get("backend") or "torch")
         for part in backend.split("+") if "+" in backend else (backend,):

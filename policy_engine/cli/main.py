@@ -28,6 +28,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "trigger": ("trigger", "ask running processes to capture their next steps"),
     "traces": ("traces", "list the traces under a folder"),
     "analyze": ("analyze", "per window and rank: step time, compute, communication, straggler"),
+    "timeline": ("timeline", "each training step: every role's phases on one clock, who waits "
+                 "for whom"),
     "compare": ("compare", "what a change did between two runs, window by window"),
     "report": ("report", "write a static HTML page of a run's captures"),
     "merge": ("merge", "join the per-rank traces of one capture window"),

@@ -3,9 +3,11 @@
 A capture window is what every rank of a role recorded for the same steps and schedule
 cycle: one trace per rank, as the manifests under DIR list them. The merged trace has one
 process per rank, named ``rank N (role, coords)`` and sorted by rank, with the clocks of
-all ranks aligned on each trace's baseTimeNanoseconds. Traces are read and written as
-streams, so memory stays small however large they are. Only torch traces
-(.pt.trace.json[.gz]) are merged; the other files of the window are listed as skipped.
+all ranks aligned on each trace's baseTimeNanoseconds, each rank's moved by the offset to
+rank 0's clock it measured over the job's channel (--own-clocks: not moved). Traces are
+read and written as streams, so memory stays small however large they are. Only torch
+traces (.pt.trace.json[.gz]) are merged; the other files of the window are listed as
+skipped.
 OUT ending in .gz is gzipped. Every trace is read under the bounds the other readers
 keep: --max-trace-mb of text and --max-events events per trace, and a gzip that inflates
 to over 100 times its size is refused (its trailer is looked at first). A trace that
@@ -25,6 +27,7 @@ from typing import Any
 from policy_engine.analysis.chrome_trace import TraceError
 from policy_engine.analysis.merge import (
     choose,
+    clock_said,
     describe,
     merge,
     records,
@@ -59,6 +62,9 @@ def add_parser(sub: Any, name: str, help: str) -> None:
     parser.add_argument("-o", "--output", required=True, metavar="OUT",
                         help="the merged trace (.pt.trace.json, or .gz to compress it)")
     parser.add_argument("--force", action="store_true", help="replace OUT if it exists")
+    parser.add_argument("--own-clocks", action="store_true",
+                        help="leave each rank on its own clock (its measured offset to rank "
+                             "0's not applied)")
     parser.add_argument("--max-trace-mb", type=whole_number, default=MAX_TRACE_MB,
                         metavar="MB", help="refuse a trace of more text than this, "
                         f"uncompressed (default: {MAX_TRACE_MB})")
@@ -91,7 +97,7 @@ def run(args: argparse.Namespace) -> int:
         return EXIT_BAD_DATA
     try:
         events = merge(merged, root, out, args.force,
-                       Bounds(args.max_trace_mb << 20, args.max_events))
+                       Bounds(args.max_trace_mb << 20, args.max_events), args.own_clocks)
     except TraceError as err:  # it names the trace's path, as the manifest gave it
         say(f"{_PROG}: error: {err}")
         return EXIT_BAD_DATA
@@ -102,6 +108,10 @@ def run(args: argparse.Namespace) -> int:
     ranks = [r.get("rank") for r in merged]
     print(f"{out}: {what}, {'rank' if len(set(ranks)) == 1 else 'ranks'} {span(ranks)} "
           f"({_count(len(merged), 'trace')}, {_count(events, 'event')})")
+    if args.own_clocks or any(r.get("_clock") is not None for r in merged):
+        # (without any offset the traces align as they always did; the file's metadata
+        # says so all the same)
+        say(f"{_PROG}: note: clock: {clock_said(merged, args.own_clocks)}")
     return 0
 
 

@@ -18,8 +18,9 @@ import os
 from typing import Any
 
 from policy_engine.analysis.compare_page import section as comparison
+from policy_engine.analysis.listing import collect
 from policy_engine.analysis.ops import read_all_ops
-from policy_engine.analysis.report_analysis import gather, section
+from policy_engine.analysis.report_analysis import section
 from policy_engine.analysis.report_page import captures, render
 from policy_engine.analysis.stall_page import section as stall_section
 from policy_engine.cli._common import check_output, whole_number, write_output
@@ -58,14 +59,16 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"{args.dir} is not a folder")
     out = args.output
     check_output(out, "the page", args.force)
-    data, index = gather(args.dir)  # the manifests read once, for the listing and analysis
+    jobs = os.cpu_count() or 1
+    # The analysis, then the listing, each reading the manifests a line at a time: a run
+    # of 100,000 ranks holds what one of them gathers at a time, not both.
+    extra = [section(args.dir, jobs=jobs,
+                     limits=(args.max_trace_mb << 20, args.max_total_mb << 20))]
+    data = collect(args.dir, slim=True)
     entries = captures(data, args.dir, os.path.dirname(os.path.abspath(out)))
     ops, notes = read_all_ops(entries, args.dir, count=args.ops, top=args.top,
                               limit=args.max_trace_mb << 20, total=args.max_total_mb << 20)
     title = f"Captures under {os.path.abspath(args.dir)}"
-    jobs = os.cpu_count() or 1
-    extra = [section(args.dir, jobs=jobs, index=index,
-                     limits=(args.max_trace_mb << 20, args.max_total_mb << 20))]
     if args.baseline is not None:
         extra.insert(0, comparison(args.baseline, args.dir, jobs=jobs))
     page = render(data, entries, ops, title=title, notes=notes, extra=extra,

@@ -4,8 +4,9 @@ which the writer builds lines with and the reader checks lines with.
 Five kinds of line (the ``event`` key): ``open`` when a capture opens (:class:`OpenLine`),
 ``trace`` per file a capture wrote or failed to write (:class:`TraceLine`), ``close`` when
 it ends (:class:`CloseLine`), ``note`` for what happened to a role that is no capture
-(:class:`NoteLine`), and ``summary`` per torch trace, the figures its rank computed from
-it after the capture (:class:`SummaryLine`, written by ``runtime.process.summaries``).
+(:class:`NoteLine`: a trigger, a limit, a reading of the job's clock), and ``summary``
+per torch trace, the figures its rank computed from it after the capture
+(:class:`SummaryLine`, written by ``runtime.process.summaries``).
 
 :class:`Line` declares every field a line may carry, with its type and what its value
 must be. A field means one thing on every line, whatever its kind (a note line that names
@@ -36,16 +37,47 @@ from typing import Any, ClassVar, TypeVar
 
 import attrs
 
-from policy_engine.errors import printable
+from policy_engine.errors import is_int, printable
 
 #: Keys of a trace line's ``extra`` that name a file written beside the trace (relative
 #: to the output folder, as ``path`` is).
 COMPANIONS = ("plot", "memory_timeline")
-TRACE_STATUSES = ("complete", "partial", "failed", "oom")
-CLOSE_STATUSES = ("complete", "partial", "failed", "interrupted")
-#: complete: ``summary`` holds the figures; failed: ``error`` says why there are none;
-#: cut: the process ended while the summary was being made.
-SUMMARY_STATUSES = ("complete", "failed", "cut")
+
+
+class Status(str, enum.Enum):
+    """How a capture, or one file of it, ended: a member is the word its manifest line says
+    (it equals that word, and JSON writes it so)."""
+
+    COMPLETE = "complete"
+    PARTIAL = "partial"
+    FAILED = "failed"
+    #: trace lines only: a file written at an out-of-memory error, outside any capture
+    OOM = "oom"
+    #: close lines only: the process ended while another thread held the capture
+    INTERRUPTED = "interrupted"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class SummaryStatus(str, enum.Enum):
+    """How a trace's summary came out: ``complete`` (``summary`` holds the figures),
+    ``failed`` (``error`` says why there are none), ``cut`` (the process ended while the
+    summary was being made)."""
+
+    COMPLETE = "complete"
+    FAILED = "failed"
+    CUT = "cut"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+TRACE_STATUSES = tuple(s.value for s in (Status.COMPLETE, Status.PARTIAL, Status.FAILED,
+                                         Status.OOM))
+CLOSE_STATUSES = tuple(s.value for s in (Status.COMPLETE, Status.PARTIAL, Status.FAILED,
+                                         Status.INTERRUPTED))
+SUMMARY_STATUSES = tuple(s.value for s in SummaryStatus)
 
 Record = dict[str, Any]
 #: Steps a close or trace line lists, at most. A capture that covered more (merged steps,
@@ -69,7 +101,7 @@ _CHECK = "check"  # a field's metadata: (check, what its value must be)
 def _is_int(v: Any) -> bool:
     """An integer of 64 bits: JSON allows thousands of digits, which no field of a line
     has, and which would overflow what a reader does with them (a float, a length)."""
-    return isinstance(v, int) and not isinstance(v, bool) and -(1 << 63) <= v < 1 << 63
+    return is_int(v) and -(1 << 63) <= v < 1 << 63
 
 
 def _is_number(v: Any) -> bool:
@@ -176,6 +208,16 @@ class Line:
     seconds: float | Absent = attrs.field(default=ABSENT, metadata=_must(
         lambda v: _is_number(v) and v >= 0, "a number of seconds"))
     trimmed: str | Absent | None = attrs.field(default=ABSENT, metadata=_OPT_STR)
+    # -- a reading of the job's clock (a ``clock`` note): the offset that brings the
+    # process's clock to the reference rank's (``reference_rank``), within
+    # ``uncertainty_us``, the best of ``rounds`` round trips; ``measured_at``: when, on the
+    # process's own clock (Unix seconds)
+    offset_us: float | Absent = attrs.field(default=ABSENT, metadata=_NUMBER)
+    uncertainty_us: float | Absent = attrs.field(default=ABSENT, metadata=_must(
+        lambda v: _is_number(v) and v >= 0, "a number of microseconds, not negative"))
+    reference_rank: int | Absent = attrs.field(default=ABSENT, metadata=_COUNT)
+    rounds: int | Absent = attrs.field(default=ABSENT, metadata=_COUNT)
+    measured_at: float | Absent = attrs.field(default=ABSENT, metadata=_NUMBER)
     #: The keys no field declares, with their values as written.
     more: Mapping[str, Any] = attrs.field(factory=dict)
 
@@ -296,6 +338,28 @@ def from_json(record: Mapping[str, Any]) -> Line:
         else:
             raise ValueError(f"{key}: expected {found[1]}, got {quoted(value)}")
     return kind(**given, more=more)
+
+
+def fields_of(record: Mapping[str, Any], kind: type[_L], names: tuple[str, ...]) -> _L:
+    """The line of ``kind`` an untrusted JSON object holds, with only the fields ``names``
+    (and those its kind requires) read and checked, as :func:`from_json` checks them; the
+    others left out. For a reader that needs a few fields of a line now and reads it whole
+    later, when it needs the rest (``analyze`` keeps of a summary line its trace and
+    status, and reads its figures again by its place)."""
+    event = kind.EVENT
+    if record.get("event", "trace") != event:
+        raise ValueError(f"event: not a {event} line")
+    checks, given = _CHECKS[kind], {}
+    for key in (*_REQUIRED[kind], *names):
+        if key not in record:
+            if key in _REQUIRED[kind]:
+                raise ValueError(f"{key}: missing (every {event} record has one)")
+            continue
+        value, found = record[key], checks[key]
+        if not (type(value) in found[2] or found[0](value)):
+            raise ValueError(f"{key}: expected {found[1]}, got {quoted(value)}")
+        given[key] = value
+    return kind(**given)
 
 
 # -- untrusted values, in messages --------------------------------------------------------

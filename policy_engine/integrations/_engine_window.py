@@ -2,8 +2,11 @@
 the files the engine wrote, matched to those ranks and moved into the layout.
 
 Each selected engine rank (and, with SGLang's ``profile_by_stage``, each stage) is one
-capture in the manifest, with the same fields a training rank's capture has, so
-``traces``, ``merge`` and ``report`` read actor and rollout ranks of a step alike.
+capture in the manifest, with the same fields a training rank's capture has, written
+through the same lifecycle (:class:`~policy_engine.runtime.capture.lines.Lines`: open,
+trace, close), so ``traces``, ``merge`` and ``report`` read actor and rollout ranks of a
+step alike. A manifest that cannot be written stops no window: the engine's files are
+still moved into the layout.
 """
 
 from __future__ import annotations
@@ -11,61 +14,72 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import threading
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from policy_engine.backends.base import Artifact
 from policy_engine.backends.engine.files import EngineFile, publish
-from policy_engine.files.layout import host_name
-from policy_engine.files.records import close_line, note_line, open_line, trace_line
+from policy_engine.files.records import Status, covered_steps
 from policy_engine.language.rules.engine_layout import rank_at
 from policy_engine.plan.plan import Plan
-from policy_engine.runtime.capture.lines import timestamp
-from policy_engine.runtime.process import manifest
-from policy_engine.runtime.process.state import capture_id
+from policy_engine.runtime.capture.driver import Span
+from policy_engine.runtime.capture.lines import Lines, timestamp
 
 log = logging.getLogger("policy_engine")
-
 
 class Part:
     """One engine rank (one stage) of a window: a capture in the manifest."""
 
-    def __init__(self, plan: Plan, stage: str | None, ident: dict[str, Any]) -> None:
+    def __init__(self, plan: Plan, stage: str | None, ident: dict[str, Any],
+                 opened: float, span: Span) -> None:
         self.plan = plan
         self.stage = stage
-        self.id = capture_id()
-        self.record = dict(ident, roles=[plan.role], region=stage, trigger="plan")
-        self.lines = 0
+        self.span = span
+        # the engine's traces are its own processes' captures: no summary worker here
+        self.lines = Lines(dict(ident, roles=[plan.role], region=stage, trigger="plan"),
+                           plan.output_dir, summarise=False, opened=opened)
+        self.lines.follow(self._cycle)
 
-    def append(self, record: Mapping[str, Any]) -> None:
-        with contextlib.suppress(OSError):  # a manifest that cannot be written stops nothing
-            manifest.append(self.plan.output_dir, record)
+    def _cycle(self) -> dict[str, Any]:
+        """What a trace line says of its cycle: the engine records one, the window's steps
+        (its schedule runs inside the engine)."""
+        return {"cycle": 0, "inner_steps": [], "start": self.lines.opened,
+                **covered_steps(self.span.steps), "joined": []}
+
+    def trace(self, status: Status, path: str | None = None, size: int | None = None,
+              error: str | None = None, extra: Mapping[str, Any] | None = None) -> None:
+        found = None if path is None else Artifact(path, size, dict(extra or {}))
+        with contextlib.suppress(OSError):
+            self.lines.trace(found, status, error=error)
+
+    def close(self, status: Status, error: str | None = None) -> None:
+        with contextlib.suppress(OSError):
+            self.lines.close(status, error, steps=self.span.steps, joined=[])
 
 
 class Window:
-    """The parts of one replica in one capture window (one start/stop of its engine)."""
+    """The parts of one replica in one capture window (one start/stop of its engine);
+    ``span``: the outer steps it covers, shared by the replicas' windows of that step."""
 
-    def __init__(self, plans: Sequence[Plan], stages: Sequence[str | None], first: int | None,
+    def __init__(self, plans: Sequence[Plan], stages: Sequence[str | None], span: Span,
                  replica: int, prefix: str, token: str,
                  ident: dict[int, dict[str, Any]]) -> None:
-        self.first = first
+        self.span = span
+        self.first = span.steps[0]
         self.token = token  # SGLang's profile id; part of the prefix
-        self.steps = [] if first is None else [first]
         self.replica = replica
         self.prefix = prefix
         self.started = time.time()
         self.stamp = timestamp()
-        self.parts = [Part(plan, stage, ident[plan.rank]) for plan in plans for stage in stages]
-        self.status: str | None = None  # set when the window is over
+        self.parts = [Part(plan, stage, ident[plan.rank], self.started, span)
+                      for plan in plans for stage in stages]
         self.failed_parts = 0
 
     def open_lines(self) -> None:
         for part in self.parts:
-            part.append(open_line(part.record, capture=part.id, steps=self.steps,
-                                  start=self.started, host=host_name(),
-                                  thread=threading.current_thread().name,
-                                  engine_prefix=self.prefix))
+            with contextlib.suppress(OSError):
+                part.lines.open(steps=list(self.span.steps), engine_prefix=self.prefix)
 
     def stem(self, part: Part, env: Mapping[str, str]) -> str:
         plan = part.plan
@@ -73,37 +87,13 @@ class Window:
         late = plan.late_fields(self.stamp, env)  # as the runtime names
         return plan.capture_name(first=self.first, region=part.stage, cycle=cycle, late=late)
 
-    def _trace(self, part: Part, status: str, path: str | None = None, size: int | None = None,
-               error: str | None = None, extra: Mapping[str, Any] | None = None) -> None:
-        record = trace_line(part.record, capture=part.id, status=status,
-                            path=None if path is None else os.path.relpath(
-                                path, part.plan.output_dir),
-                            bytes=size, end=time.time(), cycle=0, inner_steps=[],
-                            start=self.started, steps=list(self.steps), joined=[])
-        if extra:
-            record["extra"] = dict(extra)
-        if error:
-            record["error"] = error
-        part.lines += 1
-        part.append(record)
-
     def fail(self, error: str) -> None:
         """Every part failed (the engine refused, or timed out): a failed trace and close."""
         for part in self.parts:
-            self._trace(part, "failed", error=error)
-        self.close("failed", error)
-
-    def close(self, status: str, error: str | None = None) -> None:
-        self.status = status
-        for part in self.parts:
-            record = close_line(capture=part.id, status=status, end=time.time(),
-                                steps=list(self.steps), joined=[], traces=part.lines)
-            if error:
-                record["error"] = error
-            part.append(record)
+            part.lines.fail(error, steps=self.span.steps)
 
     def collect(self, files: Sequence[EngineFile], mesh: Mapping[str, int] | None,
-                spanning: bool, env: Mapping[str, str], status: str,
+                spanning: bool, env: Mapping[str, str], status: Status,
                 missing: str | None = None) -> list[str]:
         """Match the engine's files to the window's parts, move them into the layout and
         write the trace and close lines; what could not be matched, for the caller to say."""
@@ -126,26 +116,21 @@ class Window:
                 path, size = publish(found.path, part.plan.output_dir, self.stem(part, env),
                                      found.extension)
             except OSError as err:
-                self._trace(part, "failed", error=f"moving {found.path}: {err}")
+                part.trace(Status.FAILED, error=f"moving {found.path}: {err}")
                 continue
             extra = {"engine": dict(found.coords), "engine_file": os.path.basename(found.path),
                      "engine_prefix": self.prefix, "kind": found.kind}
-            self._trace(part, status, path, size, extra=extra)
+            part.trace(status, path, size, extra=extra)
             if found.kind == "trace":
                 done.add((part.plan.rank, part.stage))
         for key, part in by_key.items():
             if key not in done:
                 self.failed_parts += 1
-                self._trace(part, "failed", error=missing or (
+                part.trace(Status.FAILED, error=missing or (
                     f"the engine wrote no trace for coordinates {_show(part.plan.coords)} "
                     f"(prefix {self.prefix})"))
         for part in self.parts:
-            record = close_line(
-                capture=part.id, end=time.time(), steps=list(self.steps), joined=[],
-                traces=part.lines,
-                status=status if (part.plan.rank, part.stage) in done else "failed")
-            part.append(record)
-        self.status = status
+            part.close(status if (part.plan.rank, part.stage) in done else Status.FAILED)
         return problems
 
     def _frontend(self, found: EngineFile, env: Mapping[str, str]) -> None:
@@ -158,9 +143,9 @@ class Window:
         except OSError as err:
             log.warning("policy-engine: could not move %s: %s", found.path, err)
             return
-        part.append(note_line(part.record, note="engine-frontend", time=time.time(),
-                              host=host_name(), capture=part.id, bytes=size,
-                              path=os.path.relpath(path, part.plan.output_dir)))
+        with contextlib.suppress(OSError):
+            part.lines.note("engine-frontend", bytes=size,
+                            path=os.path.relpath(path, part.plan.output_dir))
 
 
 def _show(coords: Mapping[str, int]) -> str:

@@ -21,6 +21,36 @@ the loop unless the role says ``on_error: raise``.
 ``apply_policy`` is this module's former name for :func:`apply_engine_policy` (it shared
 its name with :func:`policy_engine.apply_policy`, which takes a worker): it still works,
 with a DeprecationWarning.
+
+Why a driver of its own rather than a ``RoleProfiler`` with an engine session: a
+RoleProfiler carries out one role on one rank, in the process that rank runs in; it
+drives one ``Session`` per capture through the schedule's actions at each ``prof.step()``,
+on the capture's own thread and under its backend slot's lock, which a SIGTERM waits for.
+An engine role's ranks run in the engine's processes, and its schedule runs there too:
+
+- one window here is a capture of every selected rank of a replica (of all replicas, for
+  an engine that runs them all), each rank its own capture in the manifest with its own
+  plan, where a Session records one capture of one rank;
+- the engine is handed the schedule at its start (``EngineKind.start_kwargs``) and has
+  only start and stop: no inner step reaches it from here, so the schedule table that
+  drives a Session's prepare, start, step, save and discard has nothing to act on;
+- its calls go to every replica at once, each bounded by a timeout counted in minutes
+  (a stop at TP=2), and for an ``AsyncLLM`` they are awaited on the engine's own event
+  loop (``atraining_step``): a Session's calls are synchronous, on one thread, under a
+  lock a SIGTERM would wait behind for as long;
+- its files come after the stop, in the engine's folder, named by engine coordinates, and
+  are matched to ranks (:mod:`policy_engine.integrations._engine_window`), where a
+  Session's save hands back its own capture's files.
+
+The rest of what a RoleProfiler does (ranges for regions, triggers, allocator history,
+colocated roles, background exports) acts in the process it profiles, which for an engine
+role is the engine's; validate refuses the triggers and second backends an engine role
+cannot have (``language/rules/engine_roles.py``). What the two do alike is written once
+and shared:
+a capture's manifest lifecycle (:class:`policy_engine.runtime.capture.lines.Lines`), the
+outer steps a merged capture covers (:class:`policy_engine.runtime.capture.driver.Span`),
+the names (``Plan.capture_name``) and what a role that is off hands back
+(:data:`policy_engine.runtime.role.off.NULL`).
 """
 
 from __future__ import annotations
@@ -33,6 +63,7 @@ import logging
 import os
 import warnings
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
+from contextlib import AbstractAsyncContextManager, AbstractContextManager
 from typing import Any
 
 from policy_engine import backends
@@ -42,6 +73,7 @@ from policy_engine.backends.engine.control import EngineCallError, EngineTimeout
 from policy_engine.backends.engine.kind import EngineKind
 from policy_engine.errors import ProfilingError
 from policy_engine.files.publish import make_tool_folder
+from policy_engine.files.records import Status
 from policy_engine.integrations._engine_calls import Calls, Offload, Work, adrive, drive
 from policy_engine.integrations._engine_launch import check_launch
 from policy_engine.integrations._engine_window import Window
@@ -50,8 +82,10 @@ from policy_engine.plan.compile import compile_plan
 from policy_engine.plan.plan import Plan
 from policy_engine.plan.topology import Topology
 from policy_engine.runtime.apply import PolicyArg, resolve_policy
+from policy_engine.runtime.capture.driver import Span
 from policy_engine.runtime.process import manifest
 from policy_engine.runtime.process.state import warn_once
+from policy_engine.runtime.role.off import NULL
 
 log = logging.getLogger("policy_engine")
 
@@ -90,7 +124,7 @@ class EngineProfiler:
         self._ident = {r: p.identity(file_hash) for r, p in self.plans.items()}
         self._open: list[Window] = []
         self._pairs: list[tuple[Target, Window]] = []
-        self._last: int | None = None
+        self._span: Span | None = None  # the outer steps of the windows open or last opened
 
     # -- which replicas a window covers ------------------------------------------------
     def _selected(self, replica: int | None) -> list[Plan]:
@@ -98,15 +132,15 @@ class EngineProfiler:
             else layout.ranks_of(replica, self.mesh)
         return [self.plans[r] for r in ranks if self.plans[r].enabled]
 
-    def _windows(self, first: int) -> list[tuple[Target, Window]]:
+    def _windows(self, span: Span) -> list[tuple[Target, Window]]:
         out = []
         for replica, target in self.targets.items():
             plans = self._selected(None if self.spanning else replica)
             if not plans:
                 continue
             token = manifest_token()
-            prefix = files.capture_prefix(self.plan.role, first, replica, token)
-            window = Window(plans, self.stages, first, replica, prefix, token, self._ident)
+            prefix = files.capture_prefix(self.plan.role, span.steps[0], replica, token)
+            window = Window(plans, self.stages, span, replica, prefix, token, self._ident)
             out.append((target, window))
         return out
 
@@ -118,16 +152,18 @@ class EngineProfiler:
     def _begins(self, n: int) -> tuple[bool, bool]:
         """At step ``n``: whether the open window ends first (a merged window the loop
         left), and whether ``n`` opens a window (not when a merged one goes on)."""
-        if not self._open:
+        span = self._span
+        if not self._open or span is None:
             return False, n in self.plan.steps
-        if n == self._pairs[0][1].steps[-1] + 1 and (self._last is None or n <= self._last):
-            for _, window in self._pairs:
-                window.steps.append(n)
+        if span.goes_on_into(n):  # a merged capture's next step, as a role's capture goes on
+            span.add_step(n)
             return False, False
         return True, n in self.plan.steps
 
     def _ends(self, n: int) -> bool:
-        return bool(self._open) and (self._last is None or n >= self._last)
+        span = self._span
+        return bool(self._open) and span is not None and (
+            span.last_step is None or n >= span.last_step)
 
     # -- the steps: decided once (as Work), carried out blocking or awaited -----------
     def _enter(self, n: int) -> Work:
@@ -135,21 +171,21 @@ class EngineProfiler:
         opens one."""
         end, begin = self._begins(n)
         if end:
-            yield from self._stop_all("complete")
+            yield from self._stop_all(Status.COMPLETE)
         if begin:
-            self._pairs = self._windows(n)
-            self._last = self.plan.capture_last(n)
+            self._span = Span(self.plan.role, [n], self.plan.capture_last(n))
+            self._pairs = self._windows(self._span)
             yield from self._start_all(self._pairs)
 
     def _leave(self, n: int) -> Work:
         """After step ``n``: end the window when ``n`` is its last step."""
         if self._ends(n):
-            yield from self._stop_all("complete")
+            yield from self._stop_all(Status.COMPLETE)
 
     def _abandon(self) -> Work:
         """A step failed, or the loop is over: the window still open ends ``partial``."""
         if self._open:
-            yield from self._stop_all("partial")
+            yield from self._stop_all(Status.PARTIAL)
 
     @contextlib.contextmanager
     def training_step(self, n: int) -> Iterator[None]:
@@ -231,7 +267,7 @@ class EngineProfiler:
         for (target, window), error in zip(pairs, errors, strict=True):
             self._start_one(target, window, None if error is None else str(error))
 
-    def _stopped(self, window: Window, error: EngineCallError | None, status: str) -> None:
+    def _stopped(self, window: Window, error: EngineCallError | None, status: Status) -> None:
         """After a stop: collect the window's files. A stop that timed out fails the window
         (the files may come later; they stay where the engine put them). A stop the engine
         refused may still have files behind it (SGLang stops itself after num_steps and
@@ -260,7 +296,7 @@ class EngineProfiler:
                                     f"were not found in {self.folder} within "
                                     f"{self.files_timeout:g} s of the stop")
 
-    def _stop_all(self, status: str) -> Work:
+    def _stop_all(self, status: Status) -> Work:
         """Stop every replica with an open window at once, each window's files collected
         as soon as its own stop returns."""
         windows, self._open = self._open, []
@@ -278,17 +314,17 @@ class EngineProfiler:
 
 
 class OffEngineProfiler:
-    """The profiler of a role that profiles nothing: every method does nothing."""
+    """The profiler of a role that profiles nothing: every method does nothing (a role
+    that is off hands back the one context manager that does nothing,
+    :data:`~policy_engine.runtime.role.off.NULL`, as a worker's does)."""
 
     plan: Plan | None = None
 
-    @contextlib.contextmanager
-    def training_step(self, n: int) -> Iterator[None]:
-        yield
+    def training_step(self, n: int) -> AbstractContextManager[None]:
+        return NULL
 
-    @contextlib.asynccontextmanager
-    async def atraining_step(self, n: int) -> AsyncIterator[None]:
-        yield
+    def atraining_step(self, n: int) -> AbstractAsyncContextManager[None]:
+        return NULL
 
     def close(self) -> None:
         pass

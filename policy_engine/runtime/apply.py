@@ -140,7 +140,8 @@ def _applied(worker: object, role: str) -> tuple[RoleProfiler, Patches | None] |
     entry = STATE.applied.get((id(worker), role))
     if entry is not None:
         ref, prof, patches = entry
-        if ref() is worker:
+        # what apply_policy keeps there: a RoleProfiler and its Patches
+        if ref() is worker and isinstance(prof, RoleProfiler) and isinstance(patches, Patches):
             return prof, patches
         del STATE.applied[(id(worker), role)]
     for value in vars(worker).values() if hasattr(worker, "__dict__") else ():

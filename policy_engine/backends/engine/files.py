@@ -30,8 +30,6 @@ import attrs
 from policy_engine.files.publish import moved_from, write_atomic
 from policy_engine.settings.sglang import STAGES as STAGES
 
-#: What vLLM accepts as a profile prefix (``validate_profile_prefix``).
-VLLM_PREFIX = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 _UNSAFE = re.compile(r"[^A-Za-z0-9.-]+")
 
 _VLLM_WORKER = re.compile(
@@ -72,7 +70,9 @@ def capture_prefix(role: str, step: int | None, replica: int, token: str) -> str
     """The prefix a capture gives the engine: role, step, replica and a token of the
     capture, so no two replicas or captures share a file name (vLLM's and SGLang's
     default names collide across replicas that share a folder). Never holds ``_``: vLLM
-    joins its own fields with it."""
+    joins its own fields with it. What vLLM's ``validate_profile_prefix`` accepts: a
+    letter or digit, then letters, digits, ``.``, ``_`` and ``-``, 128 at most
+    (tests/test_engines_validate.py holds it to that)."""
     parts = ["pe", role, "session" if step is None else f"step{step}", f"dp{replica}", token]
     text = "-".join(_UNSAFE.sub("-", p).strip("-") or "x" for p in parts)
     return text[:128]

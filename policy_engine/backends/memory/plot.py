@@ -33,6 +33,7 @@ from policy_engine.backends.memory.snapshot import (
     check_snapshot,
     load_snapshot,
 )
+from policy_engine.errors import is_int
 from policy_engine.files.publish import publish
 from policy_engine.language.values.sizes import human_bytes
 
@@ -84,7 +85,7 @@ class Summary:
 
 def _int(d: dict[Any, Any], key: str) -> int | None:
     value = d.get(key)
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
+    return value if is_int(value) else None
 
 
 def _dicts(raw: object) -> list[dict[Any, Any]]:

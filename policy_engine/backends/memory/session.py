@@ -26,11 +26,12 @@ from policy_engine.backends.base import Artifact, BackendUnavailable, CaptureInf
 from policy_engine.backends.files import OOM, SNAPSHOT
 from policy_engine.backends.memory.device import MemoryApi, detect
 from policy_engine.files.publish import open_temp, write_atomic
+from policy_engine.files.records import Status
 
 log = logging.getLogger("policy_engine")
 
 #: What a capture passes for reporting an artifact it did not save itself: (artifact, status).
-Report = Callable[[Artifact, str], None]
+Report = Callable[[Artifact, Status], None]
 #: Out-of-memory snapshots written outside captures, at most, per process: one per outer
 #: step, and no more than this (a run that catches the error and goes on each step would
 #: otherwise fill the disk with snapshots of up to ``max_entries`` events each).
@@ -44,7 +45,7 @@ class Keeper(Protocol):
         """The name (no extension) of a file written now, for the role's step under way,
         and that step (None outside ``training_step``); None once the role closed."""
 
-    def report(self, artifact: Artifact, status: str, step: int | None) -> None:
+    def report(self, artifact: Artifact, status: Status, step: int | None) -> None:
         """Record a file written outside any capture in the manifest."""
 
 
@@ -165,7 +166,7 @@ class MemorySession(Session):
                     "%d free): allocator history written to %s", self._api.device, device,
                     asked, limit, free, path)
         if self._report is not None:
-            self._report(Artifact(path, size, extra, backend="memory"), "oom")
+            self._report(Artifact(path, size, extra, backend="memory"), Status.OOM)
 
 
 class MemoryBackend:
@@ -287,7 +288,7 @@ class MemoryBackend:
         log.warning("policy-engine: out of memory on %s:%d (asked %d bytes, device limit %d, "
                     "%d free) outside a capture: allocator history written to %s",
                     api.device, device, asked, limit, free, path)
-        keeper.report(Artifact(path, size, extra, backend="memory"), "oom", step)
+        keeper.report(Artifact(path, size, extra, backend="memory"), Status.OOM, step)
 
 
 BACKEND = MemoryBackend

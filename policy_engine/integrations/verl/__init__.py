@@ -30,6 +30,9 @@ from typing import Any
 ENV_FILE = "PROFILE_POLICY"
 #: The verl module whose DistProfiler the plugin patches.
 PROFILE_MODULE = "verl.utils.profiler.profile"
+#: verl's rollout servers (one Ray actor per replica), patched by ``rollout.py``.
+VLLM_SERVER = "verl.workers.rollout.vllm_rollout.vllm_async_server"
+SGLANG_SERVER = "verl.workers.rollout.sglang_rollout.async_sglang_server"
 _LOCK = threading.Lock()
 
 
@@ -79,8 +82,8 @@ class _Finder(importlib.abc.MetaPathFinder):
 #: engine driver.
 PATCHES = {
     PROFILE_MODULE: ("patch", "patch_profile_module"),
-    "verl.workers.rollout.vllm_rollout.vllm_async_server": ("rollout", "patch_vllm_server"),
-    "verl.workers.rollout.sglang_rollout.async_sglang_server": ("rollout", "patch_sglang_server"),
+    VLLM_SERVER: ("rollout", "patch_vllm_server"),
+    SGLANG_SERVER: ("rollout", "patch_sglang_server"),
 }
 
 

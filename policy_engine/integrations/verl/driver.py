@@ -68,7 +68,7 @@ class _StageRange:
     def __enter__(self) -> None:
         self.block.__enter__()
         capture = self.prof.slot.capture
-        if capture is not None and capture.owner == self.prof.plan.role:
+        if capture is not None and capture.span.owner == self.prof.plan.role:
             self.capture, self.entry = capture, capture.regions.region_enter(self.stage)
 
     def __exit__(self, *exc: Any) -> None:

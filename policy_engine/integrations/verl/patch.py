@@ -29,7 +29,7 @@ from policy_engine.language.load import ENV_FILE
 from policy_engine.language.model import Policy
 from policy_engine.plan.topology import Topology
 from policy_engine.runtime.apply import Profiler, profile_session
-from policy_engine.runtime.process.state import STATE
+from policy_engine.runtime.process.state import warn_once
 
 log = logging.getLogger("policy_engine")
 #: The takeover line is INFO, and verl sets the root logger to WARNING: this logger says
@@ -167,14 +167,11 @@ def _drive(policy: Policy, given: verl_roles.Assignment, rank: int, config: Any,
 
 
 def _say(key: object, message: str, *args: object) -> None:
-    """Log at INFO the first time ``key`` is seen in this process."""
-    with STATE.lock:
-        if key in STATE.warned:
-            return
-        STATE.warned.add(key)
+    """Log at INFO the first time ``key`` is seen in this process (the plugin's logger is
+    set to INFO where nothing set it, so that the line shows)."""
     if said.level == logging.NOTSET:
         said.setLevel(logging.INFO)
-    said.info(message, *args)
+    warn_once(key, message, *args, level=logging.INFO, logger=said)
 
 
 def driver_of(profiler: Any) -> VerlDriver | Forward | None:

@@ -34,6 +34,7 @@ from typing import Any
 
 from policy_engine.backends.engine.kind import staging_folder
 from policy_engine.backends.vllm.checks import launch_config
+from policy_engine.errors import is_int
 from policy_engine.integrations.engines import (
     EngineProfiler,
     OffEngineProfiler,
@@ -50,8 +51,6 @@ from policy_engine.runtime.process.state import warn_once
 
 log = logging.getLogger("policy_engine")
 
-VLLM_SERVER = "verl.workers.rollout.vllm_rollout.vllm_async_server"
-SGLANG_SERVER = "verl.workers.rollout.sglang_rollout.async_sglang_server"
 #: The attribute of a server holding its :class:`_Rollout`.
 ATTR = "_policy_engine_rollout"
 _PATCHED = "__policy_engine_patched__"
@@ -98,10 +97,10 @@ class _Rollout:
     def step_of(self, server: Any, kwargs: dict[str, Any]) -> int:
         self.starts += 1
         given = kwargs.get("global_step", kwargs.get("profile_step"))
-        if isinstance(given, int) and not isinstance(given, bool):
+        if is_int(given):
             return given
         version = getattr(server, "global_steps", None)
-        if isinstance(version, int) and not isinstance(version, bool):
+        if is_int(version):
             return version + 1
         return self.starts
 

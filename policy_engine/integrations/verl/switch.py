@@ -21,29 +21,26 @@ from policy_engine.language.load import ENV_FILE, load_policy
 from policy_engine.language.model import Policy
 from policy_engine.language.read.overrides import ENV_OVERRIDES
 from policy_engine.runtime.apply import resolve_policy
-from policy_engine.runtime.process.state import STATE
+from policy_engine.runtime.process.state import warn_once, warned
 
 said = logging.getLogger("policy_engine.verl")
 
-#: The key in the process state's one-time set that records that the plugin turned itself
-#: off (the line was said); ``runtime.process.state.reset`` turns it back on, for tests.
+#: The one-time key (``warn_once``) of the line that says the plugin turned itself off;
+#: ``runtime.process.state.reset`` turns it back on, for tests.
 OFF = ("verl-plugin-off",)
 
 
 def is_off() -> bool:
     """Whether a failure turned the plugin off in this process."""
-    return OFF in STATE.warned
+    return warned(OFF)
 
 
 def turn_off(who: str, why: str) -> None:
     """Turn the plugin off in this process, saying so once: ``who`` (the verl worker or
     server) cannot be profiled because ``why`` (what is wrong, and what to do)."""
-    with STATE.lock:
-        if OFF in STATE.warned:
-            return
-        STATE.warned.add(OFF)
-    said.error("policy-engine: %s cannot be profiled: %s; profiling is off in this process "
-               "(verl's own profiler too) and training goes on", who, why)
+    warn_once(OFF, "policy-engine: %s cannot be profiled: %s; profiling is off in this "
+              "process (verl's own profiler too) and training goes on", who, why,
+              level=logging.ERROR, logger=said)
 
 
 def raises(policy: Policy, role: str) -> bool:

@@ -9,7 +9,7 @@ import re
 from collections.abc import Mapping
 from typing import Any, NoReturn
 
-from policy_engine.errors import Location, PolicyError, json_path
+from policy_engine.errors import Location, PolicyError, is_int, json_path
 from policy_engine.integrations.verl_config import tools
 from policy_engine.integrations.verl_config.engine import rollout_role
 from policy_engine.integrations.verl_config.resolve import InterpolationError, Resolver
@@ -133,7 +133,7 @@ class _Converter:
             self.out.say(("roles",), "global_profiler.steps=null: verl starts no profiled step")
             return []
         if not isinstance(steps, list) or any(
-            isinstance(s, bool) or not isinstance(s, int) or s < 0 for s in steps
+            not is_int(s) or s < 0 for s in steps
         ):
             self.fail(
                 "global_profiler.steps",
@@ -224,7 +224,7 @@ class _Converter:
         all_ranks = self.get(f"{key}.all_ranks", False)
         ranks = self.get(f"{key}.ranks") or []
         if not isinstance(ranks, list) or any(
-            isinstance(r, bool) or not isinstance(r, int) or r < 0 for r in ranks
+            not is_int(r) or r < 0 for r in ranks
         ):
             self.fail(f"{key}.ranks", f"{key}.ranks must be a list of ranks >= 0, got {ranks!r}")
         if all_ranks:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any, NoReturn, Protocol
 
+from policy_engine.errors import is_int
 from policy_engine.integrations.verl_config.result import Conversion, RoleBlock
 from policy_engine.integrations.verl_config.tools import contents_of
 
@@ -27,7 +28,7 @@ class Reader(Protocol):
 def _size(conv: Reader, key: str) -> int:
     value = conv.get(key, 1)
     value = 1 if value is None else value
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+    if not is_int(value) or value < 1:
         conv.fail(key, f"{key} must be an integer >= 1, got {value!r}")
     return int(value)
 

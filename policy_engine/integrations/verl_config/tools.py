@@ -8,6 +8,8 @@ from typing import Any
 
 import attrs
 
+from policy_engine.errors import is_int
+
 #: verl tool -> policy backend, for the tools a worker process runs.
 BACKENDS = {"torch": "torch", "npu": "mstx", "nsys": "nsight", "torch_memory": "memory"}
 #: What each tool's ``contents`` may hold (verl's own checks).
@@ -65,7 +67,7 @@ def contents_of(block: Mapping[str, Any], tool: str, key: str, fail: Fail) -> li
 def _count(block: Mapping[str, Any], name: str, key: str, fail: Fail) -> int:
     value = block.get(name, 0)
     value = 0 if value is None else value
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+    if not is_int(value) or value < 0:
         fail(f"{key}.{name}", f"{key}.{name} must be an integer >= 0, got {value!r}")
     return int(value)
 
@@ -196,7 +198,7 @@ def nsys_tool(
 
 def memory_tool(block: Mapping[str, Any], key: str, fail: Fail) -> Tool:
     entries = block.get("trace_alloc_max_entries", 100_000)
-    if isinstance(entries, bool) or not isinstance(entries, int) or entries <= 0:
+    if not is_int(entries) or entries <= 0:
         fail(
             f"{key}.trace_alloc_max_entries",
             f"{key}.trace_alloc_max_entries must be a positive integer, got {entries!r}",

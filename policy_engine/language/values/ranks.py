@@ -13,12 +13,11 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 
 import attrs
 
-from policy_engine.errors import describe, did_you_mean
+from policy_engine.errors import describe, did_you_mean, is_int
 from policy_engine.language.values.selector import (
     Path,
     SelectorError,
     _bounded_int,
-    _is_int,
     _number,
 )
 
@@ -88,7 +87,7 @@ def _words(dim: str) -> tuple[str, str]:
 
 
 def _spans(value: object, dim: str, path: Path) -> list[_Span]:
-    if _is_int(value):
+    if is_int(value):
         _bounded_int(value, *_words(dim), path)
         return [_Span(value, value, path)]
     if not isinstance(value, str):
@@ -173,7 +172,7 @@ class RankSelector:
                         (index,),
                     )
             return cls(tuple(_clause(item, (index,)) for index, item in enumerate(value)))
-        if _is_int(value) or isinstance(value, (str, Mapping)):
+        if is_int(value) or isinstance(value, (str, Mapping)):
             return cls((_clause(value, ()),))
         raise SelectorError(
             "ranks must be 'all', a rank number, a range string, a mapping of dimensions "

@@ -15,7 +15,7 @@ from typing import Any
 
 import attrs
 
-from policy_engine.errors import describe
+from policy_engine.errors import describe, is_int
 
 __all__ = ["FIELDS", "Action", "Schedule", "ScheduleError"]
 
@@ -40,7 +40,7 @@ class ScheduleError(ValueError):
 
 def _check_count(_inst: object, attribute: attrs.Attribute[int], value: object) -> None:
     # bool is an int subclass; `active: true` is surely a mistake, not 1.
-    if not isinstance(value, int) or isinstance(value, bool):
+    if not is_int(value):
         raise ScheduleError(
             f"schedule field '{attribute.name}' must be an integer, got {describe(value)}",
             (attribute.name,),

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import TypeGuard
-
 Path = tuple[str | int, ...]
 
 #: Step, rank and index numbers stay below this. A number of thousands of digits is a typo,
@@ -23,10 +21,6 @@ class SelectorError(ValueError):
     def __repr__(self) -> str:
         return f"SelectorError({self.message!r}, path={self.path!r})"
 
-
-def _is_int(value: object) -> TypeGuard[int]:
-    # bool is an int subclass, but `steps: true` is a mistake, not step 1.
-    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _shown(text: str) -> str:

@@ -7,6 +7,8 @@ where they are declared.
 
 from __future__ import annotations
 
+from policy_engine.errors import is_int
+
 #: Binary units, smallest first: each is 1024 of the one before.
 UNITS = ("B", "KiB", "MiB", "GiB", "TiB")
 
@@ -25,7 +27,7 @@ def human_bytes(n: float) -> str:
 def size_cell(n: object) -> str:
     """Bytes as tables and summaries show them: '512 B', '1.5 KiB', '2.0 TiB' (one
     decimal past bytes); '-' for what is not a number of bytes."""
-    if not isinstance(n, int) or isinstance(n, bool):
+    if not is_int(n):
         return "-"
     if n < 1024:
         return f"{n} B"

@@ -17,14 +17,13 @@ from typing import TYPE_CHECKING
 
 import attrs
 
-from policy_engine.errors import describe, did_you_mean
+from policy_engine.errors import describe, did_you_mean, is_int
 from policy_engine.language.values import runs as arithmetic
 from policy_engine.language.values.runs import ALL, Run
 from policy_engine.language.values.selector import (
     Path,
     SelectorError,
     _bounded_int,
-    _is_int,
     _number,
 )
 
@@ -60,7 +59,7 @@ PERIODIC_KEYS = ("every", "from", "until")
 
 def _periodic_field(body: dict[object, object], key: str, minimum: int, path: Path) -> int:
     value = body[key]
-    if not _is_int(value):
+    if not is_int(value):
         raise SelectorError(f"{key} must be an integer, got {describe(value)}", (*path, key))
     _bounded_int(value, key, "steps", (*path, key))
     if value < minimum:
@@ -92,7 +91,7 @@ def _periodic(body: dict[object, object], path: Path) -> Run:
 def _step_item(value: object, path: Path, runs: list[Run]) -> None:
     if isinstance(value, dict):
         runs.append(_periodic(value, path))
-    elif _is_int(value):
+    elif is_int(value):
         _bounded_int(value, "step", "steps", path)
         if value < 0:
             raise SelectorError(f"step {value} is negative", path)
@@ -162,7 +161,7 @@ class StepSet:
         if isinstance(value, (list, tuple)):
             for index, item in enumerate(value):
                 _step_item(item, (index,), runs)
-        elif _is_int(value) or isinstance(value, (str, dict)):
+        elif is_int(value) or isinstance(value, (str, dict)):
             _step_item(value, (), runs)
         else:
             raise SelectorError(
@@ -193,7 +192,7 @@ class StepSet:
                     if stop is None and stride == 1), default=None)
 
     def __contains__(self, step: object) -> bool:
-        if not _is_int(step):
+        if not is_int(step):
             return False
         for start, stop, stride in self.runs:
             if start <= step and (stop is None or step <= stop) and (step - start) % stride == 0:

@@ -18,6 +18,8 @@ from typing import Any
 
 import attrs
 
+from policy_engine.errors import is_int
+
 __all__ = ["AFTER_PATTERN", "BYTES_PATTERN", "Limits", "SlowStep", "Stall", "Triggers",
            "limits_schema", "parse_after", "parse_bytes", "triggers_schema"]
 
@@ -34,7 +36,7 @@ _FACTOR = re.compile(AFTER_PATTERN)
 
 def parse_bytes(value: int | str) -> int:
     """``2GiB`` -> 2147483648; ValueError for what :data:`BYTES_PATTERN` refuses."""
-    if isinstance(value, int) and not isinstance(value, bool):
+    if is_int(value):
         if value < 1:
             raise ValueError(f"a size must be at least 1 byte, got {value}")
         return value

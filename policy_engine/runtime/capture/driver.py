@@ -1,9 +1,10 @@
 """One capture: a backend session driven through the schedule's actions, on one thread.
 
 The schedule decides the action at every inner step; the backend is called only when the
-action changes, through one table (:data:`TABLE`, below, beside the methods it names) of
-``(previous, current) -> operations``. Between changes ``step()`` is an increment and a
-comparison: ``cursor.quiet_until`` is the next inner step that needs any work.
+action changes, through one table (:meth:`Capture.transitions`, beside the methods it
+lists) of ``(previous, current) -> the capture's bound methods``, torch.profiler's
+``action_map``. Between changes ``step()`` is an increment and a comparison:
+``cursor.quiet_until`` is the next inner step that needs any work.
 
 It is built from parts, each changed only by its own methods: ``cursor`` (where it is in
 the schedule, :class:`Cursor`), ``cycle`` (the cycle under way, capture.cycle), ``span``
@@ -24,9 +25,9 @@ import itertools
 import logging
 import threading
 from collections.abc import Callable
-from typing import Any
 
 from policy_engine.backends.base import Session
+from policy_engine.files.records import Status
 from policy_engine.language.values.schedule import Action, Schedule
 from policy_engine.runtime.capture import shortfall
 from policy_engine.runtime.capture.collective_notes import CollectiveNotes
@@ -35,42 +36,13 @@ from policy_engine.runtime.capture.home import Home
 from policy_engine.runtime.capture.lines import Lines, Recorded, timestamp
 from policy_engine.runtime.capture.ranges import Regions
 from policy_engine.runtime.process.budget import Budget
-from policy_engine.runtime.process.export import Exporter
 from policy_engine.runtime.process.state import Slot, warn_once
 
 log = logging.getLogger("policy_engine")
 
 NONE, WARMUP, RECORD, SAVE = Action.NONE, Action.WARMUP, Action.RECORD, Action.RECORD_AND_SAVE
-
-# What a change of action does, in order: torch.profiler's action_map, for the engine's
-# backend calls. ``None`` is "the capture just opened". A change that crosses into another
-# schedule cycle first ends the old cycle (old -> NONE), then runs NONE -> new.
-class Op:
-    """The names of the operations the table lists: each is one method of the capture."""
-
-    PREPARE, START, STEP = "prepare", "start", "step"
-    SAVE_DONE, SAVE_CUT, DISCARD = "save_complete", "save_partial", "discard"
-
-
-PREPARE, START, STEP = Op.PREPARE, Op.START, Op.STEP
-SAVE_DONE, SAVE_CUT, DISCARD = Op.SAVE_DONE, Op.SAVE_CUT, Op.DISCARD
-BEGIN = (START, STEP)
-TABLE: dict[tuple[Action | None, Action], tuple[str, ...]] = {
-    (None, NONE): (), (None, WARMUP): (PREPARE,), (None, RECORD): BEGIN, (None, SAVE): BEGIN,
-    (NONE, NONE): (), (NONE, WARMUP): (PREPARE,), (NONE, RECORD): BEGIN, (NONE, SAVE): BEGIN,
-    (WARMUP, NONE): (DISCARD,), (WARMUP, WARMUP): (),
-    (WARMUP, RECORD): BEGIN, (WARMUP, SAVE): BEGIN,
-    (RECORD, NONE): (SAVE_CUT,), (RECORD, WARMUP): (SAVE_CUT, PREPARE),
-    (RECORD, RECORD): (STEP,), (RECORD, SAVE): (STEP,),
-    (SAVE, NONE): (SAVE_DONE,), (SAVE, WARMUP): (SAVE_DONE, PREPARE),
-    (SAVE, RECORD): (SAVE_DONE, *BEGIN), (SAVE, SAVE): (SAVE_DONE, *BEGIN),
-}
-
-
-def starts_recording(old: Action | None, new: Action) -> bool:
-    """Whether going from ``old`` to ``new`` starts recording a cycle: one trace."""
-    return START in TABLE[(old, new)]
-
+#: A change of action (``None`` before: the capture just opened) and what it calls, in order.
+Transitions = dict[tuple[Action | None, Action], tuple[Callable[[], None], ...]]
 
 _NEVER = 1 << 62
 
@@ -111,9 +83,10 @@ class Cursor:
         return self.action in (WARMUP, RECORD, SAVE) and self.schedule is not None and \
             self.schedule.cycle(n) != cycle
 
-    def admit(self, old: Action | None, new: Action) -> Action:
-        """``new``, or NONE when it starts a cycle the budget refuses (then for good)."""
-        if self.budget is not None and new is not NONE and starts_recording(old, new) and \
+    def admit(self, new: Action, starts: bool) -> Action:
+        """``new``, or NONE when it ``starts`` a cycle (one trace) that the budget refuses
+        (then for good)."""
+        if self.budget is not None and new is not NONE and starts and \
                 not self.budget.take():
             self.exhausted = True
             return NONE
@@ -180,21 +153,17 @@ class Capture:
     """A capture in progress. Opened and ended by its owner role, advanced by any step()."""
 
     __slots__ = ("cursor", "cycle", "home", "lines", "name", "notes", "on_failure",
-                 "outcome", "regions", "session", "slot", "span")
+                 "outcome", "regions", "session", "slot", "span", "transitions")
 
     def __init__(self, *, slot: Slot[Capture], session: Session, schedule: Schedule | None,
-                 owner: str, capture_id: str, record: dict[str, Any], name: Namer,
-                 output_dir: str, last_step: int | None,
+                 owner: str, lines: Lines, name: Namer, last_step: int | None,
                  on_failure: Callable[[BaseException, str], None],
-                 step_per_cycle: bool = False, budget: Budget | None = None,
-                 exporter: Exporter | None = None,
-                 on_export_failure: Callable[[BaseException], None] | None = None,
-                 keep: str = "traces") -> None:
+                 step_per_cycle: bool = False, budget: Budget | None = None) -> None:
         self.slot = slot
         self.session = session
         self.name = name
         self.on_failure = on_failure
-        self.span = Span(owner, list(record["steps"]), last_step)
+        self.span = Span(owner, list(lines.record["steps"]), last_step)
         self.cursor = Cursor(schedule, budget)
         self.cycle = Cycle(step_per_cycle)
         self.home = Home(session.any_thread)
@@ -202,22 +171,35 @@ class Capture:
                                self.catch_up)
         self.outcome = Outcome()
         self.notes = CollectiveNotes(slot.name == "torch")  # the trace's collectives
-        self.lines = Lines(record, capture_id, output_dir,
-                           lambda: self.cycle.fields(self.span.steps, self.span.joined),
-                           budget, exporter,
-                           on_export_failure or (lambda err: on_failure(err, "export")),
-                           keep)
+        self.lines = lines  # opened by its owner, before the session was
+        lines.follow(lambda: self.cycle.fields(self.span.steps, self.span.joined))
+        self.transitions = self._transitions()
         # for backends that write outside transitions (OOM dumps)
         session.set_reporter(self.lines.report, self._current_name)
 
-    # -- what the owner's failure handling reads ---------------------------------------
-    @property
-    def owner(self) -> str:
-        return self.span.owner
+    def _transitions(self) -> Transitions:
+        """What each change of action calls, in order: torch.profiler's ``action_map``, for
+        this capture's backend calls. A change that crosses into another schedule cycle
+        first ends the old cycle (old -> NONE), then runs NONE -> new."""
+        prepare, start, step, discard = self._prepare, self._start, self._step, self._discard
+        done, cut = self._save_complete, self._save_partial
+        begin = (start, step)
+        return {
+            (None, NONE): (), (None, WARMUP): (prepare,),
+            (None, RECORD): begin, (None, SAVE): begin,
+            (NONE, NONE): (), (NONE, WARMUP): (prepare,),
+            (NONE, RECORD): begin, (NONE, SAVE): begin,
+            (WARMUP, NONE): (discard,), (WARMUP, WARMUP): (),
+            (WARMUP, RECORD): begin, (WARMUP, SAVE): begin,
+            (RECORD, NONE): (cut,), (RECORD, WARMUP): (cut, prepare),
+            (RECORD, RECORD): (step,), (RECORD, SAVE): (step,),
+            (SAVE, NONE): (done,), (SAVE, WARMUP): (done, prepare),
+            (SAVE, RECORD): (done, *begin), (SAVE, SAVE): (done, *begin),
+        }
 
-    @property
-    def failure(self) -> tuple[BaseException, str] | None:
-        return self.outcome.failure
+    def starts_recording(self, old: Action | None, new: Action) -> bool:
+        """Whether going from ``old`` to ``new`` starts recording a cycle: one trace."""
+        return self._start in self.transitions[(old, new)]
 
     # -- the schedule -------------------------------------------------------------
     def begin(self) -> bool:
@@ -265,7 +247,7 @@ class Capture:
             if cursor.crosses(n, self.cycle.number):
                 self._run(old, NONE)  # the cycle ended between two calls
                 old = NONE
-            new = cursor.admit(old, new)  # limits: no new cycle records
+            new = cursor.admit(new, self.starts_recording(old, new))  # limits: no new cycle
             self._run(old, new)
         except Exception as err:
             self.home.leave()
@@ -277,10 +259,10 @@ class Capture:
         return False
 
     def _run(self, old: Action | None, new: Action) -> None:
-        for op in TABLE[(old, new)]:
-            _OPERATIONS[op](self)
+        for call in self.transitions[(old, new)]:
+            call()
 
-    # -- the backend calls, one per operation of the table ----------------------------
+    # -- the backend calls the table lists ---------------------------------------------
     def _prepare(self) -> None:
         self.outcome.phase = "prepare"
         self._begin_cycle()
@@ -302,10 +284,10 @@ class Capture:
         self.cycle.stepped(self.cursor.inner)
 
     def _save_complete(self) -> None:
-        self._save("complete")
+        self._save(Status.COMPLETE)
 
     def _save_partial(self) -> None:
-        self._save("partial")
+        self._save(Status.PARTIAL)
 
     def _discard(self) -> None:
         self.outcome.phase = "discard"
@@ -331,7 +313,7 @@ class Capture:
             return self.cycle.stem
         return self.name(cycle=self.cursor.cycle_of(self.cursor.inner), timestamp=timestamp())
 
-    def _save(self, status: str) -> None:
+    def _save(self, status: Status) -> None:
         if self.cycle.unnamed:
             self._name_cycle()
         self.outcome.phase = "save"
@@ -341,6 +323,7 @@ class Capture:
         self.session.note({"roles": list(self.lines.record.get("roles") or ()),
                            "capture": self.lines.id, "joined": list(self.span.joined),
                            "inner_steps": list(self.cycle.inner_steps),
+                           "region_ranges": list(self.regions.marked),
                            **self.notes.facts()})
         if self.lines.exporter and self.session.saves_later:
             # the backend stops here, on this thread; the rest waits
@@ -356,7 +339,7 @@ class Capture:
         """A merged capture goes on into outer step ``n``."""
         self.span.add_step(n)
 
-    def end(self, status: str = "complete", stopped_by: str | None = None) -> None:
+    def end(self, status: Status = Status.COMPLETE, stopped_by: str | None = None) -> None:
         """Stop the capture: save a cycle that is recording, discard a warm-up.
 
         On a home-only session from another thread, the end is left to the home thread.
@@ -392,14 +375,15 @@ class Capture:
             finally:
                 home.leave()
 
-    def _finish(self, status: str) -> None:
+    def _finish(self, status: Status) -> None:
         outcome, cycle, session = self.outcome, self.cycle, self.session
         try:
             if cycle.recording and not outcome.dropped:
                 cut_short = self.cursor.schedule is not None and self.cursor.action is not SAVE
-                if cut_short and status == "complete":
+                if cut_short and status is Status.COMPLETE:
                     outcome.reason = self._shortfall(recorded=True)
-                self._save("partial" if status != "complete" or cut_short else "complete")
+                whole = status is Status.COMPLETE and not cut_short
+                self._save(Status.COMPLETE if whole else Status.PARTIAL)
             else:
                 if cycle.warming or cycle.recording:  # a dropped capture discards its recording
                     outcome.phase = "discard"
@@ -408,15 +392,15 @@ class Capture:
                     session.discard()
                 if not outcome.dropped and not cycle.saved and not self.lines.traces and \
                         not self.cursor.exhausted:
-                    if status == "complete":
+                    if status is Status.COMPLETE:
                         outcome.reason = self._shortfall(recorded=False)
-                    self.lines.trace(None, "partial", error=outcome.reason or
+                    self.lines.trace(None, Status.PARTIAL, error=outcome.reason or
                                      "the capture ended before its schedule recorded a step")
         except Exception as err:
             with contextlib.suppress(OSError):
                 if not isinstance(err, Recorded):
-                    self.lines.trace(None, "failed", error=f"{type(err).__name__}: {err}")
-                self._close_line("failed", f"{type(err).__name__}: {err}")
+                    self.lines.trace(None, Status.FAILED, error=f"{type(err).__name__}: {err}")
+                self._close_line(Status.FAILED, f"{type(err).__name__}: {err}")
             outcome.phase = "close"
             with contextlib.suppress(Exception):
                 session.close()
@@ -436,7 +420,7 @@ class Capture:
                                cycle=cycle.number if recorded else None,
                                recorded=len(cycle.inner_steps) if recorded else None)
 
-    def _close_line(self, status: str, error: str | None = None) -> None:
+    def _close_line(self, status: Status, error: str | None = None) -> None:
         outcome = self.outcome
         self.lines.close(status, error, steps=self.span.steps, joined=self.span.joined,
                          waits=self.home.waits, stopped_by=outcome.stopped_by,
@@ -446,7 +430,7 @@ class Capture:
         """End without a trace, discarding what was recorded; the close line says ``why``
         (``reason``). For a whole-session capture that per-step captures replace."""
         self.outcome.dropped, self.outcome.reason = True, why
-        self.end("complete")
+        self.end(Status.COMPLETE)
 
     def _failed(self, error: BaseException) -> None:
         """A backend call failed: record it, release the backend as far as it lets us."""
@@ -462,8 +446,8 @@ class Capture:
         message = f"{type(error).__name__}: {error}"
         with contextlib.suppress(OSError):
             if not isinstance(error, Recorded):
-                self.lines.trace(None, "failed", error=message)
-            self._close_line("failed", message)
+                self.lines.trace(None, Status.FAILED, error=message)
+            self._close_line(Status.FAILED, message)
         self.on_failure(error, outcome.phase)
 
     def terminate(self, why: str) -> None:
@@ -481,11 +465,11 @@ class Capture:
             message = (f"{why} while the capture belonged to thread {home.name!r}: "
                        f"{self.slot.name} can stop a profiler only on its own thread")
             with contextlib.suppress(OSError):
-                self._close_line("interrupted", message)
-            home.ask_end("partial")
+                self._close_line(Status.INTERRUPTED, message)
+            home.ask_end(Status.PARTIAL)
             return
         try:
-            self.end("partial", stopped_by=why)
+            self.end(Status.PARTIAL, stopped_by=why)
         except Exception as err:  # the process is ending; report and go on
             log.warning("policy-engine: could not stop the %s capture of %r: %s",
                         self.slot.name, self.span.owner, err)
@@ -497,7 +481,7 @@ class Capture:
         home = self.home
         if self.outcome.ended or home.inside() or not home.on_home_thread():
             return False
-        self.end("partial", stopped_by=why)
+        self.end(Status.PARTIAL, stopped_by=why)
         return True
 
     def abandon(self, why: str) -> None:
@@ -508,13 +492,6 @@ class Capture:
         thread = self.home.stuck_in()
         name = next((t.name for t in threading.enumerate() if t.ident == thread), thread)
         with contextlib.suppress(OSError):
-            self._close_line("interrupted", f"{why} while thread {name!r} was still in the "
+            self._close_line(Status.INTERRUPTED, f"{why} while thread {name!r} was still in the "
                                             f"capture's {self.outcome.phase} step")
 
-
-# The operations the table names, in the order it lists them.
-_OPERATIONS: dict[str, Callable[[Capture], None]] = {
-    Op.PREPARE: Capture._prepare, Op.START: Capture._start, Op.STEP: Capture._step,
-    Op.SAVE_DONE: Capture._save_complete, Op.SAVE_CUT: Capture._save_partial,
-    Op.DISCARD: Capture._discard,
-}

@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import threading
 
+from policy_engine.files.records import Status
 from policy_engine.runtime.process.state import warn_once
 
 _get_ident = threading.get_ident
@@ -30,7 +31,7 @@ class Home:
         self.pending = False  # another thread left work: read without a lock, often
         self.wanted = 0  # the furthest inner step other threads reached
         self.waits = 0  # transitions that waited for the home thread
-        self.end_requested: str | None = None  # another thread ended the capture
+        self.end_requested: Status | None = None  # another thread ended the capture
         self.busy = 0  # ident of the thread inside a transition
         self.lock = threading.Lock()
         self.pid = os.getpid()  # a forked child never drives its parent's capture
@@ -63,7 +64,7 @@ class Home:
                   "that thread's next call into the profiler (see docs/runtime.md, threads)",
                   threading.current_thread().name, backend, owner, self.name, backend)
 
-    def ask_end(self, status: str) -> None:
+    def ask_end(self, status: Status) -> None:
         """Another thread (or a signal there) ends the capture: the home thread does."""
         self.end_requested = status
         self.pending = True

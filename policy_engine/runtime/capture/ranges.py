@@ -5,7 +5,9 @@ the open range of each depth), cheap enough for every wrapped call. Regions on o
 threads are tracked only when the session takes calls from any thread: torch records the
 home thread alone, so a range elsewhere would show nothing. Ranges exist only while the
 capture records: a region already open when recording starts gets its range then, and
-every range still open when a cycle is saved is closed first.
+every range still open when a cycle is saved is closed first. The names of the ranges a
+cycle marked (:attr:`Regions.marked`) go into its trace's metadata, so that a reader tells
+the regions (the phases of a step) from the other user annotations of the trace.
 """
 
 from __future__ import annotations
@@ -21,6 +23,9 @@ from policy_engine.runtime.capture.home import Home
 from policy_engine.runtime.process.state import GuardedLock, warn_once
 
 log = logging.getLogger("policy_engine")
+#: Region names a cycle's metadata lists at most (a region's name is the policy's or the
+#: code's: a few per role).
+MAX_MARKED = 256
 _get_ident = threading.get_ident
 
 
@@ -41,8 +46,8 @@ class Regions:
     thread outside recording pushes and pops it directly (runtime.role.wrapping), the one
     place where a region costs no call."""
 
-    __slots__ = ("backend", "catch_up", "cycle", "home", "lock", "others", "ranges",
-                 "session", "stack")
+    __slots__ = ("backend", "catch_up", "cycle", "home", "lock", "marked", "others",
+                 "ranges", "session", "stack")
 
     def __init__(self, backend: str, lock: GuardedLock, session: Session, home: Home,
                  cycle: Cycle, catch_up: Callable[[], object]) -> None:
@@ -55,6 +60,7 @@ class Regions:
         self.stack: list[str] = []  # regions open on the home thread, outermost first
         self.ranges: dict[int, Any] = {}  # depth in ``stack`` -> its open range
         self.others: list[Region] = []  # regions open on other threads (any_thread)
+        self.marked: dict[str, None] = {}  # names of the ranges this cycle opened, in order
 
     def region_enter(self, name: str) -> int | Region | None:
         """A region call starts on this thread; its range opens now if recording, else
@@ -107,6 +113,8 @@ class Regions:
             warn_once(("range", self.backend, name),
                       "policy-engine: range %r could not open: %s", name, err)
             return None
+        if len(self.marked) < MAX_MARKED:
+            self.marked[name] = None
         return rng
 
     @staticmethod

@@ -50,9 +50,10 @@ def spend_of(role: str) -> Spend:
     """The role's spend in this process (a forked child starts its own)."""
     key = (os.getpid(), role)
     with STATE.lock:
-        found: Spend | None = STATE.budgets.get(key)
-        if found is None:
-            found = STATE.budgets[key] = Spend()
+        found = STATE.budgets.get(key)
+        if not isinstance(found, Spend):  # none yet: the slot holds nothing else
+            found = Spend()
+            STATE.budgets[key] = found
         return found
 
 
@@ -66,14 +67,6 @@ class Budget:
         self.spend = spend_of(role)
         self.spent_why: str | None = None
         self.spent_at = 0  # spend.freed when the budget was found spent
-
-    @property
-    def cycles(self) -> int:
-        return self.spend.cycles
-
-    @property
-    def bytes(self) -> int:
-        return self.spend.bytes
 
     def captures_left(self) -> int | None:
         """Capture cycles the limits still allow (None: no limit on them)."""

@@ -107,9 +107,10 @@ class Exporter:
 def exporter(in_flight: int) -> Exporter:
     """This process's exporter (made on first use; a larger ``in_flight`` widens it)."""
     with STATE.lock:
-        found: Exporter | None = STATE.exporter
-        if found is None:
-            found = STATE.exporter = Exporter(in_flight)
+        found = STATE.exporter
+        if not isinstance(found, Exporter):  # none yet: the slot holds nothing else
+            found = Exporter(in_flight)
+            STATE.exporter = found
         elif in_flight > found.in_flight:
             found.in_flight = in_flight
         return found

@@ -72,10 +72,10 @@ class _Manifest:
 def _current(output_dir: str) -> _Manifest:
     """This process's manifest under ``output_dir`` (under STATE.manifest_lock)."""
     key = (os.getpid(), output_dir)  # a forked child gets its own file
-    found: _Manifest | None = STATE.manifests.get(key)
-    if found is None:
-        found = STATE.manifests[key] = _Manifest(
-            f"{host_name()}_pid{os.getpid()}_{STATE.started}")
+    found = STATE.manifests.get(key)
+    if not isinstance(found, _Manifest):  # none yet: the slot holds nothing else
+        found = _Manifest(f"{host_name()}_pid{os.getpid()}_{STATE.started}")
+        STATE.manifests[key] = found
     return found
 
 

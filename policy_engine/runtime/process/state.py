@@ -2,8 +2,13 @@
 
 A process has one :class:`Slot` per backend name (colocated roles share it: one capture per
 backend at a time), a counter that numbers captures in the manifest, the signal hooks,
-and the set of one-time warnings already given. :func:`reset` puts all of it back as at
-import, for tests.
+and the set of one-time warnings already given (:func:`warn_once`, the one way anything
+is said once per process). :func:`reset` puts all of it back as at import, for tests.
+
+What the modules above this one keep here (the export thread, the summary workers, each
+manifest's file, each role's spend, each applied profiler) is typed by a Protocol of what
+it is asked here and by a reader of the state, so this module imports none of them; each
+owner takes its own back out through one function that knows its class.
 
 Its locks are :class:`GuardedLock`: while the main thread holds one (or is inside any
 other :func:`critical` stretch), a SIGTERM handler does not act; it leaves the signal
@@ -20,10 +25,17 @@ import os
 import signal
 import threading
 import time
+import weakref
 from collections.abc import Callable
-from typing import Any, Generic, Protocol, TypeVar
+from types import FrameType
+from typing import Any, Generic, Protocol, TypeVar, Union
+
+from policy_engine.backends.base import Backend
+from policy_engine.files.records import Status
 
 log = logging.getLogger("policy_engine")
+#: A signal's disposition, as ``signal.getsignal`` gives it: a handler, or SIG_DFL/SIG_IGN.
+Handler = Union[Callable[[int, Union[FrameType, None]], Any], int, None]  # noqa: UP007
 
 
 class _Depth(threading.local):
@@ -101,13 +113,67 @@ class Running(Protocol):
     """What this module and runtime.process.signals ask of a running capture (runtime.capture.driver
     builds it; this module only holds it, so it never imports it)."""
 
-    def end(self, status: str = ..., stopped_by: str | None = ...) -> None: ...
+    def end(self, status: Status = ..., stopped_by: str | None = ...) -> None: ...
     def terminate(self, why: str) -> None: ...
     def abandon(self, why: str) -> None: ...
     def cut_short(self, why: str) -> bool: ...
 
 
 C = TypeVar("C", bound=Running)
+
+
+class Exports(Protocol):
+    """The export thread (runtime.process.export.Exporter), made on first use."""
+
+    def flush(self, timeout: float | None = ...) -> bool: ...
+
+
+class Summarises(Protocol):
+    """The summary workers (runtime.process.summaries.Pool), made on first use."""
+
+    def wait(self, timeout: float | None) -> bool: ...
+    def finish(self, wait: float) -> None: ...
+
+
+class ManifestFile(Protocol):
+    """This process's manifest under one output folder (runtime.process.manifest): the
+    file its next line goes to."""
+
+    @property
+    def name(self) -> str: ...
+
+
+class Spending(Protocol):
+    """What one role has spent in this process, against its ``limits``
+    (runtime.process.budget.Spend)."""
+
+    cycles: int
+    bytes: int
+
+
+class Applied(Protocol):
+    """A role's profiler on a worker (runtime.role.profiler.RoleProfiler), found again when
+    the role is applied to that worker again."""
+
+    def close(self) -> None: ...
+
+
+class Restores(Protocol):
+    """The methods apply_policy patched on a worker (runtime.role.wrapping.Patches)."""
+
+    def restore(self) -> None: ...
+
+
+class ClockKeeping(Protocol):
+    """The listener that measures the job's clock for this process
+    (runtime.triggers.clock.Keeper): told of each capture opened, and woken."""
+
+    asked: int
+
+    def wake(self) -> None: ...
+
+
+K = TypeVar("K", bound=ClockKeeping)
 
 
 class Slot(Generic[C]):
@@ -118,7 +184,7 @@ class Slot(Generic[C]):
     def __init__(self, name: str) -> None:
         self.name = name
         self.capture: C | None = None
-        self.backend: Any = None  # created on first use; tests may install their own
+        self.backend: Backend | None = None  # created on first use; tests may install their own
         # Serializes transitions of the slot's capture, the opening of one, and its save.
         # Re-entrant: a transition may end the capture it runs in (a failure).
         self.lock = GuardedLock()
@@ -144,11 +210,11 @@ class Hooks:
     def __init__(self) -> None:
         self.exit_installed = False  # atexit
         self.sigterm_installed = False
-        self.previous_sigterm: Any = signal.SIG_DFL
+        self.previous_sigterm: Handler = signal.SIG_DFL
         self.pending_signal: int | None = None  # SIGTERM that arrived in a critical stretch
         self.terminating = False  # the SIGTERM handler is at work
         self.usr2_installed = False
-        self.previous_usr2: Any = signal.SIG_DFL
+        self.previous_usr2: Handler = signal.SIG_DFL
         self.usr2_count = 0  # SIGUSR2s received (runtime.triggers reads it)
         self.signal_hook: Callable[[], None] | None = None  # delivers it (runtime.process.signals)
         # a stall's ask of the main thread to save its captures, partial: (why, when asked)
@@ -166,40 +232,20 @@ class ProcessState:
         self.slots: dict[str, Slot[Any]] = {}
         self.capture_ids = itertools.count(1)
         self.warned: set[object] = set()
-        # (pid, output_dir) -> this process's manifest there (runtime.process.manifest's
-        # record of its current file; a forked child has its own)
-        self.manifests: dict[tuple[int, str], Any] = {}
+        # (pid, output_dir) -> this process's manifest there (a forked child has its own)
+        self.manifests: dict[tuple[int, str], ManifestFile] = {}
         # The manifests' own lock: one line at a time, and a SIGTERM waits for the line
         # to be whole; never held while anything but a regular file is written.
         self.manifest_lock = GuardedLock()
         self.started = time.strftime("%Y%m%d%H%M%S")
         self.hooks = hooks or Hooks()
-        # (id(worker), role) -> (worker's weak reference, profiler, role.wrapping.Patches)
-        self.applied: dict[tuple[int, str], Any] = {}
-        self.exporter: Any = None  # runtime.process.export.Exporter, made on first use
-        self.summaries: Any = None  # runtime.process.summaries.Pool, made on first use
-        self.budgets: dict[tuple[int, str], Any] = {}  # (pid, role) -> runtime.process.budget.Spend
-
-    # The hooks' fields that other modules and tests name on STATE itself.
-    @property
-    def previous_sigterm(self) -> Any:
-        return self.hooks.previous_sigterm
-
-    @previous_sigterm.setter
-    def previous_sigterm(self, value: Any) -> None:
-        self.hooks.previous_sigterm = value
-
-    @property
-    def usr2_count(self) -> int:
-        return self.hooks.usr2_count
-
-    @property
-    def usr2_installed(self) -> bool:
-        return self.hooks.usr2_installed
-
-    @usr2_installed.setter
-    def usr2_installed(self, value: bool) -> None:
-        self.hooks.usr2_installed = value
+        # (id(worker), role) -> (the worker's weak reference, its profiler, its patches)
+        self.applied: dict[tuple[int, str],
+                           tuple[weakref.ref[Any], Applied, Restores]] = {}
+        self.exporter: Exports | None = None
+        self.summaries: Summarises | None = None
+        self.budgets: dict[tuple[int, str], Spending] = {}  # (pid, role) -> its spend
+        self.clock: ClockKeeping | None = None  # runtime.triggers.clock.Keeper: who measures
 
 
 STATE = ProcessState()
@@ -225,20 +271,46 @@ def capture_id() -> str:
     return f"{os.getpid()}-{next(STATE.capture_ids)}"
 
 
-def warn_once(key: object, message: str, *args: object) -> None:
-    """Log ``message`` as a warning the first time ``key`` is seen in this process."""
+def warn_once(key: object, message: str, *args: object, level: int = logging.WARNING,
+              logger: logging.Logger = log) -> None:
+    """Log ``message`` the first time ``key`` is seen in this process: a warning on the
+    ``policy_engine`` logger unless ``level`` and ``logger`` say otherwise (the verl
+    plugin's lines)."""
     with STATE.lock:
         if key in STATE.warned:
             return
         STATE.warned.add(key)
-    log.warning(message, *args)
+    logger.log(level, message, *args)
+
+
+def warned(key: object) -> bool:
+    """Whether :func:`warn_once` has said ``key`` in this process."""
+    return key in STATE.warned
+
+
+def claim_clock(make: Callable[[], K]) -> K | None:
+    """The process's clock keeper made by ``make`` and kept, when none keeps it yet (the
+    first listener of a job's); None when another does."""
+    with STATE.lock:
+        if STATE.clock is not None:
+            return None
+        keeper = make()
+        STATE.clock = keeper
+        return keeper
+
+
+def release_clock(keeper: ClockKeeping) -> None:
+    """``keeper`` keeps the process's clock no more (when it did)."""
+    with STATE.lock:
+        if STATE.clock is keeper:
+            STATE.clock = None
 
 
 def reset() -> None:
     """Forget everything (tests): running captures are ended as partial first."""
     for capture in captures():
         try:
-            capture.end("partial")
+            capture.end(Status.PARTIAL)
         except Exception as err:  # a test double that fails on purpose
             log.debug("reset: ending a capture failed: %r", err)
     if STATE.exporter is not None:
@@ -259,6 +331,7 @@ def _after_fork() -> None:
     STATE.manifest_lock = GuardedLock()
     STATE.exporter = None  # its thread stayed in the parent
     STATE.summaries = None  # so did the summary workers
+    STATE.clock = None  # and the listener thread that measures the job's clock
     for found in STATE.slots.values():
         found.lock = GuardedLock()
         found.capture = None

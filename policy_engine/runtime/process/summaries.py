@@ -44,7 +44,7 @@ from typing import Any
 from policy_engine.analysis.summarize_main import MAX_KEPT_BYTES, MAX_SUMMARY_BYTES, MEMORY_BYTES
 from policy_engine.backends.files import TORCH_GZIP, TORCH_PLAIN
 from policy_engine.files.publish import folder
-from policy_engine.files.records import summary_line
+from policy_engine.files.records import Status, SummaryStatus, summary_line
 from policy_engine.runtime.process import manifest
 from policy_engine.runtime.process.budget import Budget
 from policy_engine.runtime.process.state import STATE, critical, warn_once
@@ -89,7 +89,7 @@ class Job:
 
 
 #: status, summary, error, trimmed
-Outcome = tuple[str, dict[str, Any] | None, str | None, str | None]
+Outcome = tuple[SummaryStatus, dict[str, Any] | None, str | None, str | None]
 
 
 class Pool:
@@ -115,8 +115,9 @@ class Pool:
                     threading.Thread(target=self._run, daemon=True,
                                      name="policy-engine-summary").start()
         if full:
-            self.conclude(job, ("failed", None, f"{MAX_WAITING} traces were already waiting "
-                                "for their summaries: this one is not summarised", None))
+            self.conclude(job, (SummaryStatus.FAILED, None, f"{MAX_WAITING} traces were "
+                                "already waiting for their summaries: this one is not "
+                                "summarised", None))
 
     def _run(self) -> None:
         while True:
@@ -130,7 +131,8 @@ class Pool:
             try:
                 self._work(job)
             except BaseException as err:  # a last resort: the line says what it can
-                self.conclude(job, ("failed", None, f"{type(err).__name__}: {err}", None))
+                self.conclude(job, (SummaryStatus.FAILED, None,
+                                    f"{type(err).__name__}: {err}", None))
             finally:
                 with self.cond:
                     self.running.discard(job)
@@ -141,8 +143,8 @@ class Pool:
         try:
             proc = _spawn(job.full)
         except (OSError, ValueError, subprocess.SubprocessError) as err:
-            self.conclude(job, ("failed", None, f"the summary worker could not start: {err}",
-                                None))
+            self.conclude(job, (SummaryStatus.FAILED, None,
+                                f"the summary worker could not start: {err}", None))
             return
         with self.cond:
             job.proc = proc
@@ -165,7 +167,7 @@ class Pool:
                 if pipe is not None:
                     pipe.close()
         if stopped is not None:
-            self.conclude(job, ("failed", None, stopped, None))
+            self.conclude(job, (SummaryStatus.FAILED, None, stopped, None))
             return
         self.conclude(job, _outcome(out, said, proc.returncode))
 
@@ -204,8 +206,8 @@ class Pool:
                     with contextlib.suppress(OSError):
                         job.proc.kill()
         for job in cut:
-            _record(job, ("cut", None, "cut short by exit: the process ended before the "
-                          "summary was made", None))
+            _record(job, (SummaryStatus.CUT, None, "cut short by exit: the process ended "
+                          "before the summary was made", None))
 
 
 def _spawn(path: str) -> subprocess.Popen[bytes]:
@@ -273,23 +275,23 @@ def _outcome(out: bytes, err: bytes, code: int) -> Outcome:
             name = signal.Signals(-code).name
         hint = (f" (perhaps out of memory: a worker is held to {MEMORY_BYTES >> 20} MiB)"
                 if -code in _MEMORY_SIGNALS else "")
-        return "failed", None, f"the summary worker was ended by {name}{hint}", None
+        return SummaryStatus.FAILED, None, f"the summary worker was ended by {name}{hint}", None
     if code != 0:
-        return ("failed", None, f"the summary worker exited with status {code}: "
+        return (SummaryStatus.FAILED, None, f"the summary worker exited with status {code}: "
                 f"{_said(err)}", None)
     try:
         found = json.loads(out.decode("utf-8"))
     except (UnicodeDecodeError, ValueError, RecursionError):
-        return ("failed", None, f"the summary worker printed no summary: "
+        return (SummaryStatus.FAILED, None, f"the summary worker printed no summary: "
                 f"{_said(out or err)}", None)
     if not isinstance(found, dict):
-        return "failed", None, "the summary worker printed no summary object", None
+        return SummaryStatus.FAILED, None, "the summary worker printed no summary object", None
     if "error" in found:
-        return "failed", None, str(found["error"])[:_SAID], None
+        return SummaryStatus.FAILED, None, str(found["error"])[:_SAID], None
     summary, trimmed = found.get("summary"), found.get("trimmed")
     if not isinstance(summary, dict) or not isinstance(trimmed, (str, type(None))):
-        return "failed", None, "the summary worker printed no summary object", None
-    return "complete", summary, None, trimmed
+        return SummaryStatus.FAILED, None, "the summary worker printed no summary object", None
+    return SummaryStatus.COMPLETE, summary, None, trimmed
 
 
 def _record(job: Job, outcome: Outcome) -> None:
@@ -298,7 +300,7 @@ def _record(job: Job, outcome: Outcome) -> None:
     written."""
     status, summary, error, trimmed = outcome
     trace = job.trace
-    remove = job.remove and status == "complete" and _removable(job)
+    remove = job.remove and status is SummaryStatus.COMPLETE and _removable(job)
     fields: dict[str, Any] = {"kept": not remove, "seconds": round(
         time.monotonic() - job.started, 3) if job.started else 0.0}
     if summary is not None:
@@ -307,7 +309,7 @@ def _record(job: Job, outcome: Outcome) -> None:
         fields["error"] = error
         warn_once(("summary", status), "policy-engine: the summary of %s %s: %s "
                   "(the trace is kept; later ones are not warned about)", trace.get("path"),
-                  "was cut" if status == "cut" else "failed", error)
+                  "was cut" if status is SummaryStatus.CUT else "failed", error)
     if trimmed is not None:
         fields["trimmed"] = trimmed
     line = summary_line({"role": trace.get("role"), "rank": trace.get("rank")},
@@ -363,12 +365,12 @@ def _remove(job: Job) -> None:
 ASCEND_FOLDER = "_ascend_pt"
 
 
-def wanted(path: str | None, part: str | None, status: str,
+def wanted(path: str | None, part: str | None, status: Status,
            extra: Mapping[str, Any] | None = None) -> bool:
     """Whether a trace line's file is summarised: a torch trace, or an Ascend capture
     torch_npu has analysed (``extra``: its trace line's, which says so), complete or
     partial."""
-    if not path or status not in ("complete", "partial"):
+    if not path or status not in (Status.COMPLETE, Status.PARTIAL):
         return False
     if str(path).endswith(ASCEND_FOLDER):
         return part in (None, "mstx") and bool((extra or {}).get("analysed"))
@@ -393,21 +395,22 @@ def order(output_dir: str, trace: Mapping[str, Any], full: str, *, keep: str,
 def pool() -> Pool:
     """This process's pool (made on first use)."""
     with STATE.lock:
-        found: Pool | None = STATE.summaries
-        if found is None:
-            found = STATE.summaries = Pool()
+        found = STATE.summaries
+        if not isinstance(found, Pool):  # none yet: the slot holds nothing else
+            found = Pool()
+            STATE.summaries = found
         return found
 
 
 def wait(timeout: float | None = None) -> bool:
     """Wait for every summary of this process to be written (tests, benchmarks)."""
-    found: Pool | None = STATE.summaries
+    found = STATE.summaries
     return True if found is None else found.wait(timeout)
 
 
 def finish(wait_for: float | None = None) -> None:
     """At exit and on SIGTERM: wait ``wait_for`` seconds at most (:data:`EXIT_WAIT`),
     then cut the rest."""
-    found: Pool | None = STATE.summaries
+    found = STATE.summaries
     if found is not None:
         found.finish(EXIT_WAIT if wait_for is None else wait_for)

@@ -4,26 +4,24 @@
 A backend that offers ``keep(info, keeper)`` (the memory backend) gets a :class:`RoleHistory`
 when the role's profiler is made: the keeper names a file for the step under way with the
 role's template (``<name>_oom.pickle`` of the step the error happened in) and records it
-in the manifest as a ``trace`` line of its own capture id, ``trigger: oom``. A backend
-that cannot keep history here leaves a ``note`` line (``left_out``) and one warning.
+in the manifest as a capture of one ``trace`` line (no open or close line: nothing was
+opened), ``trigger: oom``, through the lifecycle every capture's lines go through
+(:class:`~policy_engine.runtime.capture.lines.Lines`). A backend that cannot keep history
+here leaves a ``note`` line (``left_out``) and one warning.
 """
 
 from __future__ import annotations
 
 import logging
-import os
-import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
 from policy_engine.backends.base import Artifact, BackendUnavailable, CaptureInfo
 from policy_engine.errors import ProfilingError
 from policy_engine.files.layout import host_name
-from policy_engine.files.records import trace_line
+from policy_engine.files.records import Status
 from policy_engine.plan.plan import Plan
-from policy_engine.runtime.capture.lines import timestamp
-from policy_engine.runtime.process import manifest
-from policy_engine.runtime.process.state import capture_id
+from policy_engine.runtime.capture.lines import Lines, timestamp
 
 log = logging.getLogger("policy_engine")
 
@@ -50,19 +48,13 @@ class RoleHistory:
         stem = self.plan.capture_name(first=step, region=None, cycle=None, late=late, at=step)
         return stem, step
 
-    def report(self, artifact: Artifact, status: str, step: int | None) -> None:
-        plan, now = self.plan, time.time()
-        steps = [] if step is None else [step]
-        record = trace_line(
-            self.identity, capture=capture_id(), status=status, trigger=OOM,
-            roles=list(plan.roles_for(step)), region=None, steps=steps, cycle=0,
-            inner_steps=[], joined=[], start=now, end=now, host=host_name(),
-            path=os.path.relpath(artifact.path, plan.output_dir), bytes=artifact.bytes,
-            extra=dict(artifact.extra))
-        if artifact.backend is not None:
-            record["backend"] = artifact.backend
+    def report(self, artifact: Artifact, status: Status, step: int | None) -> None:
+        plan = self.plan
+        lines = Lines(dict(self.identity, trigger=OOM, roles=list(plan.roles_for(step)),
+                           region=None, steps=[] if step is None else [step],
+                           host=host_name()), plan.output_dir)
         try:
-            manifest.append(plan.output_dir, record)
+            lines.trace(artifact, status)
         except OSError as err:
             log.warning("policy-engine: %s written, but not recorded in the manifest: %s",
                         artifact.path, err)

@@ -1,8 +1,9 @@
 """What a rank that profiles nothing gets: methods that do nothing, decided once.
 
 :class:`OffProfiler` is the profiler of a rank whose plan is off; a RoleProfiler that
-fails or is closed swaps its own methods for the ``_off_*`` functions here. Step numbers
-are checked (:func:`as_step`) where the plan is on; a rank that is off checks nothing.
+fails or is closed stays one object in its OFF state, whose methods hand back :data:`NULL`
+here. Step numbers are checked (:func:`as_step`) where the plan is on; a rank that is off
+checks nothing.
 """
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 
 class _Null:
-    """A context manager that does nothing, shared by every disabled call."""
+    """A context manager that does nothing, shared by every disabled call (``async with``
+    too: an engine role that is off, integrations.engines)."""
 
     __slots__ = ()
 
@@ -25,6 +27,12 @@ class _Null:
         return None
 
     def __exit__(self, *exc: object) -> None:
+        return None
+
+    async def __aenter__(self) -> None:
+        return None
+
+    async def __aexit__(self, *exc: object) -> None:
         return None
 
 
@@ -78,16 +86,3 @@ class OffProfiler:
 def _identity(fn: F) -> F:
     return fn
 
-
-def _off_step() -> None:
-    pass
-
-
-def _off_training_step(n: int) -> _Null:
-    if n.__class__ is not int:
-        as_step(n)
-    return NULL
-
-
-def _off_region(name: str) -> _Null:
-    return NULL

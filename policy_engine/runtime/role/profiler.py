@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import enum
 import logging
 import sys
 import threading
@@ -32,16 +33,17 @@ from importlib import metadata
 from typing import Any, TypeVar
 
 from policy_engine import backends
-from policy_engine.backends.base import CaptureInfo
+from policy_engine.backends.base import Backend, CaptureInfo
 from policy_engine.backends.combined import Combined
 from policy_engine.errors import ProfilingError
 from policy_engine.files.layout import host_name
-from policy_engine.files.records import close_line, note_line, open_line, trace_line
+from policy_engine.files.records import Status, note_line
 from policy_engine.plan.plan import Plan
 from policy_engine.runtime.capture.driver import Capture
+from policy_engine.runtime.capture.lines import Lines
 from policy_engine.runtime.process import export, manifest, signals
 from policy_engine.runtime.process.budget import Budget
-from policy_engine.runtime.process.state import Slot, capture_id, slot, warn_once
+from policy_engine.runtime.process.state import Slot, slot, warn_once
 from policy_engine.runtime.role import history
 from policy_engine.runtime.role.off import NULL, as_step
 from policy_engine.runtime.role.wrapping import (
@@ -50,13 +52,28 @@ from policy_engine.runtime.role.wrapping import (
     regions_on,
     wrap_region,
 )
+from policy_engine.runtime.triggers import clock
+from policy_engine.runtime.triggers.listener_thread import ListenerThread
 from policy_engine.runtime.triggers.step_triggers import PLAN, StepTriggers, Why
 
 log = logging.getLogger("policy_engine")
 F = TypeVar("F", bound=Callable[..., Any])
 
-# The states of a RoleProfiler (the module docstring draws them).
-NEW, PROVISIONAL, SESSION, STEPS, OFF = "new", "provisional", "session", "steps", "off"
+
+
+class State(enum.Enum):
+    """The states of a RoleProfiler (the module docstring draws them)."""
+
+    NEW = "new"
+    PROVISIONAL = "provisional"
+    SESSION = "session"
+    STEPS = "steps"
+    OFF = "off"
+
+
+# Module names for the members: the quiet path of step() reads one global, as a constant.
+NEW, PROVISIONAL, SESSION, STEPS, OFF = (State.NEW, State.PROVISIONAL, State.SESSION,
+                                         State.STEPS, State.OFF)
 
 #: The torch profiler's settings that change what a trace holds (compare withholds its
 #: verdict where two runs differ in them).
@@ -98,7 +115,7 @@ class _StepBlock:
         self.prof._exit_step(self.n, failed=exc_type is not None)
 
 
-def _process_backend(name: str) -> Any:
+def _process_backend(name: str) -> Backend:
     """This process's Backend object for ``name`` (kept in its slot; tests may install
     their own there)."""
     found = slot(name)
@@ -127,13 +144,17 @@ class RoleProfiler:
         # the listener thread when it watches for stalls: told where each step ends
         self._watch = self._listener.thread if self._listener is not None and \
             spec.triggers.stall is not None else None
+        # the job's clock, where no listener of the triggers keeps it (runtime.triggers.clock)
+        self._clock = ListenerThread(plan, spec.triggers, job=True, requests=False,
+                                     note=self._note) if clock.wanted(plan, spec.triggers) \
+            else None
         self._exporter = export.exporter(spec.export_in_flight) \
             if spec.export == "background" else None
         self._late: list[BaseException] = []  # background exports that failed
         self._combined: Combined | None = None  # several backends: made on first open
         # -- where the training loop is (changes as it goes) --
         self._state = NEW
-        self._off: str | None = None  # why the profiler stopped for good
+        self._closed = False  # close() was called: a second one does nothing
         self._outer: int | None = None  # the outer step under way
         self._own: Capture | None = None  # the capture this role opened and runs
         self._captured = False  # the step under way is inside a capture
@@ -171,7 +192,7 @@ class RoleProfiler:
         return {"region": list(capture.regions.stack)[:16],
                 "inner_step": next(copy.copy(capture.cursor.ticks)) - 1,
                 "capture": {"id": capture.lines.id, "backend": self.slot.name,
-                            "owner": capture.owner, "steps": list(capture.span.steps[-64:]),
+                            "owner": capture.span.owner, "steps": list(capture.span.steps[-64:]),
                             "thread": home.name,
                             "main": home.ident == threading.main_thread().ident}}
 
@@ -189,7 +210,6 @@ class RoleProfiler:
                 return None
             if self._budget is not None and not self._budget.room():
                 return None
-            cid = capture_id()
             steps = [] if first is None else [first]
             record = dict(self._identity, roles=list(plan.roles_for(first)),
                           region=region, steps=steps, trigger=PLAN if why is None else why.trigger)
@@ -197,19 +217,20 @@ class RoleProfiler:
                 record["request"] = why.request
             last = (None if first is None else plan.capture_last(first)) if why is None \
                 else why.last
+            lines = Lines(record, plan.output_dir, budget=self._budget,
+                          exporter=self._exporter, on_export_failure=self._late.append,
+                          keep=plan.spec.keep)
             signals.install()  # before the open line: a SIGTERM from here on ends it
             try:
-                # Write-ahead: a process killed from here on leaves a capture that
-                # `traces` reports as interrupted.
-                manifest.append(plan.output_dir, open_line(
-                    record, capture=cid, start=time.time(), host=host_name(),
-                    thread=threading.current_thread().name))
+                lines.open()  # write-ahead: from here on, a killed process leaves it known
+                clock.capture_opened()  # the job's clock is measured again, off this thread
                 info = CaptureInfo(plan.role, plan.rank, plan.world, plan.coords, region,
                                    tuple(steps), plan.output_dir, self._settings,
                                    plan.plan_hash, plan.on_error)
                 session = self._backend().open(info)
             except Exception as err:
-                self._open_failed(cid, record, err)
+                lines.fail(f"{type(err).__name__}: {err}", steps=steps)
+                self._failure(err, "open")
                 return None
             schedule = plan.schedule
             if region is not None:
@@ -222,13 +243,10 @@ class RoleProfiler:
                 return plan.capture_name(first=first, region=region, cycle=cycle, late=late,
                                          at=at, last=None if why is None else last)
             capture = Capture(slot=self.slot, session=session, schedule=schedule,
-                              owner=plan.role, capture_id=cid, record=record, name=name,
-                              output_dir=plan.output_dir,
-                              last_step=last, on_failure=self._capture_failed,
+                              owner=plan.role, lines=lines, name=name, last_step=last,
+                              on_failure=self._capture_failed,
                               step_per_cycle=first is not None and plan.step_per_cycle,
-                              budget=self._budget, exporter=self._exporter,
-                              on_export_failure=self._late.append,
-                              keep=plan.spec.keep)
+                              budget=self._budget)
             self.slot.hold(capture)
             if begin and capture.begin():
                 self._raise_failure(capture)
@@ -240,16 +258,16 @@ class RoleProfiler:
         if not running.span.join(role):
             return
         declared = dict(self.plan.colocated)
-        if role in declared and running.owner in declared:
+        if role in declared and running.span.owner in declared:
             return
         mode = " (a discrete role: it gets no capture of its own here)" if region else ""
-        warn_once(("colocate", frozenset((running.owner, role))),
+        warn_once(("colocate", frozenset((running.span.owner, role))),
                   "policy-engine: roles %r and %r share this process and its %s capture, "
                   "but the policy does not say so%s: add `colocate: [[%s, %s]]` so that "
                   "validate checks them and explain names their traces",
-                  running.owner, role, self.slot.name, mode, running.owner, role)
+                  running.span.owner, role, self.slot.name, mode, running.span.owner, role)
 
-    def _backend(self) -> Any:
+    def _backend(self) -> Backend | Combined:
         if len(self.plan.backends) == 1:
             return _process_backend(self.plan.backend)
         if self._combined is None:
@@ -260,7 +278,7 @@ class RoleProfiler:
                  for name in self.plan.backends}, note=self._note)
         return self._combined
 
-    def _close(self, capture: Capture | None, status: str) -> None:
+    def _close(self, capture: Capture | None, status: Status) -> None:
         if capture is None:
             return
         if self._own is capture:
@@ -268,13 +286,12 @@ class RoleProfiler:
         try:
             capture.end(status)
         except Exception as err:
-            self._failure(err, "stop", raising=status == "complete")
+            self._failure(err, "stop", raising=status is Status.COMPLETE)
 
-    def _turn_off(self, why: str) -> None:
+    def _turn_off(self) -> None:
         """To OFF: from now on every method does nothing (the stall watch sees no more
         steps: the one under way is not a stall)."""
         self._state = OFF
-        self._off = why
         if self._watch is not None:
             self._watch.done = self._watch.step
         if self._release is not None:  # history kept outside captures ends with the role
@@ -308,7 +325,7 @@ class RoleProfiler:
                 self._drop_session(own, n)
             own = None
         elif state is SESSION:
-            self._close(own, "complete")  # the code switched to training steps
+            self._close(own, Status.COMPLETE)  # the code switched to training steps
             own = None
         if self._state is not OFF:  # dropping the session capture may have failed
             self._state = STEPS
@@ -324,14 +341,14 @@ class RoleProfiler:
         if plan.discrete or self._state is OFF or (why is None and not planned):
             self._captured = False
             if own is not None:
-                self._close(own, "complete")
+                self._close(own, Status.COMPLETE)
             return
         self._captured = True
         if own is not None:
             if own.span.goes_on_into(n):
                 own.add_step(n)  # a merged capture goes on
                 return
-            self._close(own, "complete")
+            self._close(own, Status.COMPLETE)
         self._own = self._open(n, None, why)
 
     def _exit_step(self, n: int, *, failed: bool) -> None:
@@ -349,12 +366,12 @@ class RoleProfiler:
         if own is None:
             return
         if failed:
-            self._close(own, "partial")
+            self._close(own, Status.PARTIAL)
         elif own.span.last_step is None or n < own.span.last_step:
             if own.home.pending:
                 own.catch_up()  # a merged capture goes on into the next step
         else:
-            self._close(own, "complete")
+            self._close(own, Status.COMPLETE)
 
     # -- inner steps ----------------------------------------------------------------
     def step(self) -> None:
@@ -408,7 +425,7 @@ class RoleProfiler:
             self._own = capture
         return capture  # None: joined another role's capture, or failed
 
-    def close_region(self, capture: Capture, status: str) -> None:
+    def close_region(self, capture: Capture, status: Status) -> None:
         """A discrete region's call ended: its capture ends (``partial`` on an exception)."""
         self._close(capture, status)
 
@@ -422,7 +439,7 @@ class RoleProfiler:
     def close(self) -> None:
         """Stop whatever this role opened; the profiler does nothing from then on.
         Idempotent."""
-        if self._off == "closed":
+        if self._closed:
             return
         own = failed = self._own
         if self._state is PROVISIONAL and own is not None and own.cursor.action is None:
@@ -430,10 +447,13 @@ class RoleProfiler:
             # enter to exit; one whose begin waited for a first step begins now.
             self._state = SESSION
             own = None if own.begin() else own
-        self._turn_off("closed")
+        self._closed = True
+        self._turn_off()
         if self._listener is not None:
             self._listener.close()  # its listener thread, when it has one
-        self._close(own, "complete")
+        if self._clock is not None:
+            self._clock.close()
+        self._close(own, Status.COMPLETE)
         export.flush()
         if self._late:
             self._export_failed()
@@ -483,51 +503,35 @@ class RoleProfiler:
     def __exit__(self, exc_type: object, *rest: object) -> None:
         own = self._own
         if exc_type is not None:
-            self._close(own, "partial")
+            self._close(own, Status.PARTIAL)
         self.close()
-
-
-
-    def _open_failed(self, cid: str, record: dict[str, Any], err: BaseException) -> None:
-        now = time.time()
-        message = f"{type(err).__name__}: {err}"
-        try:  # the folder may be what failed
-            manifest.append(self.plan.output_dir, trace_line(
-                record, capture=cid, status="failed", path=None, bytes=None, cycle=0,
-                inner_steps=[], start=now, end=now, joined=[], error=message))
-            manifest.append(self.plan.output_dir, close_line(
-                capture=cid, status="failed", end=now, steps=record["steps"], traces=1,
-                joined=[], error=message))
-        except OSError:
-            pass
-        self._failure(err, "open")
 
     def _capture_failed(self, err: BaseException, when: str) -> None:
         """The capture this role owns failed in a backend call (on any thread). The call
         that drove it raises, if its role says so (:meth:`_raise_failure`)."""
         self._own = None
-        self._turn_off("failed")
+        self._turn_off()
         if self.plan.on_error != "raise":
             log.warning("%s; profiling is off for this role from now on",
                         self._message(err, when))
 
     def _raise_failure(self, capture: Capture) -> None:
         """After a call of this role drove ``capture`` into a backend failure."""
-        if capture.failure is None:
+        if capture.outcome.failure is None:
             return
-        err, when = capture.failure
+        err, when = capture.outcome.failure
         if self.plan.on_error == "raise":
             raise ProfilingError(self._message(err, when)) from err
-        if capture.owner != self.plan.role:
+        if capture.span.owner != self.plan.role:
             log.warning("%s (in the capture of role %r)", self._message(err, when),
-                        capture.owner)
+                        capture.span.owner)
 
     def _export_failed(self) -> None:
         """A background export of this role failed (recorded in the manifest by the export
         thread): turn off, and raise here, on the training thread, if the role says so."""
         err = self._late.pop(0)
         self._late.clear()
-        self._close(self._own, "partial")
+        self._close(self._own, Status.PARTIAL)
         self._failure(err, "export")
 
     def _message(self, err: BaseException, when: str) -> str:
@@ -536,7 +540,7 @@ class RoleProfiler:
                 f"on rank {plan.rank} failed at {when}: {type(err).__name__}: {err}")
 
     def _failure(self, err: BaseException, when: str, raising: bool = True) -> None:
-        self._turn_off("failed")
+        self._turn_off()
         message = self._message(err, when)
         if self.plan.on_error == "raise" and raising:
             raise ProfilingError(message) from err

@@ -17,6 +17,7 @@ from contextlib import AbstractContextManager
 from types import CodeType, FrameType
 from typing import Any, Protocol, TypeVar
 
+from policy_engine.files.records import Status
 from policy_engine.plan.plan import Plan
 from policy_engine.runtime.capture.driver import Capture
 from policy_engine.runtime.process.state import Slot
@@ -36,7 +37,7 @@ class RegionHost(Protocol):
 
     def region(self, name: str) -> AbstractContextManager[None]: ...
     def open_region(self, name: str) -> Capture | None: ...
-    def close_region(self, capture: Capture, status: str) -> None: ...
+    def close_region(self, capture: Capture, status: Status) -> None: ...
 
 
 class _RegionBlock:
@@ -83,7 +84,7 @@ class _DiscreteBlock:
             self.inner.__exit__()
         elif self.capture is not None:
             self.prof.close_region(self.capture,
-                                   "partial" if exc_type is not None else "complete")
+                                   Status.PARTIAL if exc_type is not None else Status.COMPLETE)
 
 
 def wrap_region(prof: RegionHost, name: str, fn: F) -> F:

@@ -44,6 +44,7 @@ from collections.abc import Callable, Iterable
 from datetime import timedelta
 from typing import Any, Protocol
 
+from policy_engine.errors import is_int
 from policy_engine.runtime.triggers.requests import MAX_BYTES, MAX_STEP, BadRequest, load_bounded
 
 __all__ = ["MAX_LISTENERS", "PREFIX", "JobChannel", "KeyValue", "Refused", "StoreKV",
@@ -85,7 +86,7 @@ def progress_of(value: Any) -> tuple[int, float, float] | None:
     if not isinstance(value, dict):
         return None
     step, when, rate = value.get("step"), value.get("time"), value.get("rate", 0.0)
-    if not isinstance(step, int) or isinstance(step, bool) or not 0 <= step <= MAX_STEP:
+    if not is_int(step) or not 0 <= step <= MAX_STEP:
         return None
     if not all(isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
                for x in (when, rate)):
@@ -123,13 +124,16 @@ class Refused(Exception):
 class KeyValue(Protocol):
     """What the channel needs of a store: TCPStore's operations, with ``get`` answering
     None for a missing key instead of waiting for it, and ``has`` whether a key exists
-    (without fetching its value)."""
+    (without fetching its value); ``wait`` (whether a key exists within some seconds) and
+    ``delete`` are what the job's clock needs besides (runtime.triggers.clock)."""
 
     def get(self, key: str) -> bytes | None: ...
     def gets(self, keys: list[str]) -> list[bytes | None]: ...
     def has(self, key: str) -> bool: ...
     def set(self, key: str, value: bytes) -> None: ...
     def compare_set(self, key: str, expected: bytes, new: bytes) -> bytes: ...
+    def wait(self, key: str, seconds: float) -> bool: ...
+    def delete(self, key: str) -> None: ...
 
 
 class StoreKV:
@@ -156,6 +160,18 @@ class StoreKV:
 
     def compare_set(self, key: str, expected: bytes, new: bytes) -> bytes:
         return bytes(self.store.compare_set(key, expected, new))
+
+    def wait(self, key: str, seconds: float) -> bool:
+        """Whether ``key`` exists within ``seconds`` (the store tells the moment it is set:
+        the job's clock measures its round trips with it)."""
+        try:
+            self.store.wait([key], timedelta(seconds=seconds))
+        except Exception:  # a timeout, or the store went away: the check below tells
+            return bool(self.store.check([key]))
+        return True
+
+    def delete(self, key: str) -> None:
+        self.store.delete_key(key)
 
 
 def quiet_torch(force: bool = False) -> None:

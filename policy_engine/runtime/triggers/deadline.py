@@ -101,6 +101,11 @@ class CallThread:
         """The thread ends after the call under way, if any (never, if that one hangs)."""
         self._calls.put(None)
 
+    def join(self, seconds: float) -> None:
+        """Wait at most ``seconds`` for the thread to end (after :meth:`close`)."""
+        if self._thread is not None and seconds > 0:
+            self._thread.join(seconds)
+
 
 def abandoned() -> bool:
     """Whether a call was given up on and its thread is still blocked: a process that
@@ -130,3 +135,12 @@ class BoundedKV:
 
     def compare_set(self, key: str, expected: bytes, new: bytes) -> bytes:
         return self.calls.call(self.kv.compare_set, key, expected, new)
+
+    def wait(self, key: str, seconds: float) -> bool:
+        """The store's own wait for ``key``, given its ``seconds`` beyond the deadline."""
+        found: bool = self.calls.call(self.kv.wait, key, seconds,
+                                      seconds=self.calls.seconds + seconds)
+        return found
+
+    def delete(self, key: str) -> None:
+        self.calls.call(self.kv.delete, key)

@@ -20,6 +20,7 @@ import stat
 import time
 from typing import Any
 
+from policy_engine.errors import is_int
 from policy_engine.files.publish import (
     make_folders,
     open_folder,
@@ -231,7 +232,7 @@ def claim_signal(output_dir: str, role: str, target: int, at: int) -> bool:
             except BadRequest:
                 value = None
             ahead = value.get("step") if isinstance(value, dict) else None
-            if isinstance(ahead, int) and not isinstance(ahead, bool) and ahead >= at:
+            if is_int(ahead) and ahead >= at:
                 return False
         body = json.dumps({"step": target, "pid": os.getpid()}).encode()
         try:

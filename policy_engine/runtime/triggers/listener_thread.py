@@ -23,10 +23,17 @@ With ``triggers.stall`` the thread also watches the training thread's step, and 
 process's stall record when it runs past its limit
 (:mod:`~policy_engine.runtime.triggers.stall_watch`): it runs while the training thread is
 blocked.
+
+In a job the thread also keeps the job's clock (:mod:`~policy_engine.runtime.triggers.clock`):
+the first listener of a process that may reach the job's channel measures the process's
+offset to rank 0's clock (on rank 0: answers the others, between its polls). A role
+without a listener of its triggers, in a job of several ranks, gets one for the clock
+alone (``requests=False``: it reads no request and publishes no progress).
 """
 
 from __future__ import annotations
 
+import atexit
 import json
 import logging
 import math
@@ -43,7 +50,8 @@ import attrs
 
 from policy_engine.language.values.triggers import Triggers
 from policy_engine.plan.plan import Plan
-from policy_engine.runtime.process.state import STATE, warn_once
+from policy_engine.runtime.process.state import STATE, claim_clock, release_clock, warn_once
+from policy_engine.runtime.triggers import clock
 from policy_engine.runtime.triggers import folder as channel_folder
 from policy_engine.runtime.triggers.channel import JobChannel, Refused, agreed_step
 from policy_engine.runtime.triggers.deadline import (
@@ -82,6 +90,11 @@ MAX_OUTBOX = 1024
 REPUBLISH = 10.0
 #: The shortest time between two polls (``poll_seconds: 0`` polls this often).
 MIN_POLL = 0.05
+#: Seconds the interpreter's exit waits, in all, for the listeners' threads to leave the
+#: calls they are in (:func:`_at_exit`).
+EXIT_WAIT = 3.0
+#: The listeners of this process, for its exit.
+_LIVE: weakref.WeakSet[ListenerThread] = weakref.WeakSet()
 
 
 class _Pace:
@@ -163,7 +176,7 @@ class ListenerThread:
     chosen): the thread looks for the job's channel, publishes the process's progress,
     and posts requests of the whole role (a signal, a slow step)."""
 
-    def __init__(self, plan: Plan, triggers: Triggers, *, job: bool,
+    def __init__(self, plan: Plan, triggers: Triggers, *, job: bool, requests: bool = True,
                  note: Callable[..., None] | None = None,
                  where: Callable[[], dict[str, Any]] | None = None) -> None:
         self.step = -1  # written by the training thread at every step
@@ -189,16 +202,26 @@ class ListenerThread:
         self.link = _Link()
         self.pace = _Pace()
         self.folder = channel_folder.RequestFolder(plan.output_dir)
-        self.folder.start(plan.role)  # before training starts: what is there is old
+        if requests:  # (the folder tells `policy-engine trigger` that someone listens)
+            self.folder.start(plan.role)  # before training starts: what is there is old
         self.polls = _Polls()
         self.stopped = False
+        self.requests = requests  # False: the job's clock alone
+        # the process's clock keeper, when this listener is it (the first of a job's)
+        self.keeper: clock.Keeper | None = None
+        if job and note is not None and triggers.channel != "folder":
+            wake = self.polls.wake.set
+            self.keeper = claim_clock(lambda: clock.Keeper(plan.rank, note, wake))
         thread = threading.Thread(target=_run, args=(weakref.ref(self), self.polls),
                                   name=f"policy-engine-listener-{plan.role}", daemon=True)
+        self._thread = thread
+        _LIVE.add(self)
         thread.start()
 
     def close(self) -> None:
         """Stop the thread (at the end of the poll under way, if one is)."""
         self.stopped = True
+        self._let_go()
         self.polls.wake.set()
         with self.polls.finished:
             self.polls.finished.notify_all()
@@ -214,6 +237,24 @@ class ListenerThread:
             polls.wake.set()
             return polls.finished.wait_for(
                 lambda: polls.done >= asked or self.stopped, timeout) and not self.stopped
+
+    def _let_go(self) -> None:
+        """This listener keeps the process's clock no more."""
+        if self.keeper is not None:
+            release_clock(self.keeper)
+        self.keeper = None
+
+    def idle(self, seconds: float) -> None:
+        """Between two polls: rank 0's clock keeper answers the others' rings (until the
+        next poll, or until woken); any other listener waits."""
+        keeper, channel = self.keeper, self.link.channel
+        if keeper is not None and keeper.serves and channel is not None and not self.stopped:
+            try:
+                clock.serve(channel.kv, self.plan.rank, seconds, self.polls.wake.is_set)
+                return
+            except Exception as err:  # the store went away, or answers nonsense
+                self._drop(err)
+        self.polls.wake.wait(seconds)
 
     def interval(self) -> float:
         wait = max(self.triggers.poll_seconds, MIN_POLL)
@@ -239,6 +280,13 @@ class ListenerThread:
                 self._connect()
             except Exception as err:  # no store at MASTER_ADDR:MASTER_PORT after all
                 self._drop(err, "could not be reached")
+        if not self.requests:  # the job's clock alone
+            try:
+                if link.channel is not None and self.keeper is not None:
+                    self.keeper.tick(link.channel.kv, link.kind)
+            except Exception as err:
+                self._drop(err)
+            return
         report = self.pace.sample(self.step, self.stamp) if self.pace.due(self.step) \
             else None
         if self.signals is not None and STATE.hooks.usr2_count != self.signals:
@@ -247,6 +295,8 @@ class ListenerThread:
         try:
             if link.channel is not None:
                 self._job_tick(link.channel, report)
+                if self.keeper is not None:
+                    self.keeper.tick(link.channel.kv, link.kind)
                 return
         except Exception as err:  # the store went away, or answers nonsense
             self._drop(err)
@@ -285,6 +335,9 @@ class ListenerThread:
         link.calls = CallThread(CALL_SECONDS, f"policy-engine-channel-{self.plan.role}")
         channel = JobChannel(BoundedKV(link.calls.call(connect, seconds=CONNECT_SECONDS),
                                        link.calls), self.plan.role)
+        if not self.requests:  # the clock needs no advert, no slot and no cursor
+            link.channel = channel
+            return
         try:  # where `policy-engine trigger` finds the channel: written before this
             # process listens there, so that a command that reads no advert yet finds
             # this process still reading the folder
@@ -308,10 +361,18 @@ class ListenerThread:
         subject = f"the job's {link.kind} at {link.where}" if link.where \
             else "the job's channel"
         said = (str(err).strip().splitlines() or [""])[0][:200]
-        warn_once(("channel-gone", self.plan.role),
-                  "policy-engine: role %r: %s %s (%s: %s); trigger requests now come "
-                  "through %s", self.plan.role, subject, what, type(err).__name__, said,
-                  self.folder.path)
+        if self.requests:
+            warn_once(("channel-gone", self.plan.role),
+                      "policy-engine: role %r: %s %s (%s: %s); trigger requests now come "
+                      "through %s", self.plan.role, subject, what, type(err).__name__, said,
+                      self.folder.path)
+        else:
+            warn_once(("channel-gone", self.plan.role),
+                      "policy-engine: role %r: %s %s (%s: %s); the job's clock is not "
+                      "measured from now on", self.plan.role, subject, what,
+                      type(err).__name__, said)
+        if self.keeper is not None:
+            self.keeper.failures = clock.GIVE_UP  # no channel: no more measurements
         link.close()
         link.gone, self.live = True, False
 
@@ -457,6 +518,27 @@ class _Lazy:
         return self.found
 
 
+def _at_exit() -> None:
+    """The interpreter exits: every listener stops, and its threads get a moment (at most
+    :data:`EXIT_WAIT` seconds in all) to leave the call they are in. A thread still inside
+    torch's store client when the interpreter finalises is ended where it stands, and the
+    C++ frames it ends in abort the process ("terminate called without an active
+    exception"). A call given up on (its store hung) is not waited for."""
+    listeners = list(_LIVE)
+    calls = [listener.link.calls for listener in listeners]
+    for listener in listeners:
+        listener.close()
+    deadline = time.monotonic() + EXIT_WAIT
+    for listener, call in zip(listeners, calls, strict=True):
+        listener._thread.join(max(0.0, deadline - time.monotonic()))
+        if call is not None and call.hung is None:
+            call.close()
+            call.join(deadline - time.monotonic())
+
+
+atexit.register(_at_exit)  # does nothing in a process without listeners
+
+
 def _run(ref: weakref.ref[ListenerThread], polls: _Polls) -> None:
     """The thread: a poll every ``poll_seconds`` (sooner when woken) until the listener is
     closed or gone. Whatever fails in a poll is warned about once per kind; the thread
@@ -479,7 +561,10 @@ def _run(ref: weakref.ref[ListenerThread], polls: _Polls) -> None:
         with polls.finished:
             polls.done = asked
             polls.finished.notify_all()
-        wait = listener.interval()
-        del listener
-        polls.wake.wait(wait)
+        if listener.keeper is not None and listener.keeper.serves:
+            listener.idle(listener.interval())  # rank 0 answers the clock meanwhile
+        else:
+            wait = listener.interval()
+            del listener
+            polls.wake.wait(wait)
         polls.wake.clear()

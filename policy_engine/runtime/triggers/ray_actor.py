@@ -36,6 +36,7 @@ ACTOR = "policy_engine_triggers"
 NAMESPACE = "policy_engine"
 TIMEOUT = 10.0
 FIND_PAUSE = 0.2  # seconds between asking for the actor again while a dying one is found
+WAIT_PAUSE = 0.001  # seconds between the first two looks for a key waited for
 #: Keys the actor holds at most, bytes of keys and values, the longest key, and the keys
 #: one read may ask for.
 MAX_KEYS = 16_384
@@ -88,6 +89,11 @@ class _Keys:
             self._put(key, new)
             return new
         return old if old is not None else expected
+
+    def delete(self, key: str) -> None:
+        value = self.values.pop(key, None) if isinstance(key, str) else None
+        if value is not None:
+            self.held -= len(key) + len(value)  # its place in ``answers`` is passed over
 
     def _room(self, key: str, value: bytes) -> str | None:
         """None when ``value`` may be stored under ``key`` (room made for it), else why
@@ -162,6 +168,22 @@ class RayKV:
 
     def compare_set(self, key: str, expected: bytes, new: bytes) -> bytes:
         return bytes(self._call("compare_set", key, expected, new))
+
+    def wait(self, key: str, seconds: float) -> bool:
+        """Whether ``key`` exists within ``seconds``: asked again after a pause that
+        doubles from :data:`WAIT_PAUSE` to 20 times it (an actor call is a round trip of
+        its own; the clock keeps its best round)."""
+        deadline = time.monotonic() + seconds
+        pause = WAIT_PAUSE
+        while not self.has(key):
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(pause)
+            pause = min(pause * 2, 20 * WAIT_PAUSE)
+        return True
+
+    def delete(self, key: str) -> None:
+        self._call("delete", key)
 
     def usage(self) -> dict[str, int]:
         """How many keys and bytes the actor holds, and its caps."""

@@ -24,6 +24,7 @@ from typing import Any
 
 import attrs
 
+from policy_engine.errors import is_int
 from policy_engine.files.layout import TRIGGERS_DIR, host_name
 from policy_engine.files.publish import open_temp, write_atomic
 
@@ -275,32 +276,29 @@ def parse_request(rid: str, data: bytes, *, own_id: bool = False) -> Request:
         raise BadRequest("ranks: expected null, a rank selector string of at most "
                          f"{MAX_TEXT} characters, or its mapping or list form")
     step = value.get("step")
-    if step is not None and not (_is_int(step) and 0 <= step <= MAX_STEP):
+    if step is not None and not (is_int(step) and 0 <= step <= MAX_STEP):
         raise BadRequest(f"step: expected null or a step number 0 to {MAX_STEP}, "
                          f"got {_shown(step)}")
     count = value.get("count", 1)
-    if not (_is_int(count) and 1 <= count <= MAX_COUNT):
+    if not (is_int(count) and 1 <= count <= MAX_COUNT):
         raise BadRequest(f"count: expected 1 to {MAX_COUNT} steps, got {_shown(count)}")
     also = value.get("also") or []
     if not (isinstance(also, list) and len(also) <= MAX_ALSO and
-            all(_is_int(r) and 0 <= r <= MAX_STEP for r in also)):
+            all(is_int(r) and 0 <= r <= MAX_STEP for r in also)):
         raise BadRequest(f"also: expected a list of at most {MAX_ALSO} rank numbers")
     why = value.get("why", "on_demand")
     if why not in WHYS:
         raise BadRequest(f"why: expected one of {', '.join(WHYS)}, got {_shown(why)}")
     slow = value.get("slow")
     if slow is not None and not (isinstance(slow, dict) and len(slow) <= 8 and all(
-            isinstance(k, str) and len(k) <= 32 and (_is_int(v) or isinstance(v, float))
+            isinstance(k, str) and len(k) <= 32 and (is_int(v) or isinstance(v, float))
             for k, v in slow.items())):
         raise BadRequest("slow: expected an object of a few numbers")
     by = value.get("by")
-    if by is not None and not (_is_int(by) and 0 <= by <= MAX_STEP):
+    if by is not None and not (is_int(by) and 0 <= by <= MAX_STEP):
         raise BadRequest(f"by: expected null or a rank number, got {_shown(by)}")
     return Request(rid, role, ranks, step, count, tuple(also), why, slow, by)
 
-
-def _is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _ranks_ok(value: object, depth: int) -> bool:
@@ -310,7 +308,7 @@ def _ranks_ok(value: object, depth: int) -> bool:
         return depth == 0
     if isinstance(value, str):
         return len(value) <= MAX_TEXT
-    if _is_int(value):
+    if is_int(value):
         return True
     if depth >= 3:
         return False
@@ -328,6 +326,6 @@ def _kind(value: object) -> str:
 
 
 def _shown(value: object) -> str:
-    text = json.dumps(value) if _is_int(value) or isinstance(value, (str, float)) else \
+    text = json.dumps(value) if is_int(value) or isinstance(value, (str, float)) else \
         _kind(value)
     return text if len(text) <= 40 else text[:37] + "..."

@@ -43,6 +43,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from policy_engine.analysis.stall_record import Member, RollCall, StallRecord
+from policy_engine.errors import is_int
 from policy_engine.files.layout import host_name
 from policy_engine.language.values.triggers import Stall
 from policy_engine.plan.plan import Plan
@@ -502,13 +503,13 @@ def _claim(channel: JobChannel, body: bytes) -> int:
 
 def _rank(value: Any) -> int | None:
     rank = value.get("rank") if isinstance(value, dict) else None
-    return rank if isinstance(rank, int) and not isinstance(rank, bool) and rank >= 0 \
+    return rank if is_int(rank) and rank >= 0 \
         else None
 
 
 def _int(value: Any, key: str) -> int | None:
     found = value.get(key) if isinstance(value, dict) else None
-    return found if isinstance(found, int) and not isinstance(found, bool) else None
+    return found if is_int(found) else None
 
 
 def _text(value: Any, key: str) -> str:

@@ -88,7 +88,7 @@ class StepTriggers:
         self.job_slow = job and slow is not None and slow.scope == "job"
         # a process alone notices its signals here; in a job the listener thread does
         self.signal = triggers.signal and not job
-        self.signals = STATE.usr2_count
+        self.signals = STATE.hooks.usr2_count
         # the listener thread reads the requests (on_demand), and in a job posts those of
         # the whole role; those its ranks post come back through the channel. It also
         # watches for stalls (``where``: the role's position, for a stall record)
