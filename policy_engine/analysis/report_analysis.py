@@ -63,11 +63,11 @@ def _bars(ranks: Iterable[Any], straggler: Any) -> list[tuple[list[Any], dict[st
         else:
             rank, parts = r[0], _parts(r[2])
         who.append(rank)
-        for column, (key, _, _) in zip(columns, PARTS, strict=True):
-            column.append(parts[key])
+        for column, (part, _, _) in zip(columns, PARTS, strict=True):
+            column.append(parts[part])
 
     def parts_of(i: int) -> dict[str, float]:
-        return {key: column[i] for column, (key, _, _) in zip(columns, PARTS, strict=True)}
+        return {part: column[i] for column, (part, _, _) in zip(columns, PARTS, strict=True)}
 
     if len(who) <= MAX_BARS:
         return [([rank], parts_of(i)) for i, rank in enumerate(who)]
