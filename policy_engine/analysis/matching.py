@@ -102,7 +102,8 @@ class Matcher:
         # what brings them to rank 0's clock (its table's base plus its offset, less ref);
         # the columns hold every rank's call ids, starts and ends, rank after rank (a few
         # numbers a call, no object a rank: 100,000 ranks stay small)
-        self.ranks: dict[int, tuple[int, int, float]] = {}
+        self.ranks: dict[int, int] = {}  # rank -> its place in the three columns below
+        self.r_first, self.r_count, self.r_shift = array("q"), array("q"), array("d")
         self.r_cid, self.r_start, self.r_end = array("q"), array("d"), array("d")
         self.ref: float | None = None
         self._cached: tuple[int, _CallFigures, dict[str, int]] | None = None
@@ -154,7 +155,10 @@ class Matcher:
                 c_second[cid], c_second_unc[cid] = a, unc
             if a < c_first[cid]:
                 c_first[cid] = a
-        self.ranks[rank] = (len(self.r_cid), len(cids), shift)
+        self.ranks[rank] = len(self.r_first)
+        self.r_first.append(len(self.r_cid))
+        self.r_count.append(len(cids))
+        self.r_shift.append(shift)
         self.r_cid.extend(cids)
         self.r_start.extend(table.start)
         self.r_end.extend(table.end)
@@ -231,7 +235,8 @@ class Matcher:
 
     def _of(self, rank: int) -> tuple[array[int], array[float], array[float], float]:
         """Rank ``rank``'s call ids, starts and ends, and its shift to rank 0's clock."""
-        first, count, shift = self.ranks[rank]
+        i = self.ranks[rank]
+        first, count, shift = self.r_first[i], self.r_count[i], self.r_shift[i]
         end = first + count
         return (self.r_cid[first:end], self.r_start[first:end], self.r_end[first:end],
                 shift)
