@@ -139,6 +139,7 @@ class PageRow:
 
     __slots__ = (*PAGE_KEYS, "exists", "summary", "kept")
     KEYS = __slots__
+    _KEYSET = frozenset(__slots__)
 
     def __init__(self, line: Line, share: Any) -> None:
         declared = _declared(type(line))
@@ -153,7 +154,7 @@ class PageRow:
         self.exists = self.summary = self.kept = None
 
     def get(self, key: str, default: Any = None) -> Any:
-        value = getattr(self, key, None) if key in self.KEYS else None
+        value = getattr(self, key, None) if key in self._KEYSET else None
         return default if value is None else value
 
     def __getitem__(self, key: str) -> Any:
@@ -163,7 +164,7 @@ class PageRow:
         setattr(self, key, value)
 
     def __contains__(self, key: object) -> bool:
-        return isinstance(key, str) and key in self.KEYS and getattr(self, key) is not None
+        return isinstance(key, str) and key in self._KEYSET and getattr(self, key) is not None
 
 
 _DECLARED: dict[str, frozenset[str]] = {}

@@ -426,6 +426,9 @@ class _Window:
             self.figures.say("ranks_by_order", "no distributedInfo and no rank in the file "
                              "names: these ranks are the traces' places in the folder's "
                              "sorted list", self.by_order)
+        # read: where each rank's summary lay is let go (a window of 100,000 ranks holds
+        # its figures from here on, not their places in the manifests)
+        self.w["traces"] = []
 
     def _doc_of(self, rank: Any) -> dict[str, Any] | None:
         """Rank ``rank``'s entry (the first written), read back."""
