@@ -49,7 +49,7 @@ def _listen(make_policy: Any, out: Path) -> None:
         thread.start()
         try:
             job = JobChannel(actor_kv(), "actor")
-            deadline = time.monotonic() + 60
+            deadline = time.monotonic() + 120
             # (a slot holds its process's first report once it has one)
             while not (job.listeners() == 1 and
                        [r for r in job.reports() if isinstance(r, dict) and "step" in r]):
@@ -57,17 +57,35 @@ def _listen(make_policy: Any, out: Path) -> None:
                 time.sleep(0.1)
             # the listener said where the channel is before it listened there
             assert read_advert(str(out)) == {"kind": "ray", "where": "policy_engine_triggers"}
-            _, body = request_body(role="actor", ranks=None,
-                                   step=agreed_step(job.reports(), time.time(), 0.0), count=1)
-            job.post(body)
-            while not [r for r in scan_manifests(str(out)).records if r["event"] == "open"]:
-                assert time.monotonic() < deadline
-                time.sleep(0.1)
+            # A loaded machine may reach the request's step before the listener sees it
+            # (the answer says "missed"): then a request for a later step.
+            for _ in range(5):
+                request, body = request_body(
+                    role="actor", ranks=None,
+                    step=agreed_step(job.reports(), time.time(), 0.0), count=1)
+                job.post(body)
+                missed = None
+                while missed is None:
+                    records = scan_manifests(str(out)).records
+                    if [r for r in records if r["event"] == "open"]:
+                        break
+                    if [r for r in records if r["event"] == "note"
+                            and r.get("request") == request["id"]
+                            and r.get("status") == "missed"]:
+                        missed = request["id"]
+                    assert time.monotonic() < deadline
+                    time.sleep(0.1)
+                if missed is None:
+                    break
+            else:
+                raise AssertionError("five requests in a row were missed")
         finally:
             stop.set()
             thread.join(30)
-    [note] = [r for r in scan_manifests(str(out)).records if r["event"] == "note"]
-    assert note["status"] == "accepted" and note["rank"] == 1
+    notes = [r for r in scan_manifests(str(out)).records
+             if r["event"] == "note" and r.get("note") == "trigger"]
+    assert [(n["status"], n["rank"]) for n in notes if n["status"] != "missed"] == \
+        [("accepted", 1)]
 
 
 def test_the_named_actor_carries_requests_progress_and_answers(make_policy: Any,

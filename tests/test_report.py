@@ -26,6 +26,7 @@ from hypothesis import strategies as st
 from policy_engine.analysis import chrome_trace, ops
 from policy_engine.analysis.format import rank_spans as ranges
 from policy_engine.analysis.listing import cell, collect, roles_cell
+from policy_engine.analysis.report_page import CAPTURE_ROWS
 from policy_engine.analysis.window_roles import families
 from policy_engine.cli.main import main
 from policy_engine.runtime.process.manifest import encode
@@ -439,7 +440,15 @@ def test_4096_ranks(tmp_path: Path) -> None:
     assert page.covered() == expected(run)
     assert page.rows == ["rank 17", "rank 2048", "rank 4000", "rank 100",
                          "ranks 0-16,18-99,101-2047,2049-3999,4001-4095 (4092)"]
-    assert len(page.hrefs) >= 4096 * 3
+    # The listing holds CAPTURE_ROWS captures, those that need attention first; the page
+    # says how many more there are and where all of them are listed.
+    assert len(page.hrefs) == CAPTURE_ROWS
+    troubled = [h for h in page.hrefs if h.endswith("_oom.pickle")
+                or "rank17-" in h or "rank4000-" in h or "rank2048-" in h]
+    assert troubled, page.hrefs[:5]
+    more = 4096 * 3 + 1 - CAPTURE_ROWS
+    assert (f"{more} more captures are not listed here (those that need attention come "
+            "first; policy-engine traces DIR lists every one).") in "".join(page.text)
 
 
 def chromium() -> str:

@@ -394,11 +394,12 @@ def test_a_store_that_hangs_hands_the_requests_to_the_folder(tmp_path: Path) -> 
         client = dist.TCPStore("127.0.0.1", port, is_master=False, wait_for_workers=False,
                                timeout=datetime.timedelta(seconds=10))
         channel = JobChannel(StoreKV(client), "trainer")
-        until(lambda: loop.poll() is None and
+        steps = tmp_path / "steps"
+        # (its report comes during its first step; the steps file once that step ends)
+        until(lambda: loop.poll() is None and steps.exists() and
               [r for r in channel.reports() if isinstance(r, dict) and "step" in r],
               "the loop listening on the store")
         os.kill(server.pid, signal.SIGSTOP)
-        steps = tmp_path / "steps"
         stopped_at = int(steps.read_text())
         done = subprocess.run([sys.executable, "-m", "policy_engine", "trigger", "out",
                                "--role", "trainer", "--wait", "60"], cwd=tmp_path,

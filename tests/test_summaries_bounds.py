@@ -89,8 +89,9 @@ def test_the_worker_holds_itself_to_its_memory_bound(tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_the_worker_summarises_a_large_trace_in_little_memory(tmp_path: Path) -> None:
     """300 MB of JSON, 1.75 million events, 590,000 kernels none of which merge: the
-    worker's intervals are machine floats, sorted a chunk at a time (about 65 MiB at its
-    peak; sorting them all as Python floats took 185)."""
+    worker's intervals are machine floats, sorted a chunk at a time, and each view's are
+    let go once its figures are made (about 110 MiB resident at its peak, both views
+    included; 240 while HTA's breakdown sorted and kept Python floats)."""
     path = tmp_path / "t.pt.trace.json.gz"
     stream_trace(str(path), mb=300)
     measure = ("import resource, subprocess, sys\n"
@@ -102,7 +103,7 @@ def test_the_worker_summarises_a_large_trace_in_little_memory(tmp_path: Path) ->
                           env=ENV, timeout=600)
     assert done.returncode == 0, done.stderr
     peak, line = done.stdout.split(" ", 1)
-    assert int(peak) < 110 << 10, peak  # KiB
+    assert int(peak) < 128 << 10, peak  # KiB
     facts = json.loads(line)["summary"]["facts"]
     assert facts["kernels"] > 500_000 and "steps_left_out" not in facts
 

@@ -17,6 +17,7 @@ from collections import deque
 from typing import Any, NamedTuple
 
 from policy_engine.analysis.format import rank_spans
+from policy_engine.errors import is_int
 from policy_engine.files.records import ABSENT, Line
 
 #: Readings kept per rank besides its first.
@@ -63,7 +64,7 @@ class Clocks:
     def add(self, line: Line) -> None:
         """One ``clock`` note (read through files/records, so its fields are checked)."""
         rank = line.rank
-        if not isinstance(rank, int) or isinstance(rank, bool) or rank < 0:
+        if not is_int(rank) or rank < 0:
             return
         channel = line.more.get("channel")
         if isinstance(channel, str) and len(self.channels) < 4:

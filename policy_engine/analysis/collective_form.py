@@ -221,7 +221,6 @@ class FormError(ValueError):
     """A record that is not what :meth:`CallTable.to_json` writes; the message says what."""
 
 
-_COLUMNS = ("group", "number", "name", "dtype", "bytes", "issue", "start", "end")
 _FLOAT = (int, float)
 
 

@@ -50,14 +50,16 @@ compute (``100 * |comm ∩ compute| / |comm|``, two decimals; None without commu
 
 from __future__ import annotations
 
+import heapq
 import math
 import re
 from array import array
 from bisect import bisect_left, bisect_right
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, TypedDict
 
 from policy_engine.analysis.intervals import (
+    CHUNK,
     EMPTY,
     Merged,
     Spans,
@@ -199,27 +201,70 @@ class _HtaUnion:
     """HTA's ``merge_kernel_intervals`` fed in start order: a new group begins where an
     interval starts after every end seen so far; a group lasts from its first start to
     its latest end (an interval that rounding emptied makes a group of negative length,
-    as in HTA). Keeps the groups for the overlap."""
+    as in HTA). ``keep``: keep the groups, as machine floats, for the overlap; else only
+    their total, the first start and the last group's end."""
 
-    def __init__(self) -> None:
-        self.starts: list[float] = []
-        self.ends: list[float] = []
+    def __init__(self, keep: bool = True) -> None:
+        self.starts = array("d")
+        self.ends = array("d")
+        self.first = self.last_end = math.nan  # nan: no interval yet
+        self._keep = keep
+        self._sealed = False  # positive() has added the open group to those kept
+        self._start = math.nan  # the open group
+        self._done = 0.0  # the closed groups' lengths
         self._reach = -math.inf
 
     def add(self, start: float, end: float) -> None:
-        if not self.starts or start > self._reach:
-            self.starts.append(start)
-            self.ends.append(end)
-        elif end > self.ends[-1]:
-            self.ends[-1] = end
+        if math.isnan(self.first):
+            self.first = start
+        elif start > self._reach:
+            self._close()
+        else:
+            if end > self.last_end:
+                self.last_end = end
+            self._reach = max(self._reach, end)
+            return
+        self._start, self.last_end = start, end
         self._reach = max(self._reach, end)
 
+    def _close(self) -> None:
+        self._done += self.last_end - self._start
+        if self._keep:
+            self.starts.append(self._start)
+            self.ends.append(self.last_end)
+
     def total(self) -> float:
-        return sum(e - s for s, e in zip(self.starts, self.ends, strict=True))
+        return 0.0 if math.isnan(self.first) else self._done + self.last_end - self._start
 
     def positive(self) -> Merged:
-        pairs = [(s, e) for s, e in zip(self.starts, self.ends, strict=True) if e > s]
-        return [s for s, _ in pairs], [e for _, e in pairs]
+        """The groups of positive length, sorted and disjoint."""
+        starts, ends = self.starts, self.ends
+        if not self._sealed and not math.isnan(self._start):  # the open group joins them
+            starts.append(self._start)
+            ends.append(self.last_end)
+        self._sealed = True
+        if all(e > s for s, e in zip(starts, ends, strict=True)):
+            return starts, ends
+        kept_s, kept_e = array("d"), array("d")
+        for s, e in zip(starts, ends, strict=True):
+            if e > s:
+                kept_s.append(s)
+                kept_e.append(e)
+        return kept_s, kept_e
+
+
+def _in_start_order(picked: array[int], starts: array[float]) -> Iterator[int]:
+    """The device events ``picked`` (``starts[k]`` is the start of ``picked[k]``) in start
+    order, ties in the order picked. A chunk at a time is sorted (the only Python objects
+    made, a chunk's worth), and the sorted chunks, held as machine integers, are merged."""
+    n = len(starts)
+    if all(starts[k] <= starts[k + 1] for k in range(n - 1)):
+        yield from picked
+        return
+    runs = [array("q", sorted(range(lo, min(n, lo + CHUNK)), key=starts.__getitem__))
+            for lo in range(0, n, CHUNK)]
+    for k in heapq.merge(*runs, key=starts.__getitem__):
+        yield picked[k]
 
 
 class DeviceView:
@@ -314,14 +359,17 @@ class DeviceView:
             return {"gpu_timeline": None, "steps": [], "hta": None, "counts": counts,
                     "error": f"{self._error}: the device view is not computed"}
         launch_of = self._launches()
+        # Per device event: its launch's host time (nan: none). What it was found from is
+        # let go here (result() is called once), before the intervals below are made.
+        launch_ts = array("d", (math.nan if (t := launch_of(c)) is None else t
+                                for c in self._corr))
+        del launch_of
+        self._corr, self._launch_corr, self._launch_ts = array("q"), array("q"), array("d")
         step_starts = [s[1] for s in steps]
         whole = [Spans(), Spans(), Spans()]
         per_step: dict[int, list[Spans]] = {}
-        launch_ts = array("d")  # per device event: its launch's host time (nan: none)
-        for i in range(len(self._start)):
-            found = launch_of(self._corr[i])
-            launch_ts.append(math.nan if found is None else found)
-            if found is None:
+        for i, found in enumerate(launch_ts):
+            if math.isnan(found):
                 continue
             counts["launched"] += 1
             s, e, tl = self._start[i], self._end[i], self._kind[i] & _TL_MASK
@@ -334,10 +382,11 @@ class DeviceView:
                     parts = per_step[j] = [Spans(), Spans(), Spans()]
                 parts[tl].add(s, e)
         comp, comm, mem = (x.merged() for x in whole)
-        return {"gpu_timeline": gpu_timeline(comp, comm, mem),
-                "steps": [self._step_row(step, per_step.get(j))
-                          for j, step in enumerate(steps)],
-                "hta": self._hta(launch_ts), "counts": counts, "error": None}
+        timeline = gpu_timeline(comp, comm, mem)
+        del whole, comp, comm, mem  # the figures below are made one after another
+        rows = [self._step_row(step, per_step.pop(j, None)) for j, step in enumerate(steps)]
+        return {"gpu_timeline": timeline, "steps": rows, "hta": self._hta(launch_ts),
+                "counts": counts, "error": None}
 
     def _launches(self) -> Callable[[int], float | None]:
         """A lookup: correlation id -> its launch's host time (None: not in the trace)."""
@@ -374,7 +423,7 @@ class DeviceView:
         rnd = self._float_ts
         keep_all = len(self._hta_step_names) < 2
         last = math.ceil(self._hta_last_step) if rnd and not keep_all else self._hta_last_step
-        picked: list[int] = []
+        picked = array("q")
         starts = array("d")
         for i in range(len(self._start)):
             if not keep_all:
@@ -385,26 +434,27 @@ class DeviceView:
             starts.append(math.ceil(self._start[i]) if rnd else self._start[i])
         if not picked:
             return None
-        every, compute, comm = _HtaUnion(), _HtaUnion(), _HtaUnion()
-        for k in sorted(range(len(picked)), key=starts.__getitem__):
-            i = picked[k]
-            s, e = starts[k], (math.floor(self._end[i]) if rnd else self._end[i])
+        every, compute, comm = _HtaUnion(keep=False), _HtaUnion(), _HtaUnion()
+        for i in _in_start_order(picked, starts):
+            s = float(math.ceil(self._start[i])) if rnd else self._start[i]
+            e = float(math.floor(self._end[i])) if rnd else self._end[i]
             every.add(s, e)
             kind = self._kind[i] & ~_TL_MASK
             if kind == _HTA_COMPUTE:
                 compute.add(s, e)
             elif kind == _HTA_COMM:
                 comm.add(s, e)
-        kernel = every.ends[-1] - every.starts[0]
+        picked_count = len(picked)
+        del picked, starts  # before the overlap's arrays are made
+        kernel = every.last_end - every.first
         idle = kernel - every.total()
-        comp = compute.total() if compute.starts else 0.0
-        comm_time = comm.total() if comm.starts else 0.0
+        comp, comm_time = compute.total(), comm.total()
         overlap = length(intersect(compute.positive(), comm.positive()))
         return {"idle_us": _r(idle), "compute_us": _r(comp),
                 "non_compute_us": _r(kernel - comp - idle), "kernel_us": _r(kernel),
                 "comm_us": _r(comm_time), "overlap_us": _r(overlap),
                 "overlap_pct": round(100 * overlap / comm_time, 2) if comm_time > 0 else None,
-                "device_events": len(picked)}
+                "device_events": picked_count}
 
 
 def _correlation(e: Mapping[str, Any]) -> int | None:

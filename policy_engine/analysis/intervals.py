@@ -35,7 +35,7 @@ _Run = tuple["array[float]", "array[float]"]
 class Spans:
     """Intervals of one kind of work, gathered one at a time."""
 
-    __slots__ = ("_end", "_ends", "_runs", "_start", "_starts", "count")
+    __slots__ = ("_end", "_ends", "_given", "_runs", "_start", "_starts", "count")
 
     def __init__(self) -> None:
         self._starts = array("d")  # gathered since the last run was made, unsorted
@@ -43,6 +43,7 @@ class Spans:
         self._runs: list[_Run] = []  # each sorted and disjoint; larger ones first
         self._start = 0.0
         self._end = -1.0  # no open interval
+        self._given: array[float] | None = None  # the starts merged() handed out
         self.count = 0
 
     def add(self, start: float, end: float) -> None:
@@ -66,7 +67,7 @@ class Spans:
         runs.append(run)
         while len(runs) > 1 and len(runs[-2][0]) <= 2 * len(runs[-1][0]):
             later = runs.pop()
-            runs[-1] = _merge(runs[-1], later)
+            runs[-1] = _merge(runs[-1], later, shared=runs[-1][0] is self._given)
 
     def merged(self) -> Merged:
         """The union, as sorted disjoint intervals (``array('d')`` each)."""
@@ -79,9 +80,10 @@ class Spans:
         runs = self._runs
         while len(runs) > 1:
             later = runs.pop()
-            runs[-1] = _merge(runs[-1], later)
+            runs[-1] = _merge(runs[-1], later, shared=runs[-1][0] is self._given)
         if not runs:
             return array("d"), array("d")
+        self._given = runs[0][0]  # a later merge makes new arrays, never grows these
         return runs[0]
 
 
@@ -101,18 +103,25 @@ def _sorted_run(starts: array[float], ends: array[float]) -> _Run:
     return out_s, out_e
 
 
-def _merge(a: _Run, b: _Run) -> _Run:
-    """The union of two runs, in new arrays (a caller may hold either run)."""
+def _merge(a: _Run, b: _Run, *, shared: bool) -> _Run:
+    """The union of two runs: ``a`` held by :class:`Spans` alone (the later run ``b``
+    always is) unless ``shared``; a run held by nobody else may be grown in place."""
     (a_s, a_e), (b_s, b_e) = a, b
     if not b_s or not a_s:
         return (a_s, a_e) if a_s else (b_s, b_e)
     if b_s[0] < a_s[0]:
         (a_s, a_e), (b_s, b_e) = (b_s, b_e), (a_s, a_e)
+        shared = False  # the first run is now b
     # a starts first: its intervals that end before b starts stay as they are, and when
-    # that is all of them (a chunk of later events), the union is a copy of both
+    # that is all of them (a chunk of later events), the union is both, one after the
+    # other: a grown by b where no caller holds a, else a copy
     i = bisect_left(a_e, b_s[0])
     if i == len(a_s):
-        return a_s + b_s, a_e + b_e
+        if shared:
+            return a_s + b_s, a_e + b_e
+        a_s.extend(b_s)
+        a_e.extend(b_e)
+        return a_s, a_e
     out_s, out_e = a_s[:i], a_e[:i]
     n_a, n_b, j = len(a_s), len(b_s), 0
     while i < n_a and j < n_b:

@@ -34,7 +34,14 @@ from policy_engine.files.layout import (
     is_temp_name,
     temp_pid,
 )
-from policy_engine.files.records import ABSENT, COMPANIONS, Line, SummaryLine
+from policy_engine.files.records import (
+    ABSENT,
+    COMPANIONS,
+    Line,
+    Status,
+    SummaryLine,
+    SummaryStatus,
+)
 
 # Folders written whole by a tool (torch_npu) are one trace, not many files.
 _TRACE_DIR_SUFFIXES = ("_ascend_pt",)
@@ -245,7 +252,7 @@ class Listing:
             summary = self.summaries.get(key)
             if summary is not None:  # the rank summarised it: complete, failed or cut
                 record["summary"] = summary[0]
-                if summary[1] is False and summary[0] == "complete":
+                if summary[1] is False and summary[0] == SummaryStatus.COMPLETE:
                     record["kept"] = False  # removed by policy (keep: summaries), not lost
         self.interrupted += self._interrupted(self.process, _alive(self.process)
                                               if self.opens or self.closes else False)
@@ -293,7 +300,7 @@ class Listing:
             if closed is None:
                 status, why = ("running", _STILL_OPEN) if alive else (
                     "interrupted", _NEVER_CLOSED)
-            elif closed[0] == "interrupted":
+            elif closed[0] == Status.INTERRUPTED:
                 status, why = "interrupted", closed[1] or "interrupted"
             else:
                 # The close line comes after the capture's trace lines, background exports
@@ -428,7 +435,7 @@ def summary_line(data: dict[str, Any]) -> str:
     order = [s for s in _STATUS_ORDER if s in counts] + sorted(set(counts) - {*_STATUS_ORDER})
     parts = [f"{_plural(len(data['traces']), 'trace')} "
              f"({', '.join(f'{counts[s]} {s}' for s in order) or 'none'})"]
-    summarised = sum(1 for r in data["traces"] if r.get("summary") == "complete")
+    summarised = sum(1 for r in data["traces"] if r.get("summary") == SummaryStatus.COMPLETE)
     if summarised:
         kept = sum(1 for r in data["traces"] if r.get("kept") is False)
         parts.append(f"{summarised} summarised" + (f" ({kept} kept as summaries only)"

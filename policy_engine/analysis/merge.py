@@ -34,9 +34,9 @@ from policy_engine.analysis.window_roles import (
     label,
     window_keys,
 )
-from policy_engine.errors import did_you_mean, printable
+from policy_engine.errors import did_you_mean, is_int, printable
 from policy_engine.files.publish import publish
-from policy_engine.files.records import from_json
+from policy_engine.files.records import Status, from_json
 
 _PROG = "policy-engine merge"
 #: Flow and async ids of the i-th trace move by i << _ID_SHIFT (below 2**53 for 100k ranks).
@@ -183,7 +183,7 @@ def skip_reason(record: dict[str, Any]) -> str | None:
     """Why a trace line of the window is not merged, or None."""
     if not is_torch(record):
         return f"backend {record.get('backend')}: not a torch trace"
-    if record.get("status") == "failed" or record["_file"] is None:
+    if record.get("status") == Status.FAILED or record["_file"] is None:
         return f"failed, no file: {record.get('error') or 'no reason recorded'}"
     if not str(record["_file"]).endswith(TORCH_SUFFIXES):
         return "not a .pt.trace.json[.gz] file"
@@ -202,7 +202,7 @@ def _base_time(record: dict[str, Any], root: str, bounds: Bounds) -> int | None:
             meta = reader.meta
     base = meta.get("baseTimeNanoseconds")
     rel = os.path.relpath(record["_file"], root)
-    if isinstance(base, int) and not isinstance(base, bool) and 0 <= base < 1 << 63:
+    if is_int(base) and 0 <= base < 1 << 63:
         return base
     if "baseTimeNanoseconds" in meta:  # thousands of digits would overflow every shift
         say(f"{_PROG}: note: {rel}: its baseTimeNanoseconds is no time in nanoseconds (a "
@@ -300,8 +300,9 @@ def merge(records: list[dict[str, Any]], root: str, out: str, force: bool,
                     "trace": rel, "status": r.get("status"), "metadata": meta}
             labels = [str(meta.get("host_name") or ""), r.get("status") or ""]
             rank = r.get("rank")
+            said = ", ".join(x for x in labels if x not in ("", Status.COMPLETE))
             for event in proc.metadata(_name(r), rank if isinstance(rank, int) else pid, args,
-                                       ", ".join(x for x in labels if x not in ("", "complete"))):
+                                       said):
                 writer.event(event)
         first = records[0]
         writer.finish({"schemaVersion": 1, "baseTimeNanoseconds": ref, "policy_engine_merge": {

@@ -11,6 +11,7 @@ from policy_engine.analysis.chrome_trace import TraceError, TraceReader, TraceTo
 from policy_engine.analysis.format import size_cell
 from policy_engine.analysis.report_page import Ops, PageEntry
 from policy_engine.analysis.window_roles import TORCH_SUFFIXES
+from policy_engine.files.records import Status
 
 #: Trace events whose self time the page lists (others still nest: a user_annotation
 #: range encloses operators but is not one).
@@ -143,7 +144,7 @@ def read_all_ops(entries: list[PageEntry], root: str, *, count: int, top: int,
     at most ``limit`` bytes of text of each and ``total`` of all; and notes for the
     page."""
     traces = [c for c in entries if _is_trace(c)]
-    traces.sort(key=lambda c: (c.status == "complete", c.role,
+    traces.sort(key=lambda c: (c.status == Status.COMPLETE, c.role,
                                -1 if c.rank is None else c.rank, c.column))
     used: list[int] = []
     ops = {id(c): read_ops(os.path.join(root, c.path or ""), top=top, limit=limit,

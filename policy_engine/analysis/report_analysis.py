@@ -12,6 +12,7 @@ drawn, and what is left out is counted.
 from __future__ import annotations
 
 import html
+from array import array
 from collections.abc import Iterable
 from typing import Any
 
@@ -22,7 +23,7 @@ from policy_engine.analysis.report_calls import STYLE as CALLS_STYLE
 from policy_engine.analysis.report_calls import section as calls_section
 from policy_engine.analysis.report_gantt import section as timeline_section
 from policy_engine.analysis.run import analyze_run
-from policy_engine.analysis.text import ms, notes, rank_rows, why
+from policy_engine.analysis.text import ms, notes, why
 from policy_engine.analysis.windows import Index
 from policy_engine.errors import printable
 
@@ -49,25 +50,36 @@ def _parts(total: dict[str, float]) -> dict[str, float]:
 
 def _bars(ranks: Iterable[Any], straggler: Any) -> list[tuple[list[Any], dict[str, float]]]:
     """(ranks, parts) per bar: one per rank, or ranks that look alike grouped. ``ranks``:
-    each rank's JSON object (with ``total``), or (rank, basis, totals)."""
-    rows = []
+    each rank's JSON object (with ``total``), or (rank, basis, totals). Each rank's parts
+    are held as machine floats until the bars are made (a window of 100,000 ranks makes
+    no Python object per rank but its rank)."""
+    who: list[Any] = []
+    columns = [array("d") for _ in PARTS]
     for r in ranks:
         if isinstance(r, dict):
-            if r.get("total"):
-                rows.append(([r["rank"]], _parts(r["total"])))
+            if not r.get("total"):
+                continue
+            rank, parts = r["rank"], _parts(r["total"])
         else:
-            rows.append(([r[0]], _parts(r[2])))
-    if len(rows) <= MAX_BARS:
-        return rows
-    longest = max((sum(p.values()) for _, p in rows), default=0.0) or 1.0
+            rank, parts = r[0], _parts(r[2])
+        who.append(rank)
+        for column, (part, _, _) in zip(columns, PARTS, strict=True):
+            column.append(parts[part])
+
+    def parts_of(i: int) -> dict[str, float]:
+        return {part: column[i] for column, (part, _, _) in zip(columns, PARTS, strict=True)}
+
+    if len(who) <= MAX_BARS:
+        return [([rank], parts_of(i)) for i, rank in enumerate(who)]
+    longest = max(sum(column[i] for column in columns) for i in range(len(who))) or 1.0
     groups: dict[tuple[Any, ...], list[Any]] = {}
-    parts: dict[tuple[Any, ...], dict[str, float]] = {}
-    for who, p in rows:
-        key = (who[0] == straggler, *(round(BUCKETS * v / longest) for v in p.values()))
-        groups.setdefault(key, []).extend(who)
-        parts.setdefault(key, p)
+    first: dict[tuple[Any, ...], int] = {}
+    for i, rank in enumerate(who):
+        key = (rank == straggler, *(round(BUCKETS * column[i] / longest) for column in columns))
+        groups.setdefault(key, []).append(rank)
+        first.setdefault(key, i)
     order = sorted(groups, key=lambda k: (not k[0], -len(groups[k])))
-    return [(groups[k], parts[k]) for k in order[:MAX_BARS]]
+    return [(groups[k], parts_of(first[k])) for k in order[:MAX_BARS]]
 
 
 def svg(ranks: Iterable[Any], straggler: Any) -> str:
@@ -156,11 +168,17 @@ def window_html(window: WindowAnalysis) -> str:
     regions = "".join(f'<li>{_esc(r["name"])}: {ms(r["time_us"]["min"])} / '
                       f'{ms(r["time_us"]["median"])} / {ms(r["time_us"]["max"])} ms</li>'
                       for r in w["regions"][:5])
-    rows = rank_rows(window)
-    compute = {rank: totals["compute_us"] for rank, _basis, totals in rows}
+    figures = window.figures
+    rows = figures.rows(by_rank=True) if figures is not None else iter(())
+    calls = w.get("collectives")
+    compute: dict[Any, float] = {}
+    if calls and figures is not None:  # the compute of the ranks that listed calls
+        listed = set(calls["ranks"])
+        compute = {rank: totals["compute_us"] for rank, _basis, totals in figures.rows()
+                   if str(rank) in listed}
     return ('<div class="window">' + "".join(head)
             + svg(rows, s["rank"] if s else None)
-            + calls_section(w.get("collectives"), compute, len(w["step_times"]))
+            + calls_section(calls, compute, len(w["step_times"]))
             + _steps_table(w)
             + (f"<p>Regions (min / median / max across ranks):</p><ul>{regions}</ul>"
                if regions else "")

@@ -22,6 +22,8 @@ from policy_engine.analysis.listing import roles_cell as _roles
 from policy_engine.analysis.listing import steps_cell as _steps
 from policy_engine.analysis.listing import summary_line as _summary
 from policy_engine.analysis.window_roles import families
+from policy_engine.errors import is_int
+from policy_engine.files.records import Status
 
 #: Most severe first: the order of the attention list and of the grid's rows.
 SEVERITY = ("failed", "oom", "interrupted", "partial", "running", "complete")
@@ -71,7 +73,7 @@ class PageEntry:
 
     @property
     def troubled(self) -> bool:
-        return self.status != "complete" or self.lost
+        return self.status != Status.COMPLETE or self.lost
 
 
 def _esc(value: Any) -> str:
@@ -86,7 +88,7 @@ def _column(record: dict[str, Any]) -> tuple[Any, ...]:
     region = record.get("region")
     if region:
         label = f"{label} {region}"
-    key = ((0, first, "") if isinstance(first, int) and not isinstance(first, bool)
+    key = ((0, first, "") if is_int(first)
            else (1, 0, str(first)) if steps else (2, 0, ""))
     return (key, str(region or "")), label
 
@@ -119,7 +121,7 @@ def captures(data: dict[str, Any], root: str, page_dir: str) -> list[PageEntry]:
 
 def _weight(c: PageEntry) -> int:
     """How bad an entry is: a lost file counts as a partial capture at least."""
-    return min(c.severity, SEVERITY.index("partial")) if c.lost else c.severity
+    return min(c.severity, SEVERITY.index(Status.PARTIAL)) if c.lost else c.severity
 
 
 def _cell_status(entries: Sequence[PageEntry]) -> str:

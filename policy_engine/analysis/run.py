@@ -47,7 +47,7 @@ from policy_engine.analysis.windows import (
     readable,
 )
 from policy_engine.errors import did_you_mean, printable
-from policy_engine.files.records import SummaryLine
+from policy_engine.files.records import SummaryLine, SummaryStatus
 
 #: The analysis document's version: 2 added the device view (``gpu_timeline``, ``hta``),
 #: the ``npu`` basis, ``collectives``, ``stalls`` and ``timeline``, and made a GPU step's
@@ -266,7 +266,7 @@ def _figures(line: SummaryLine, detail: bool, causes: bool = True
     """The figures of a summary line, or why they cannot be used (``detail``: with its
     operators, checked; else without them, unless ``causes`` and it lists collective
     calls: a late rank's cause is read from its operators too)."""
-    if line.status != "complete":
+    if line.status != SummaryStatus.COMPLETE:
         return f"its summary line says {line.status}"
     found: Any = line.summary
     ops = detail or (causes and isinstance(found, dict)
@@ -305,7 +305,7 @@ def _chosen_summary(entry: Entry, detail: bool, readable: Callable[[], bool],
         found = _figures(line, detail, causes)
         if isinstance(found, dict):
             usable.append((found, source))
-        elif line.status == "complete":
+        elif line.status == SummaryStatus.COMPLETE:
             refused = refused or found
     if len(lines) > 1:
         twice = f"its trace has {len(lines)} summary lines that differ"

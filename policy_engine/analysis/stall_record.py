@@ -26,6 +26,8 @@ from typing import Any
 
 import attrs
 
+from policy_engine.errors import is_int
+
 __all__ = ["CLEARED_KIND", "CLEARED_SUFFIX", "MAX_CALLS", "MAX_FILE_BYTES", "MAX_FRAMES",
            "MAX_GROUPS", "MAX_MEMBERS", "MAX_TEXT", "MAX_THREADS", "RECORD_KIND",
            "ROLL_CALL_KIND", "VERSION", "WHYS", "Call", "Cleared", "Frame",
@@ -61,7 +63,7 @@ class _Bad(ValueError):
 
 
 def _int(v: Any) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool) and -(1 << 62) < v < 1 << 62
+    return is_int(v) and -(1 << 62) < v < 1 << 62
 
 
 def _number(v: Any) -> bool:

@@ -49,7 +49,7 @@ MAX_KEPT_BYTES = 512 << 10
 TRIM_REGIONS = 4
 TRIM_OPS = 8
 #: The worker's data segment at most (RLIMIT_DATA): a 1 GB trace of 5.8 million events
-#: needs about 180 MB (benchmarks/bench_summary_memory.py).
+#: needs about 310 MB, both views included (benchmarks/bench_summary_memory.py).
 MEMORY_BYTES = 512 << 20
 #: How far below its limit the worker stops itself (at most a quarter of the limit).
 MARGIN = 64 << 20

@@ -254,11 +254,12 @@ def summarize(path: str, *, max_bytes: int | None = None) -> dict[str, Any]:
         return {"error": f"cannot read it: {err.strerror or err}"}
     kernels = p.k_comp.count + p.k_comm.count
     gpu = kernels > 0
+    found = view.result()
+    del view  # its events, before the step view's are merged
     if gpu:
         parts = (p.k_comp.merged(), p.k_comm.merged(), p.k_other.merged())
     else:
         parts = (p.ops.merged(), p.comm.merged(), EMPTY)
-    found = view.result()
     device_steps: dict[int | None, Any] = {
         row["step"]: row["gpu_timeline"] for row in found["steps"]} if gpu else {}
     if gpu and not p.steps:  # the trace is one step: its device view is the trace's

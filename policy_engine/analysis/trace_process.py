@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from policy_engine.analysis.chrome_trace import TraceError
+from policy_engine.errors import is_int
 
 #: The most threads (distinct pid and tid pairs) and processes one input trace may have;
 #: a torch trace has tens.
@@ -124,7 +125,7 @@ class ProcessMap:
         return new
 
     def _id(self, value: Any) -> Any:
-        if isinstance(value, int) and not isinstance(value, bool):
+        if is_int(value):
             return value + self._id_base
         if isinstance(value, str):
             try:  # Perfetto reads string ids as hexadecimal

@@ -382,10 +382,17 @@ class Figures:
                                  for name, times in self.regions.items()},
                         idle_us=statistics.median(idle) if idle else None)
 
-    def rows(self) -> Iterator[tuple[Any, str, dict[str, Any]]]:
-        """(rank, basis, totals) of every readable rank, in the order added; the totals
-        hold the rank's device view too (``gpu_timeline``, None without one)."""
-        for i, rank in enumerate(self.ranks):
+    def rows(self, *, by_rank: bool = False) -> Iterator[tuple[Any, str, dict[str, Any]]]:
+        """(rank, basis, totals) of every readable rank, in the order added (``by_rank``:
+        in rank order, ranks that are no number last); the totals hold the rank's device
+        view too (``gpu_timeline``, None without one)."""
+        ranks = self.ranks
+        order: Iterable[int] = range(len(ranks))
+        if by_rank:
+            order = sorted(order, key=lambda i: (not isinstance(ranks[i], int),
+                                                 ranks[i] or 0))
+        for i in order:
+            rank = ranks[i]
             totals: dict[str, Any] = {k: self.columns[k][i] for k in TOTALS}
             totals["gpu_timeline"] = self.device.get(i)
             yield rank, self.basis[i], totals

@@ -40,7 +40,8 @@ from policy_engine.analysis.window_roles import (
     participants,
     window_keys,
 )
-from policy_engine.files.records import ABSENT, Line, SummaryLine, from_json
+from policy_engine.errors import is_int
+from policy_engine.files.records import ABSENT, Line, Status, SummaryLine, from_json
 
 _ALSO = 16  # ranks listed whose capture has another trigger than the window's first
 #: The notes kept from all the manifests (limits reached, trigger requests missed...);
@@ -389,7 +390,7 @@ def _one_per_rank(window: dict[str, Any]) -> list[tuple[Entry, str]]:
             kept.append(e)
     out = []
     for rank, entries in by_rank.items():
-        used, *rest = sorted(entries, key=lambda e: e.status not in (None, "complete"))
+        used, *rest = sorted(entries, key=lambda e: e.status not in (None, Status.COMPLETE))
         kept.append(used)
         for e in rest:
             out.append((e, f"rank {rank} has {len(entries)} traces in this window: "
@@ -429,7 +430,7 @@ def _place(window: dict[str, Any], r: _Trace, root: str, index: Index) -> None:
     if limit is not None and limit not in [x["why"] for x in window["limits"]]:
         window["limits"].append({"rank": rank, "why": limit})
     summary = r.summary
-    if r.status == "failed" or full is None:
+    if r.status == Status.FAILED or full is None:
         window["dropped"].append({"rank": rank, "backend": r.backend,
                                   "why": r.error or "no file written"})
     elif not is_analysed(r):
@@ -456,7 +457,7 @@ def _identify(identity: dict[str, Any], r: _Trace) -> None:
     if isinstance(coords, dict):  # the mesh, as far as the ranks' coordinates show it
         mesh = identity.setdefault("mesh", {})
         for dim, at in coords.items():
-            if isinstance(at, int) and not isinstance(at, bool) and 0 <= at < 1 << 31:
+            if is_int(at) and 0 <= at < 1 << 31:
                 mesh[str(dim)] = max(mesh.get(str(dim), 0), at + 1)
 
 

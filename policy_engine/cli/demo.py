@@ -22,6 +22,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from policy_engine.analysis.listing import collect
 from policy_engine.cli import ppo, traces
 from policy_engine.cli._common import positive_int
 from policy_engine.cli.demo_job import die_with_parent
@@ -180,9 +181,12 @@ steps and status; `policy-engine traces {args.out}` prints this table again.""")
 
 
 def _captured(out: str, steps: int, label: str) -> bool:
-    """Whether the run captured anything (it wrote manifests); if not, say why."""
+    """Whether the run captured anything (its manifests list a capture: a rank that
+    profiled nothing may still have noted the job's clock there); if not, say why."""
     if os.path.isdir(os.path.join(out, MANIFEST_DIR)):
-        return True
+        listing = collect(out, slim=True)
+        if listing["traces"] or listing["interrupted"]:
+            return True
     print(f"policy-engine demo: nothing was captured in {steps} training "
           f"step{'s' if steps > 1 else ''}: {label} profiles none of them (the built-in "
           f"policies profile steps 2 and 3: give --steps 3)")
