@@ -7,6 +7,22 @@ untrusted input, so everything it can make the reader hold or do is bounded: the
 read (a small gzip can inflate to gigabytes), the size of one event and of the other
 top-level keys, the nesting, and the numbers (NaN, infinities and integers of thousands
 of digits are refused, with their position, rather than carried on).
+
+What the reader assumes of the libraries it reads with, each checked when this module is
+imported (:func:`scanner_fault`, :func:`orjson_fault`), where a failed check turns the
+part that leans on it off rather than letting it misread:
+
+- the stdlib's ``json`` scanner (``JSONDecoder.scan_once``, which ``raw_decode`` calls)
+  returns ``(value, end)``, raises ``StopIteration`` with the position where no value
+  begins, ``JSONDecodeError`` with ``msg`` and ``pos`` (``Unterminated ...`` for a string
+  cut off), ``RecursionError`` for deep nesting, and calls ``parse_constant`` and
+  ``parse_float``. Without it (:data:`SCANNER` false) a trace is read whole, within the
+  same byte bounds, by ``json.loads`` (a public API): slower, holding the trace in memory,
+  its errors said less precisely.
+- orjson refuses more than 1,024 levels of nesting and reads 1,024, so a run of events
+  wrapped in 960 arrays leaves each event 64 levels; it reads an integer of 19 digits or
+  more as a float (such runs go to the stdlib's scanner). Without that (:data:`FAST`
+  false) the stdlib's scanner reads every event.
 """
 
 from __future__ import annotations
@@ -49,19 +65,103 @@ def _float(text: str) -> float:
 
 
 _DECODER = json.JSONDecoder(parse_constant=_constant, parse_float=_float)
-_SCAN: Callable[[str, int], tuple[Any, int]] = _DECODER.scan_once  # type: ignore[attr-defined]
+
+
+def _no_scanner(text: str, pos: int) -> tuple[Any, int]:
+    raise TypeError("json.JSONDecoder has no scan_once")
+
+
+_SCAN: Callable[[str, int], tuple[Any, int]] = getattr(_DECODER, "scan_once", _no_scanner)
 _SPACE = " \t\n\r"
-try:  # orjson from 3.9.15 refuses 1025 levels of nesting; older ones recurse without limit
+#: orjson's nesting limit, which the runs' wrapping is cut to.
+_ORJSON_DEPTH = 1024
+
+
+def scanner_fault() -> str | None:
+    """What the stdlib's scanner does otherwise than the reader assumes (the module's
+    text), or None when it behaves so."""
+    probes: list[tuple[str, str]] = [("", "stop"), ('{"a": ', "stop"), ('"abc', "cut"),
+                                     ("[1, 2", "decode"), ("NaN", "number"),
+                                     ("[" * 100_000, "deep")]
+    try:
+        if _SCAN('{"a": [1, 2.5]} ', 0) != ({"a": [1, 2.5]}, 15):
+            return "scan_once does not return (value, end)"
+        for text, wanted in probes:
+            try:
+                _SCAN(text, 0)
+            except StopIteration as stop:
+                if wanted != "stop" or stop.value != len(text):
+                    return f"scan_once raised StopIteration({stop.value}) on {text[:8]!r}"
+                continue
+            except json.JSONDecodeError as err:
+                if wanted not in ("cut", "decode") or err.pos > len(text) or (
+                        wanted == "cut" and not err.msg.startswith("Unterminated")):
+                    return f"scan_once raised {err.msg!r} at {err.pos} on {text[:8]!r}"
+                continue
+            except _BadNumber:
+                if wanted != "number":
+                    return f"scan_once refused a number in {text[:8]!r}"
+                continue
+            except RecursionError:
+                if wanted != "deep":
+                    return f"scan_once ran out of stack on {text[:8]!r}"
+                continue
+            return f"scan_once read {text[:8]!r}"
+    except Exception as err:  # any other behaviour is a fault to report
+        return f"scan_once: {type(err).__name__}: {err}"
+    return None
+
+
+def orjson_fault() -> str | None:
+    """What orjson (when installed) does otherwise than the runs assume, or None."""
+    try:
+        import orjson
+    except ImportError:  # pragma: no cover - a dependency; without it the stdlib reads all
+        return "orjson is not installed"
+    deep = _ORJSON_DEPTH
+    try:
+        try:
+            if _depth(orjson.loads(b"[" * deep + b"]" * deep)) != deep:
+                return f"orjson misreads {deep} levels of nesting"
+        except orjson.JSONDecodeError:
+            return f"orjson refuses {deep} levels of nesting"
+        try:
+            orjson.loads(b"[" * (deep + 1) + b"]" * (deep + 1))
+            return f"orjson reads {deep + 1} levels of nesting"
+        except orjson.JSONDecodeError:
+            pass
+        if not isinstance(orjson.loads(b"1234567890123456789012"), float):
+            return "orjson reads an integer of 22 digits as no float"
+        if orjson.loads(b'[{"a": 1.5, "b": [2, "x"]}]') != [{"a": 1.5, "b": [2, "x"]}]:
+            return "orjson misreads a plain event"
+    except Exception as err:  # any other behaviour is a fault to report
+        return f"orjson: {type(err).__name__}: {err}"
+    return None
+
+
+def _depth(value: Any) -> int:
+    """How deep lists that each hold one list (the innermost empty) go; -1: other."""
+    depth = 0
+    while isinstance(value, list):
+        depth += 1
+        if not value:
+            return depth
+        if len(value) != 1:
+            return -1
+        value = value[0]
+    return -1
+
+
+#: The stdlib's scanner behaves as the tokenizer assumes; else traces are read whole.
+SCANNER = scanner_fault() is None
+#: orjson reads runs of events (False: the stdlib's scanner, one by one).
+FAST = SCANNER and orjson_fault() is None
+if FAST:
     import orjson
-    FAST = orjson.loads(b"[" * 1025 + b"]" * 1025) is None  # read it: too old to be used
-except ImportError:  # pragma: no cover - then the stdlib's scanner reads all, only slower
-    FAST = False
-except ValueError:  # refused it
-    FAST = True  #: orjson reads runs of events (False: the stdlib's scanner, one by one)
 # A run: at most _RUN characters (held as ~6 times as much in objects) up to a '},' before a
 # '{' (_CUT), in _WRAP arrays that leave an event 64 of orjson's 1024 levels (the stdlib's
 # scanner reads deeper ones), with no integer of 19 digits or more (orjson: a float).
-_RUN, _WRAP = 1 << 20, 1024 - 64
+_RUN, _WRAP = 1 << 20, _ORJSON_DEPTH - 64
 _DIGITS, _LONG = bytes.maketrans(b"123456789", b"000000000"), b"0" * 19
 _CUT, _NEXT = re.compile(r"\},[ \t\n\r]*\{"), re.compile(r"[ \t\n\r]*,?[ \t\n\r]*")
 
@@ -180,7 +280,7 @@ class TraceReader:
         self._counted = _Counted(self._file)
         self._stream: io.BufferedIOBase = gzip.GzipFile(
             fileobj=self._counted, mode="rb") if self.gzipped else self._file
-        self._walk = self._document()
+        self._walk = self._document() if SCANNER else self._whole()
 
     def __enter__(self) -> TraceReader:
         return self
@@ -200,7 +300,7 @@ class TraceReader:
     @property
     def position(self) -> int:
         """The character the reader has reached."""
-        while self._mark and self._mark[0] < self.count:  # in a run: the entry reached
+        while SCANNER and self._mark and self._mark[0] < self.count:  # in a run
             pos = _NEXT.match(self._buf, self._mark[1]).end()  # type: ignore[union-attr]
             self._mark = self._mark[0] + 1, _SCAN(self._buf, pos)[1]
         return self._offset + (self._mark[1] if self._mark else self._pos)
@@ -217,6 +317,58 @@ class TraceReader:
         for item in self._walk:
             if item is not _EVENTS:
                 yield item
+
+    # -- without the tokenizer ---------------------------------------------------------
+
+    def _whole(self) -> Iterator[Any]:
+        """The trace read whole (within the same byte bounds) by ``json.loads``, where the
+        stdlib's scanner does not behave as the tokenizer assumes (:data:`SCANNER`)."""
+        while not self._eof:
+            self._more(_CHUNK)
+        text, self._pos = self._buf, len(self._buf)
+        if not text.strip():
+            raise TraceError("not a Chrome trace: it is empty")
+        try:
+            doc = json.loads(text, parse_constant=_constant, parse_float=_float)
+        except json.JSONDecodeError as err:
+            if err.pos >= len(text.rstrip()) - _NEAR_END:
+                raise TraceError("truncated: the file ends inside the trace") from None
+            raise TraceError(f"not valid JSON: {err.msg}, at character {err.pos}") from None
+        except RecursionError:
+            raise TraceError("the trace is nested too deeply") from None
+        except ValueError as err:  # a number: NaN, 1e400, thousands of digits
+            why = "a number has too many digits" if "digits" in str(err) else str(err)
+            raise TraceError(f"{why} in the trace") from None
+        self._buf = ""
+        after: dict[str, Any] = {}  # the top-level keys after traceEvents
+        if isinstance(doc, dict):
+            keys = list(doc)  # in the document's order
+            events = doc.pop("traceEvents", None)
+            if events is None:
+                raise TraceError("not a Chrome trace: it has no traceEvents array")
+            if not isinstance(events, list):
+                raise TraceError("not valid JSON: traceEvents must be an array")
+            if len(json.dumps(doc)) > MAX_META:
+                raise TraceError("the top-level keys but traceEvents are larger than "
+                                 f"{_bytes(MAX_META)} together")
+            cut = keys.index("traceEvents")
+            self.meta.update((key, doc[key]) for key in keys[:cut])
+            after.update((key, doc[key]) for key in keys[cut + 1:])
+        elif isinstance(doc, list):
+            events = doc
+        else:
+            raise TraceError("not a Chrome trace: it is no JSON object or array")
+        self._saw_events = True
+        yield _EVENTS
+        for item in events:
+            self.count += 1
+            if self.max_events is not None and self.count > self.max_events:
+                raise TooManyEvents(self.max_events)
+            if isinstance(item, dict):
+                yield item
+            else:
+                self.not_objects += 1
+        self.meta.update(after)
 
     # -- the tokenizer -----------------------------------------------------------------
 
