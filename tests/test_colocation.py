@@ -133,6 +133,7 @@ def test_a_role_of_the_group_that_is_off_on_this_rank_is_left_out(tmp_path: Path
     names = {}
     for rank in (0, 1):
         prof = apply_policy(object(), "actor", data, Topology(rank=rank, world=2))
+        prof.close()  # (its listener thread, the job's clock, ends with it)
         assert prof.plan.roles_for(2) == (("actor",) if rank == 0 else ("actor", "ref"))
         names[rank] = prof.plan.capture_name(first=2, region=None, cycle=None)
     assert names == {0: "actor+ref/step2/rank0", 1: "actor+ref/step2/rank1"}

@@ -329,8 +329,11 @@ def test_worker_apply_policy_names_the_driver(tmp_path: Path,
     prof = apply_worker_policy(object(), "rollout", copy.deepcopy(policy),
                                Topology(0, 8, coords={"dp": 0, "tp": 0},
                                         sizes={"dp": 4, "tp": 2}))
-    with prof.training_step(2):
-        pass
+    try:
+        with prof.training_step(2):
+            pass
+    finally:
+        prof.close()  # rank 0 of 8: its listener thread (the job's clock) ends with it
     assert "policy_engine.integrations.engines" in caplog.text
 
 

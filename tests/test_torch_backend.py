@@ -142,6 +142,7 @@ def test_explain_agrees_on_which_ranks_profile(tmp_path: Path) -> None:
     actual = []
     for rank in range(4):
         prof = apply_policy(Worker(), "actor", policy, Topology(rank=rank, world=4))
+        prof.close()  # (its listener thread, the job's clock, ends with it)
         actual.append(prof.plan.enabled)
     assert predicted == actual == [True, False, True, False]
 
