@@ -86,7 +86,9 @@ def test_the_collectives_are_matched_and_the_others_wait_for_the_slow_rank(
         ranks = calls["ranks"]
         slow = ranks[str(SLOW)]["wait_per_step_us"]
         for rank in ("0", "1", "3"):
-            assert ranks[rank]["wait_per_step_us"] > 0.5 * EXTRA_MS * 1000 > 10 * slow
+            assert ranks[rank]["wait_per_step_us"] > 0.5 * EXTRA_MS * 1000
+        # near nothing: a tenth of its extra work at most (a loaded machine adds a little)
+        assert slow < 0.1 * EXTRA_MS * 1000, slow
         (group,) = calls["groups"]
         assert group["size"] == 4 and group["calls"] == calls["calls"]["matched"]
 
