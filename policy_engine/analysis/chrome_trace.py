@@ -35,7 +35,7 @@ import os
 import re
 import stat
 import zlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 _CHUNK = 1 << 20
@@ -318,6 +318,18 @@ class TraceReader:
             if item is not _EVENTS:
                 yield item
 
+    def _entries(self, items: Iterable[Any]) -> Iterator[dict[str, Any]]:
+        """Entries of traceEvents, counted (past ``max_events``: TooManyEvents); those
+        that are no object are counted in ``not_objects`` and left out."""
+        for item in items:
+            self.count += 1
+            if self.max_events is not None and self.count > self.max_events:
+                raise TooManyEvents(self.max_events)
+            if isinstance(item, dict):
+                yield item
+            else:
+                self.not_objects += 1
+
     # -- without the tokenizer ---------------------------------------------------------
 
     def _whole(self) -> Iterator[Any]:
@@ -360,14 +372,7 @@ class TraceReader:
             raise TraceError("not a Chrome trace: it is no JSON object or array")
         self._saw_events = True
         yield _EVENTS
-        for item in events:
-            self.count += 1
-            if self.max_events is not None and self.count > self.max_events:
-                raise TooManyEvents(self.max_events)
-            if isinstance(item, dict):
-                yield item
-            else:
-                self.not_objects += 1
+        yield from self._entries(events)
         self.meta.update(after)
 
     # -- the tokenizer -----------------------------------------------------------------
@@ -430,14 +435,7 @@ class TraceReader:
             if not found:
                 raise self._unexpected("an event", "traceEvents")
             run = self._run() if FAST and self._offset + self._pos >= self._slow else None
-            for item in run or (self._value(None, MAX_VALUE),):
-                self.count += 1
-                if self.max_events is not None and self.count > self.max_events:
-                    raise TooManyEvents(self.max_events)
-                if isinstance(item, dict):
-                    yield item
-                else:
-                    self.not_objects += 1
+            yield from self._entries(run or (self._value(None, MAX_VALUE),))
             self._mark = None
             buf, pos = self._buf, self._pos
             if pos < len(buf) and buf[pos] == ",":  # the usual case, without a regex
