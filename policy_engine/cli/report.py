@@ -59,8 +59,8 @@ def run(args: argparse.Namespace) -> int:
     out = args.output
     check_output(out, "the page", args.force)
     jobs = os.cpu_count() or 1
-    # The analysis, then the listing, each reading the manifests a line at a time: a run
-    # of 100,000 ranks holds what one of them gathers at a time, not both.
+    # The manifests read once, a line at a time, for the analysis and the listing alike;
+    # the analysis lets go of its index once its windows are made.
     index, listing = read_run(args.dir)
     extra = [section(args.dir, jobs=jobs, index=index,
                      limits=(args.max_trace_mb << 20, args.max_total_mb << 20))]
