@@ -27,6 +27,7 @@ from collections.abc import Callable, Collection, Iterable, Iterator
 from typing import Any
 
 from policy_engine.analysis.matching import RankWork
+from policy_engine.analysis.step_figures import FIGURES
 from policy_engine.analysis.summary import BASES
 
 #: A step's straggler arrives at least this share of the median step time after the
@@ -40,8 +41,8 @@ EXPLAINED = 0.5
 #: opens at the last ``step()`` call and the capture's end closes at once: not a step of
 #: the work (``compare`` takes no sample from it either).
 TRAILING = 0.1
-PARTS = ("compute_us", "comm_us", "overlap_us", "other_us", "idle_us", "span_us")
-TOTALS = ("time_us", *PARTS)
+#: A rank's totals: each step figure summed over its steps (step_figures.py).
+TOTALS = FIGURES
 #: Region names, and operator names (for ``compare``), whose times a window gathers;
 #: past it (a hostile summary), new names are counted, not kept.
 MAX_NAMES = 4096
