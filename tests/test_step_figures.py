@@ -4,25 +4,22 @@ from the declaration."""
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import attrs
 import pytest
+from analysis_traces import make_summarised_run
 
-sys.path.insert(0, str(Path(__file__).parent))
-from analysis_traces import make_summarised_run  # noqa: E402
-
-from policy_engine.analysis import answers, window  # noqa: E402
-from policy_engine.analysis.run import analyze_run  # noqa: E402
-from policy_engine.analysis.step_figures import (  # noqa: E402
+from policy_engine.analysis import answers, window
+from policy_engine.analysis.run import analyze_run
+from policy_engine.analysis.step_figures import (
     ABOUT,
     FIGURES,
     SCHEMA,
     StepFigures,
     with_figures,
 )
-from policy_engine.analysis.summary import problem  # noqa: E402
+from policy_engine.analysis.summary import problem
 
 
 def test_the_schema_file_holds_the_declaration() -> None:
