@@ -94,3 +94,35 @@ def test_the_report_reads_a_bounded_number_of_traces(tmp_path: Path) -> None:
     assert page.count('<div class="window">') == 3 and page.count('<svg class="bars"') == 1
     assert page.count("not analysed here: over the 5 traces read") == 2
     assert page.count("Captured because of a signal (SIGUSR2)") == 3
+
+
+def test_the_report_reads_each_manifest_once_for_its_listing_and_its_analysis(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The page's listing and its analysis section take their lines from one reading of
+    the manifests; a summary's figures are read again by its place alone. The page says
+    what reading them twice said: every capture listed, the straggler named, a damaged
+    line reported."""
+    from analysis_traces import make_summarised_run
+
+    from policy_engine.analysis import manifests
+
+    make_summarised_run(str(tmp_path / "run"), 8, steps=3, ops=20, gpu=True, extra_us=2000.0)
+    damaged = sorted((tmp_path / "run" / MANIFEST_DIR).iterdir())[0]
+    with damaged.open("ab") as f:
+        f.write(b'{"event": "trace", "status": 7}\n')
+    opened: list[str] = []
+    real = manifests._read_file
+
+    def counted(path: str, *args: Any, **kwargs: Any) -> Any:
+        opened.append(path)
+        return (yield from real(path, *args, **kwargs))
+
+    monkeypatch.setattr(manifests, "_read_file", counted)
+    page = tmp_path / "page.html"
+    with redirect_stdout(io.StringIO()):
+        assert main(["report", str(tmp_path / "run"), "-o", str(page)]) == 0
+    assert sorted(opened) == sorted(str(p) for p in (tmp_path / "run" / MANIFEST_DIR).iterdir())
+    text = page.read_text()
+    assert "8 capture(s) on 8 rank(s)" in text
+    assert 'Straggler: <span class="who">rank 1</span>' in text
+    assert "status: expected one of complete, partial, failed, oom, got 7" in text

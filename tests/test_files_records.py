@@ -130,3 +130,27 @@ def test_a_status_is_a_member_written_as_its_word() -> None:
     assert '"status": "partial"' in text and "Status" not in text
     back = records.from_json(json.loads(text))
     assert back.status == records.Status.PARTIAL and f"{records.Status.PARTIAL}" == "partial"
+
+
+# Values a line's field may hold, right and wrong: the rules' shortcuts (types, ranges)
+# must say what each field's check says, for every one of them.
+_VALUES = [None, True, False, 0, 1, -1, 7, (1 << 63) - 1, 1 << 63, -(1 << 63), -(1 << 63) - 1,
+           10 ** 400, 0.0, -0.0, 1.5, -2.5, float("inf"), float("-inf"), float("nan"),
+           "", "x", [], [1], [1, "a"], ["a", "b"], [True], [1.5], [None], [[1]], [1 << 63],
+           [-(1 << 63)], [{"a": 1}], {}, {"a": 1}, (1,), b"x"]
+
+
+def test_each_rule_says_what_its_check_says_of_every_value() -> None:
+    import enum
+
+    class Number(enum.IntEnum):
+        ONE = 1
+
+    for kind in records.KINDS.values():
+        for field in attrs.fields(kind):
+            rule = field.metadata.get("check")
+            if rule is None:
+                continue
+            for value in [*_VALUES, Number.ONE, [Number.ONE]]:
+                assert records._passes(value, rule) == bool(rule[0](value)), (
+                    kind.EVENT, field.name, value)

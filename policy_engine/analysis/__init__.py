@@ -42,10 +42,10 @@ if TYPE_CHECKING:
     from policy_engine.analysis.answers import (
         RankAnalysis,
         RunAnalysis,
-        StepFigures,
         WindowAnalysis,
     )
     from policy_engine.analysis.manifests import ManifestProblem
+    from policy_engine.analysis.step_figures import StepFigures
     from policy_engine.analysis.summary import summarize
 
 __all__ = ["AnalysisError", "RankAnalysis", "RunAnalysis", "RunComparison", "RunScan",
@@ -160,7 +160,7 @@ def scan(path: str) -> RunScan:
 
 
 _LATER = {"summarize": "summary", "RankAnalysis": "answers", "RunAnalysis": "answers",
-          "StepFigures": "answers", "WindowAnalysis": "answers"}
+          "StepFigures": "step_figures", "WindowAnalysis": "answers"}
 
 
 def __getattr__(name: str) -> Any:

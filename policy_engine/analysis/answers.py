@@ -19,26 +19,11 @@ import attrs
 
 from policy_engine.analysis.spool import RankView, Spool, dumps
 from policy_engine.analysis.stalls import Stalls
+from policy_engine.analysis.step_figures import StepFigures
 from policy_engine.analysis.window import Figures
 
 #: The timeline of a run that laid none out (an analysis made without one).
 _NO_TIMELINE: Mapping[str, Any] = {"clock": None, "steps": [], "notes": []}
-_PARTS = ("time_us", "span_us", "compute_us", "comm_us", "overlap_us", "other_us", "idle_us")
-
-
-@attrs.frozen
-class StepFigures:
-    """One ``ProfilerStep`` of one rank (``step`` None: the whole trace, which has none),
-    in microseconds."""
-
-    step: int | None
-    time_us: float
-    span_us: float
-    compute_us: float
-    comm_us: float
-    overlap_us: float
-    other_us: float
-    idle_us: float
 
 
 @attrs.frozen
@@ -55,8 +40,7 @@ class RankAnalysis:
 
     @classmethod
     def from_doc(cls, doc: Mapping[str, Any]) -> RankAnalysis:
-        steps = tuple(StepFigures(row.get("step"), *(row[k] for k in _PARTS))
-                      for row in doc.get("steps") or ())
+        steps = tuple(StepFigures.from_row(row) for row in doc.get("steps") or ())
         return cls(rank=doc.get("rank"), path=doc.get("path"), status=doc.get("status"),
                    error=doc.get("error"), basis=doc.get("basis"), steps=steps,
                    total=doc.get("total"))

@@ -37,6 +37,7 @@ from policy_engine.files.layout import (
 from policy_engine.files.records import (
     ABSENT,
     COMPANIONS,
+    CloseLine,
     Line,
     Status,
     SummaryLine,
@@ -54,9 +55,10 @@ _STILL_OPEN = "the capture is still open"
 def _text(s: str) -> str:
     """A name from the file system as printable text (undecodable bytes as escapes)."""
     try:
-        return os.fsencode(s).decode("utf-8", "backslashreplace")
+        text = os.fsencode(s).decode("utf-8", "backslashreplace")
     except UnicodeError:
-        return s.encode("utf-8", "backslashreplace").decode("utf-8")
+        text = s.encode("utf-8", "backslashreplace").decode("utf-8")
+    return s if text == s else text  # the same string, held once
 
 
 def _on_disk(root: str) -> set[str]:
@@ -125,6 +127,11 @@ PAGE_KEYS = ("event", "role", "roles", "joined", "rank", "steps", "region", "cyc
              "error", "trigger", "capture")
 
 
+#: Of :data:`PAGE_KEYS`, the values each capture has its own of (not worth sharing).
+_OWN_KEYS = ("path", "start", "capture", "rank", "bytes")
+_SHARED_KEYS = tuple(k for k in PAGE_KEYS if k not in (*_OWN_KEYS, "event"))
+
+
 class PageRow:
     """A trace line as the report's page reads it (:data:`PAGE_KEYS`, and what the listing
     adds: ``exists``, ``summary``, ``kept``), one slot a key: a tenth of a dict's size,
@@ -132,23 +139,22 @@ class PageRow:
 
     __slots__ = (*PAGE_KEYS, "exists", "summary", "kept")
     KEYS = __slots__
+    _KEYSET = frozenset(__slots__)
 
     def __init__(self, line: Line, share: Any) -> None:
         declared = _declared(type(line))
-        for key in PAGE_KEYS:
-            if key == "event":
-                value: Any = line.EVENT
-            elif key in declared:
-                value = getattr(line, key)
-                value = None if value is ABSENT else value
-            else:
-                value = line.more.get(key)
-            setattr(self, key, share(value) if key not in ("path", "start", "capture")
-                    else value)
+        more = line.more
+        self.event = line.EVENT
+        for key in _SHARED_KEYS:
+            value = getattr(line, key) if key in declared else more.get(key)
+            setattr(self, key, None if value is ABSENT else share(value))
+        for key in _OWN_KEYS:
+            value = getattr(line, key) if key in declared else more.get(key)
+            setattr(self, key, None if value is ABSENT else value)
         self.exists = self.summary = self.kept = None
 
     def get(self, key: str, default: Any = None) -> Any:
-        value = getattr(self, key, None) if key in self.KEYS else None
+        value = getattr(self, key, None) if key in self._KEYSET else None
         return default if value is None else value
 
     def __getitem__(self, key: str) -> Any:
@@ -158,7 +164,7 @@ class PageRow:
         setattr(self, key, value)
 
     def __contains__(self, key: object) -> bool:
-        return isinstance(key, str) and key in self.KEYS and getattr(self, key) is not None
+        return isinstance(key, str) and key in self._KEYSET and getattr(self, key) is not None
 
 
 _DECLARED: dict[str, frozenset[str]] = {}
@@ -238,10 +244,11 @@ class Listing:
                                          line.kept if line.kept is not ABSENT else None)
         elif event == "open" and capture is not None:
             self.opens[capture] = found.place
-        elif event == "close" and capture is not None:
-            close = line.to_json()
-            self.closes[capture] = (self.share(close.get("status")), close.get("error"),
-                                    close.get("traces", 0), close.get("steps"))
+        elif isinstance(line, CloseLine) and capture is not None:
+            error, traces, steps = line.error, line.traces, line.steps
+            self.closes[capture] = (self.share(line.status), None if error is ABSENT else error,
+                                    0 if traces is ABSENT else traces,
+                                    None if steps is ABSENT else steps)
 
     def end_process(self) -> None:
         """The process whose lines were read is done: its rows get its summaries, and
@@ -276,6 +283,8 @@ class Listing:
                 record["path"] = None
             else:
                 rel_path = os.path.normpath(os.path.join(self._folder(manifest), rel))
+                if rel_path == rel:
+                    rel_path = rel  # the line's own string, held once
                 record["path"] = _text(rel_path)
                 record["exists"] = os.path.exists(full)
                 self.named.add(rel_path)
@@ -284,10 +293,10 @@ class Listing:
 
     def _folder(self, manifest: str) -> str:
         """The output folder of ``manifest``, relative to the folder listed."""
-        found = self.folders.get(manifest)
+        folder = os.path.dirname(manifest)  # a run's processes share a few folders
+        found = self.folders.get(folder)
         if found is None:
-            found = self.folders[manifest] = os.path.relpath(
-                os.path.dirname(os.path.dirname(manifest)), self.root)
+            found = self.folders[folder] = os.path.relpath(os.path.dirname(folder), self.root)
         return found
 
     def _interrupted(self, manifest: str, alive: bool) -> list[dict[str, Any]]:

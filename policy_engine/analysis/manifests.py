@@ -436,13 +436,12 @@ def path_in(manifest: str, rel: Any) -> str:
     base = os.path.dirname(os.path.dirname(manifest))
     if not isinstance(rel, str) or not rel or "\0" in rel:
         raise ValueError(f"{quoted(rel)} is not a file name")
-    shown = json.dumps(clean_value(rel) if len(rel) <= 200 else clean_value(rel[:197]) + "...")
     if os.path.isabs(rel):
-        raise ValueError(f"path {shown} is absolute: a manifest names files inside "
+        raise ValueError(f"path {_shown(rel)} is absolute: a manifest names files inside "
                          "its output folder; not followed")
     norm = os.path.normpath(rel)
     if norm == os.pardir or norm.startswith(os.pardir + os.sep):
-        raise ValueError(f"path {shown} leaves the output folder; not followed")
+        raise ValueError(f"path {_shown(rel)} leaves the output folder; not followed")
     full = os.path.join(base, norm)
     real_base = _real(base)
     # The folders are resolved once each (a run has few); the file itself only if a link.
@@ -450,9 +449,14 @@ def path_in(manifest: str, rel: Any) -> str:
     if os.path.islink(full):
         real = os.path.realpath(full)
     if real != real_base and not real.startswith(real_base.rstrip(os.sep) + os.sep):
-        raise ValueError(f"path {shown} reaches outside the output folder through "
+        raise ValueError(f"path {_shown(rel)} reaches outside the output folder through "
                          "a symbolic link; not followed")
     return full
+
+
+def _shown(rel: str) -> str:
+    """A file name a manifest gives, as a message quotes it (cleaned, cut at 200)."""
+    return json.dumps(clean_value(rel) if len(rel) <= 200 else clean_value(rel[:197]) + "...")
 
 
 @functools.lru_cache(maxsize=4096)

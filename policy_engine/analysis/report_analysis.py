@@ -19,6 +19,8 @@ from typing import Any
 from policy_engine.analysis.answers import WindowAnalysis
 from policy_engine.analysis.errors import AnalysisError
 from policy_engine.analysis.format import rank_spans
+from policy_engine.analysis.listing import Listing
+from policy_engine.analysis.manifests import read_lines
 from policy_engine.analysis.report_calls import STYLE as CALLS_STYLE
 from policy_engine.analysis.report_calls import section as calls_section
 from policy_engine.analysis.report_gantt import section as timeline_section
@@ -173,7 +175,7 @@ def window_html(window: WindowAnalysis) -> str:
     calls = w.get("collectives")
     compute: dict[Any, float] = {}
     if calls and figures is not None:  # the compute of the ranks that listed calls
-        listed = set(calls["ranks"])
+        listed = calls["ranks"]  # by the rank's number as text
         compute = {rank: totals["compute_us"] for rank, _basis, totals in figures.rows()
                    if str(rank) in listed}
     return ('<div class="window">' + "".join(head)
@@ -221,3 +223,18 @@ def section(root: str, *, jobs: int = 1, max_traces: int = MAX_TRACES,
             + f'<section class="analysis">{_STYLE}<h2>Analysis</h2><p>{len(windows)} capture '
             f"window(s); {named} name a straggler. Bars: each rank's profiled steps, "
             f"summed. {_legend()}</p>{loose}{body}{more}</section>")
+
+
+def read_run(root: str) -> tuple[Index, Listing]:
+    """The manifests under ``root`` read once for both the analysis section (what its
+    windows need) and the page's listing: each line is read, checked and handed to both,
+    which hold the same strings of it."""
+    index = Index(from_traces=False)
+    listing = Listing(root, slim=True)
+    for found in read_lines(root, listing.problems, heads=True):
+        listing.add(found)
+        if found.line.EVENT != "open":  # the windows need none
+            index.add(found.line, found.manifest, found.place)
+    index.problems = listing.problems
+    index.end_process()
+    return index, listing

@@ -17,7 +17,7 @@ import concurrent.futures
 import contextlib
 import os
 import stat
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any
 
@@ -28,7 +28,7 @@ from policy_engine.analysis.errors import AnalysisError
 from policy_engine.analysis.format import size_cell
 from policy_engine.analysis.manifests import Scan, load_summary
 from policy_engine.analysis.matching import RankWork
-from policy_engine.analysis.spool import RankView, Spool
+from policy_engine.analysis.spool import Places, RankView, Spool
 from policy_engine.analysis.stalls import read_stalls
 from policy_engine.analysis.summary import problem, summarize
 from policy_engine.analysis.timeline import Timeline
@@ -238,9 +238,21 @@ def _expected(windows: list[dict[str, Any]]) -> dict[tuple[Any, Any], dict[str, 
 
 
 def _wanted(expected: dict[tuple[Any, Any], dict[str, set[int]]],
-            w: dict[str, Any]) -> set[int]:
+            w: dict[str, Any]) -> Collection[int]:
+    """The ranks window ``w`` should have: a range where they run without a gap (a window
+    of 100,000 ranks holds no set of them)."""
     by_role = expected.get((w["role"], w["region"]), {})
-    return set().union(*(by_role.get(role, set()) for role in w.get("holds") or (w["role"],)))
+    found = [by_role.get(role, set()) for role in w.get("holds") or (w["role"],)]
+    return _compact(found[0] if len(found) == 1 else set().union(*found))
+
+
+def _compact(ranks: set[int]) -> Collection[int]:
+    """``ranks`` as a range where they run from the least to the greatest without a gap."""
+    if ranks:
+        first, last = min(ranks), max(ranks)
+        if last - first + 1 == len(ranks):
+            return range(first, last + 1)
+    return ranks
 
 
 def _where(source: Source) -> str:
@@ -327,8 +339,9 @@ def _chosen_summary(entry: Entry, detail: bool, readable: Callable[[], bool],
 class _Window:
     """One window analysed: its ranks read, added to its figures and spooled."""
 
-    def __init__(self, w: dict[str, Any], want: set[int], spool: Spool, *, manifests: bool,
-                 detail: bool, timeline: Timeline, clocks: Clocks | None = None) -> None:
+    def __init__(self, w: dict[str, Any], want: Collection[int], spool: Spool, *,
+                 manifests: bool, detail: bool, timeline: Timeline,
+                 clocks: Clocks | None = None) -> None:
         self.w = w
         self.timeline = timeline
         self.spool = spool
@@ -340,7 +353,7 @@ class _Window:
         # certain reading), where the ranks measured one
         self.calls = WindowCalls(None if clocks is None else clocks.offsets(
             e.rank for e in w["traces"]))
-        self.places: list[tuple[Any, int, int]] = []
+        self.places = Places()  # where each rank's line lies in the spool
         self.by_order: list[int] = []  # ranks numbered by their trace's place
 
     def add(self, entry: Entry, index: int, summary: dict[str, Any]) -> None:
@@ -368,16 +381,16 @@ class _Window:
             doc["collectives"] = digest(doc["collectives"])
         if not self.detail:  # the comparison of two runs reads them; analyze shows none
             doc.pop("ops", None)
-        self.places.append((doc["rank"], *self.spool.add(doc)))
+        self.places.append(doc["rank"], *self.spool.add(doc))
 
     def run(self, readers: _Readers, root: str) -> None:
         pending: list[tuple[int, Entry]] = []
         causes = len(self.w["traces"]) <= WORK_RANKS  # operators kept for the cause
         for entry, message in self.w.get("twice") or ():
             used = next((e.path for e in self.w["traces"] if e.rank == entry.rank), None)
-            self.places.append((entry.rank, *self.spool.add(self.figures.left_out(
+            self.places.append(entry.rank, *self.spool.add(self.figures.left_out(
                 {"rank": entry.rank, "path": entry.path, "status": entry.status}, used,
-                message))))
+                message)))
         for index, entry in enumerate(self.w["traces"]):
             if entry.summary is None:
                 pending.append((index, entry))
@@ -413,6 +426,9 @@ class _Window:
             self.figures.say("ranks_by_order", "no distributedInfo and no rank in the file "
                              "names: these ranks are the traces' places in the folder's "
                              "sorted list", self.by_order)
+        # read: where each rank's summary lay is let go (a window of 100,000 ranks holds
+        # its figures from here on, not their places in the manifests)
+        self.w["traces"] = []
 
     def _doc_of(self, rank: Any) -> dict[str, Any] | None:
         """Rank ``rank``'s entry (the first written), read back."""
@@ -480,6 +496,8 @@ def analyze_run(root: str, *, role: str | None = None, step: int | None = None,
                             + (f"; passed over: {'; '.join(problems[:3])}" if problems
                                else ""))
     expected = _expected(windows)
+    for w in windows:
+        w.pop("holders", None)  # read: each rank's roles (a window of 100,000 ranks)
     windows = _chosen(windows, role, step, root) if windows else []
     left = max_traces
     for nth, w in enumerate(windows):

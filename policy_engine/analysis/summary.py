@@ -40,6 +40,7 @@ from policy_engine.analysis.intervals import (
     intersect,
     union,
 )
+from policy_engine.analysis.step_figures import FIGURES
 
 STEP = re.compile(r"ProfilerStep\s*#\s*(\d+)$")
 #: A step number has at most this many digits (any count of steps fits in 64 bits); a
@@ -299,8 +300,7 @@ def summarize(path: str, *, max_bytes: int | None = None) -> dict[str, Any]:
 
 # -- a summary read back from a manifest ------------------------------------------------
 
-_STEP_KEYS = ("time_us", "span_us", "compute_us", "comm_us", "overlap_us", "other_us",
-              "idle_us")
+_STEP_KEYS = FIGURES  # each a number from 0 (step_figures.py declares them)
 #: The parts of a step that lie within its span (its ``time_us`` is the host's own).
 _SPAN_PARTS = ("compute_us", "comm_us", "overlap_us", "other_us", "idle_us")
 _COUNTS = ("events", "profiler_steps", "kernels", "comm_kernels", "cpu_comm_ops",

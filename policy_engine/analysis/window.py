@@ -23,10 +23,12 @@ from __future__ import annotations
 import math
 import statistics
 from array import array
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Collection, Iterable, Iterator
 from typing import Any
 
 from policy_engine.analysis.matching import RankWork
+from policy_engine.analysis.step_figures import FIGURES
+from policy_engine.analysis.summary import BASES
 
 #: A step's straggler arrives at least this share of the median step time after the
 #: median rank...
@@ -39,8 +41,8 @@ EXPLAINED = 0.5
 #: opens at the last ``step()`` call and the capture's end closes at once: not a step of
 #: the work (``compare`` takes no sample from it either).
 TRAILING = 0.1
-PARTS = ("compute_us", "comm_us", "overlap_us", "other_us", "idle_us", "span_us")
-TOTALS = ("time_us", *PARTS)
+#: A rank's totals: each step figure summed over its steps (step_figures.py).
+TOTALS = FIGURES
 #: Region names, and operator names (for ``compare``), whose times a window gathers;
 #: past it (a hostile summary), new names are counted, not kept.
 MAX_NAMES = 4096
@@ -50,6 +52,8 @@ MAX_LISTED = 64
 MAX_REASONS = 64
 #: Why one of a rank's traces in a window is used over the others.
 USED_FIRST = "complete before partial, then the first recorded"
+#: Each basis a summary names, as one string (a window of 100,000 ranks names one).
+_BASES = {basis: basis for basis in BASES}
 
 
 def spread(values: Iterable[float]) -> dict[str, float] | None:
@@ -243,7 +247,8 @@ class Figures:
     """The figures of one window, gathered one rank at a time (:meth:`add`), then
     :meth:`finish`. ``detail``: also what ``compare`` reads (:class:`_Compared`)."""
 
-    def __init__(self, window: dict[str, Any], expected: set[int], *, detail: bool) -> None:
+    def __init__(self, window: dict[str, Any], expected: Collection[int], *,
+                 detail: bool) -> None:
         self.window = window
         self.expected = expected
         self.steps: dict[Any, _Step] = {}
@@ -296,7 +301,7 @@ class Figures:
         steps = doc["steps"]
         total = doc["total"] = totals(steps)
         self.ranks.append(rank)
-        self.basis.append(doc["basis"])
+        self.basis.append(_BASES.get(doc["basis"], doc["basis"]))  # each held once
         for key in TOTALS:
             self.columns[key].append(total[key])
         for row in without_trailing(steps):
@@ -448,7 +453,8 @@ class Figures:
         if window.get("not_analysed"):
             return out
         present = {r for r in self.ranks if isinstance(r, int)}
-        missing = sorted(self.expected - present)
+        missing = [r for r in self.expected if r not in present]
+        missing.sort()
         if missing:
             add("ranks_missing", f"{len(missing)} rank(s) that record this role have no "
                 "readable trace in this window: they are left out of every comparison",

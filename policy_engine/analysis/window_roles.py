@@ -13,6 +13,7 @@ Manifests written before ``roles`` existed name a shared capture's roles in ``ro
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable, Sequence
 from typing import Any, Protocol
 
@@ -31,11 +32,24 @@ def _names(value: Any) -> list[str]:
 def participants(record: Record) -> tuple[str, ...]:
     """The roles that took part in the capture of ``record`` on its rank: those recorded
     (``roles``) and any that joined it undeclared, in that order."""
-    declared = _names(record.get("roles"))
-    joined = _names(record.get("joined"))
+    found = (record.get("role"), record.get("roles"), record.get("joined"))
+    if type(found[0]) in _KEYED and type(found[1]) in _KEYED and type(found[2]) in _KEYED:
+        return _participants(found)  # the same few on every rank's line, held as tuples
+    return _participants.__wrapped__(found)
+
+
+# What a record's role, roles and joined are to be kept by: text and tuples (shared by the
+# readers); a list (a record as JSON has it) is read each time.
+_KEYED = frozenset((str, tuple, type(None)))
+
+
+@functools.lru_cache(maxsize=1024)
+def _participants(found: tuple[Any, Any, Any]) -> tuple[str, ...]:
+    role, roles, joined = found
+    declared = _names(roles)
     if not declared:
-        declared = str(record.get("role")).split("+")
-    return tuple(dict.fromkeys(declared + joined))
+        declared = str(role).split("+")
+    return tuple(dict.fromkeys(declared + _names(joined)))
 
 
 def label(record: Record) -> str:

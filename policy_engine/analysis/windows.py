@@ -273,10 +273,10 @@ class Index:
 
     def folder_of(self, manifest: str, root: str) -> str:
         """The output folder of the manifest ``manifest``, relative to ``root``."""
-        found = self.folders.get(manifest)
+        folder = os.path.dirname(manifest)  # a run's processes share a few folders
+        found = self.folders.get(folder)
         if found is None:
-            found = self.folders[manifest] = os.path.relpath(
-                os.path.dirname(os.path.dirname(manifest)), root)
+            found = self.folders[folder] = os.path.relpath(os.path.dirname(folder), root)
         return found
 
     def read(self, root: str) -> None:
@@ -412,6 +412,8 @@ def _place(window: dict[str, Any], r: _Trace, root: str, index: Index) -> None:
     path = r.path
     rel = os.path.normpath(os.path.join(index.folder_of(r.manifest, root), path)) \
         if isinstance(path, str) and path else None
+    if rel == path:
+        rel = path  # the line's own string, held once
     full = os.path.join(root, rel) if rel is not None else None
     rank = r.rank
     if isinstance(r.world, int):

@@ -18,9 +18,8 @@ import os
 from typing import Any
 
 from policy_engine.analysis.compare_page import section as comparison
-from policy_engine.analysis.listing import collect
 from policy_engine.analysis.ops import read_all_ops
-from policy_engine.analysis.report_analysis import section
+from policy_engine.analysis.report_analysis import read_run, section
 from policy_engine.analysis.report_page import captures, render
 from policy_engine.analysis.stall_page import section as stall_section
 from policy_engine.cli._common import check_output, whole_number, write_output
@@ -60,11 +59,13 @@ def run(args: argparse.Namespace) -> int:
     out = args.output
     check_output(out, "the page", args.force)
     jobs = os.cpu_count() or 1
-    # The analysis, then the listing, each reading the manifests a line at a time: a run
-    # of 100,000 ranks holds what one of them gathers at a time, not both.
-    extra = [section(args.dir, jobs=jobs,
+    # The manifests read once, a line at a time, for the analysis and the listing alike;
+    # the analysis lets go of its index once its windows are made.
+    index, listing = read_run(args.dir)
+    extra = [section(args.dir, jobs=jobs, index=index,
                      limits=(args.max_trace_mb << 20, args.max_total_mb << 20))]
-    data = collect(args.dir, slim=True)
+    del index
+    data = listing.finish()
     entries = captures(data, args.dir, os.path.dirname(os.path.abspath(out)))
     ops, notes = read_all_ops(entries, args.dir, count=args.ops, top=args.top,
                               limit=args.max_trace_mb << 20, total=args.max_total_mb << 20)

@@ -132,31 +132,75 @@ def _list_of(check: Check) -> Check:
     return lambda v: isinstance(v, list) and all(check(x) for x in v)
 
 
-def _must(check: Check, what: str, types: tuple[type, ...] = ()
-          ) -> Mapping[str, tuple[Check, str, frozenset[type]]]:
+#: A field's rule: its check, what its value must be (as a message words it), and what
+#: says the same as the check without a call (:func:`_passes`): value types that pass as
+#: they are, the range an ``int`` passes in, a list's item types and the range its ``int``
+#: items pass in, and the least finite ``float`` that passes.
+_Rule = tuple[Check, str, frozenset[type], "tuple[int, int] | None",
+              "tuple[frozenset[type], tuple[int, int] | None] | None", "float | None"]
+_INT64 = (-(1 << 63), 1 << 63)
+_COUNTS = (0, 1 << 63)
+
+
+def _must(check: Check, what: str, types: tuple[type, ...] = (), *,
+          ints: tuple[int, int] | None = None,
+          items: tuple[tuple[type, ...], tuple[int, int] | None] | None = None,
+          floats: float | None = None) -> Mapping[str, _Rule]:
     """A field's metadata: where present its value must pass ``check`` (``what`` says what
     that is, as a message words it). ``types``: the value's type being one of these says
-    the same as ``check`` (read first: a check of 100,000 lines mostly meets these)."""
-    return {_CHECK: (check, what, frozenset(types))}
+    the same as ``check``; ``ints``: an ``int`` in this range does; ``items``: a list whose
+    items are of these types (``int`` items in the range given) does; ``floats``: a finite
+    ``float`` not below this does. Read first: a check of 100,000 lines mostly meets these,
+    and the check itself decides the rest."""
+    listed = None if items is None else (frozenset(items[0]), items[1])
+    return {_CHECK: (check, what, frozenset(types), ints, listed, floats)}
+
+
+def _passes(value: Any, rule: _Rule) -> bool:
+    """Whether ``value`` passes ``rule``: what its types and ranges say without a call,
+    else its check."""
+    kind = type(value)
+    if kind in rule[2]:
+        return True
+    if kind is int:
+        ints = rule[3]
+        if ints is not None and ints[0] <= value < ints[1]:
+            return True
+    elif kind is float:
+        least = rule[5]
+        if least is not None and -math.inf < value < math.inf and value >= least:
+            return True
+    elif kind is list and rule[4] is not None:
+        types, ints = rule[4]
+        for item in value:
+            if type(item) is int:
+                if ints is None or not ints[0] <= item < ints[1]:
+                    break
+            elif type(item) not in types:
+                break
+        else:
+            return True
+    return rule[0](value)
 
 
 _NONE = type(None)
 _STR = _must(_is_str, "a string", (str,))
 _OPT_STR = _must(_opt(_is_str), "a string or null", (str, _NONE))
-_OPT_INT = _must(_opt(_is_int), "an integer or null", (_NONE,))
-_LABELS = _must(_list_of(_is_label), "a list of integers or strings")
-_NUMBER = _must(_is_number, "a number")
-_COUNT = _must(_is_count, "a count")
+_OPT_INT = _must(_opt(_is_int), "an integer or null", (_NONE,), ints=_INT64)
+_LABELS = _must(_list_of(_is_label), "a list of integers or strings",
+                items=((str,), _INT64))
+_NUMBER = _must(_is_number, "a number", ints=_INT64, floats=-math.inf)
+_COUNT = _must(_is_count, "a count", ints=_COUNTS)
 _OPT_OBJECT = _must(_opt(_is_object), "an object or null", (dict, _NONE))
 
 
-def _one_of(statuses: tuple[str, ...]) -> Mapping[str, tuple[Check, str, frozenset[type]]]:
+def _one_of(statuses: tuple[str, ...]) -> Mapping[str, _Rule]:
     """A kind's ``status``: one of ``statuses``."""
     return _must(lambda v: isinstance(v, str) and v in statuses,
                  f"one of {', '.join(statuses)}")
 
 
-@attrs.frozen(kw_only=True)
+@attrs.frozen(kw_only=True, slots=False)
 class Line:
     """A manifest line: every field a line of any kind may carry, left out
     (:data:`ABSENT`) unless given; only the kinds below are made. Lists and mappings are
@@ -168,17 +212,20 @@ class Line:
     capture: str | Absent = attrs.field(default=ABSENT, metadata=_STR)
     role: str | Absent | None = attrs.field(default=ABSENT, metadata=_OPT_STR)
     roles: list[str] | Absent = attrs.field(
-        default=ABSENT, metadata=_must(_list_of(_is_str), "a list of strings"))
+        default=ABSENT, metadata=_must(_list_of(_is_str), "a list of strings",
+                                       items=((str,), None)))
     region: str | Absent | None = attrs.field(default=ABSENT, metadata=_OPT_STR)
     rank: int | Absent | None = attrs.field(default=ABSENT, metadata=_OPT_INT)
     world: int | Absent | None = attrs.field(default=ABSENT, metadata=_OPT_INT)
     cycle: int | Absent | None = attrs.field(default=ABSENT, metadata=_OPT_INT)
     pid: int | Absent | None = attrs.field(default=ABSENT, metadata=_must(
-        _opt(lambda v: _is_int(v) and v > 0), "a positive integer or null"))
+        _opt(lambda v: _is_int(v) and v > 0), "a positive integer or null", (_NONE,),
+        ints=(1, 1 << 63)))
     # -- a file (relative to the output folder) and its size
     path: str | Absent | None = attrs.field(default=ABSENT, metadata=_OPT_STR)
     bytes: int | Absent | None = attrs.field(default=ABSENT, metadata=_must(
-        _opt(lambda v: _is_int(v) and 0 <= v < 1 << 63), "a byte count or null"))
+        _opt(lambda v: _is_int(v) and 0 <= v < 1 << 63), "a byte count or null", (_NONE,),
+        ints=_COUNTS))
     # -- outer steps (a close line past LISTED_STEPS: the first, the last and how many),
     # inner steps, and the roles that joined a colocated capture
     steps: list[int | str] | Absent = attrs.field(default=ABSENT, metadata=_LABELS)
@@ -204,9 +251,11 @@ class Line:
     summary: dict[str, Any] | Absent | None = attrs.field(default=ABSENT,
                                                           metadata=_OPT_OBJECT)
     kept: bool | Absent = attrs.field(
-        default=ABSENT, metadata=_must(lambda v: isinstance(v, bool), "true or false"))
+        default=ABSENT, metadata=_must(lambda v: isinstance(v, bool), "true or false",
+                                       (bool,)))
     seconds: float | Absent = attrs.field(default=ABSENT, metadata=_must(
-        lambda v: _is_number(v) and v >= 0, "a number of seconds"))
+        lambda v: _is_number(v) and v >= 0, "a number of seconds", ints=_COUNTS,
+        floats=0.0))
     trimmed: str | Absent | None = attrs.field(default=ABSENT, metadata=_OPT_STR)
     # -- a reading of the job's clock (a ``clock`` note): the offset that brings the
     # process's clock to the reference rank's (``reference_rank``), within
@@ -214,7 +263,8 @@ class Line:
     # process's own clock (Unix seconds)
     offset_us: float | Absent = attrs.field(default=ABSENT, metadata=_NUMBER)
     uncertainty_us: float | Absent = attrs.field(default=ABSENT, metadata=_must(
-        lambda v: _is_number(v) and v >= 0, "a number of microseconds, not negative"))
+        lambda v: _is_number(v) and v >= 0, "a number of microseconds, not negative",
+        ints=_COUNTS, floats=0.0))
     reference_rank: int | Absent = attrs.field(default=ABSENT, metadata=_COUNT)
     rounds: int | Absent = attrs.field(default=ABSENT, metadata=_COUNT)
     measured_at: float | Absent = attrs.field(default=ABSENT, metadata=_NUMBER)
@@ -241,7 +291,7 @@ class Line:
 
 # Each kind below declares again, without a default, the fields of Line it must carry.
 
-@attrs.frozen(kw_only=True)
+@attrs.frozen(kw_only=True, slots=False)
 class OpenLine(Line):
     """Written when a capture opens, before the backend is touched: who records, the
     steps it opens at, ``start``. A capture that never closes is still known by it."""
@@ -250,7 +300,7 @@ class OpenLine(Line):
     capture: str = attrs.field(metadata=_STR)
 
 
-@attrs.frozen(kw_only=True)
+@attrs.frozen(kw_only=True, slots=False)
 class TraceLine(Line):
     """One file a capture wrote (``path``, ``bytes``, the ``cycle`` and steps it holds), or
     failed to write (``status`` failed, ``error``). Lines written before ``event`` and
@@ -260,7 +310,7 @@ class TraceLine(Line):
     status: str = attrs.field(metadata=_one_of(TRACE_STATUSES))
 
 
-@attrs.frozen(kw_only=True)
+@attrs.frozen(kw_only=True, slots=False)
 class CloseLine(Line):
     """Written when a capture ends: how (``status``, ``error``), the steps it covered and
     how many ``traces`` it wrote (its open line says who it was)."""
@@ -270,7 +320,7 @@ class CloseLine(Line):
     status: str = attrs.field(metadata=_one_of(CLOSE_STATUSES))
 
 
-@attrs.frozen(kw_only=True)
+@attrs.frozen(kw_only=True, slots=False)
 class NoteLine(Line):
     """Something that happened to a role that is no capture: ``note`` names it (a trigger
     request accepted or missed, a slow step, a limit reached)."""
@@ -279,7 +329,7 @@ class NoteLine(Line):
     note: str = attrs.field(metadata=_STR)
 
 
-@attrs.frozen(kw_only=True)
+@attrs.frozen(kw_only=True, slots=False)
 class SummaryLine(Line):
     """The figures of the trace at ``path`` (as capture ``capture``'s trace line names it),
     or why there are none (``error``); ``kept`` says whether the trace file is still
@@ -303,8 +353,12 @@ _FIELDS: dict[type[Line], tuple[tuple[str, Check, str, bool], ...]] = {
 _KEYS: dict[type[Line], tuple[str, ...]] = {
     kind: tuple(f[0] for f in fields) for kind, fields in _FIELDS.items()}
 _NAMES = {kind: frozenset(keys) for kind, keys in _KEYS.items()}
-_CHECKS: dict[type[Line], dict[str, tuple[Check, str, frozenset[type]]]] = {
+_CHECKS: dict[type[Line], dict[str, _Rule]] = {
     kind: {f.name: f.metadata[_CHECK] for f in attrs.fields(kind) if _CHECK in f.metadata}
+    for kind in KINDS.values()}
+#: Each class's fields, every one absent (a line's fields before those it carries are set).
+_ABSENT_ALL: dict[type[Line], dict[str, Any]] = {
+    kind: {f.name: ABSENT for f in attrs.fields(kind) if f.name != "more"}
     for kind in KINDS.values()}
 _REQUIRED: dict[type[Line], tuple[str, ...]] = {
     kind: tuple(f[0] for f in fields if f[3]) for kind, fields in _FIELDS.items()}
@@ -333,11 +387,23 @@ def from_json(record: Mapping[str, Any]) -> Line:
         if found is None:
             if key != "event":
                 more[key] = value
-        elif type(value) in found[2] or found[0](value):
+        elif type(value) in found[2] or _passes(value, found):
             given[key] = value
         else:
             raise ValueError(f"{key}: expected {found[1]}, got {quoted(value)}")
-    return kind(**given, more=more)
+    return _made(kind, given, more)
+
+
+def _made(kind: type[_L], given: dict[str, Any], more: dict[str, Any]) -> _L:
+    """A line of ``kind`` with the fields ``given`` (checked), the others absent: what
+    ``kind(**given, more=more)`` makes, without its call per field (a scan of 100,000
+    manifests makes half a million lines)."""
+    line = object.__new__(kind)
+    fields = line.__dict__
+    fields.update(_ABSENT_ALL[kind])
+    fields.update(given)
+    fields["more"] = more
+    return line
 
 
 def fields_of(record: Mapping[str, Any], kind: type[_L], names: tuple[str, ...]) -> _L:
@@ -356,10 +422,10 @@ def fields_of(record: Mapping[str, Any], kind: type[_L], names: tuple[str, ...])
                 raise ValueError(f"{key}: missing (every {event} record has one)")
             continue
         value, found = record[key], checks[key]
-        if not (type(value) in found[2] or found[0](value)):
+        if not (type(value) in found[2] or _passes(value, found)):
             raise ValueError(f"{key}: expected {found[1]}, got {quoted(value)}")
         given[key] = value
-    return kind(**given)
+    return _made(kind, given, {})
 
 
 # -- untrusted values, in messages --------------------------------------------------------
