@@ -110,13 +110,16 @@ def test_sglang_server_async_driver(tmp_path: Path) -> None:
         engine.shutdown()
 
 
-def test_sglang_routes_take_get_too(tmp_path: Path) -> None:
+def test_sglang_routes_take_get_too(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # a request naming no folder writes where SGLang's variable says (else /tmp, as SGLang)
+    monkeypatch.setenv("SGLANG_TORCH_PROFILER_DIR", str(tmp_path))
     engine = fake_sglang.Engine(tp_size=1)
     with serving("sglang", engine) as (url, _):
         for route in ("/start_profile", "/stop_profile"):
             with urllib.request.urlopen(url + route, timeout=30) as answer:
                 assert answer.status == 200
     assert json.dumps(engine.schedulers.requests[0].activities) == '["CPU", "GPU"]'
+    assert [p.name.endswith("-TP-0.trace.json.gz") for p in tmp_path.iterdir()] == [True]
     engine.shutdown()
 
 

@@ -45,9 +45,22 @@ MAX_KEY = 256
 MAX_READ = 1024
 _ANSWERS = f"{PREFIX}answer/"
 
-# the first handle this process got to each actor it reached (the creating one among them),
-# kept until the process exits
+# a handle to each actor this process reached, kept until the process exits: the one that
+# created it where this process did. Ray hands out a handle to an actor that exists (a
+# get_if_exists that finds it, ray.get_actor) as a weak one (``_ray_weak_ref``), which
+# does not keep the actor alive: were that one kept while the creating call's handle is
+# let go (two threads of one process asking at once), Ray would remove the actor.
 _held: dict[Any, Any] = {}
+
+
+def _hold(actor: Any) -> None:
+    """Keep ``actor`` (a handle) for the process's life, a strong handle before a weak
+    one."""
+    key = getattr(actor, "_ray_actor_id", ACTOR)
+    held = _held.get(key)
+    if held is None or (getattr(held, "_ray_weak_ref", False)
+                        and not getattr(actor, "_ray_weak_ref", False)):
+        _held[key] = actor
 
 
 class _Keys:
@@ -205,8 +218,7 @@ def actor_kv(address: str | None = None) -> RayKV:
             name=ACTOR, namespace=NAMESPACE, get_if_exists=True).remote())
         try:
             kv.has("")
-            # (by the actor's id where Ray's handle shows it, else the first handle kept)
-            _held.setdefault(getattr(kv.actor, "_actor_id", ACTOR), kv.actor)
+            _hold(kv.actor)
             return kv
         except RayActorError:  # its creator let go of it: Ray is removing it and its name
             if time.monotonic() + FIND_PAUSE > deadline:
