@@ -14,7 +14,10 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.mark.slow
-def test_installed_wheel_validates_examples_from_another_folder(tmp_path: Path) -> None:
+def test_installed_wheel_validates_examples_from_another_folder(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # the installed wheel, not a checkout a PYTHONPATH names, is what is run
+    monkeypatch.delenv("PYTHONPATH", raising=False)
     env = tmp_path / "venv"
     venv.create(env, with_pip=True)
     python = env / "bin" / "python"
@@ -44,7 +47,7 @@ def test_installed_wheel_validates_examples_from_another_folder(tmp_path: Path) 
                               "'policy_engine').joinpath('_schema/profile_policy.schema.json')"
                               ".read_text(), end='')"], cwd=elsewhere, capture_output=True,
                              text=True, timeout=60)
-    assert shipped.stdout == schema.stdout
+    assert shipped.stdout == schema.stdout, shipped.stderr[-2000:]
     # So is the shape of `analyze --format json`, documented beside it.
     analysis = subprocess.run([python, "-c", "import importlib.resources as r; print(r.files("
                                "'policy_engine').joinpath('_schema/analysis.schema.json')"
