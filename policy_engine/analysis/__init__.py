@@ -44,13 +44,14 @@ if TYPE_CHECKING:
         RunAnalysis,
         WindowAnalysis,
     )
+    from policy_engine.analysis.comparison import RunComparison, WindowComparison
     from policy_engine.analysis.manifests import ManifestProblem
     from policy_engine.analysis.step_figures import StepFigures
     from policy_engine.analysis.summary import summarize
 
 __all__ = ["AnalysisError", "RankAnalysis", "RunAnalysis", "RunComparison", "RunScan",
-           "StepFigures", "WindowAnalysis", "WindowScan", "analyze", "compare", "scan",
-           "step_timeline", "summarize"]
+           "StepFigures", "WindowAnalysis", "WindowComparison", "WindowScan", "analyze",
+           "compare", "scan", "step_timeline", "summarize"]
 
 def analyze(path: str, *, role: str | None = None, step: int | None = None,
             jobs: int = 1, from_traces: bool = False) -> RunAnalysis:
@@ -76,23 +77,6 @@ def step_timeline(path: str, *, step: int | None = None, jobs: int = 1,
     return copy.deepcopy(dict(result.timeline or {}))
 
 
-@attrs.frozen
-class RunComparison:
-    """Two runs compared: one entry per pair of windows (``verdict``, ``step_time``,
-    ``parts``, ``regions``, ``operators``, ``straggler``, ``differences``: the keys of
-    ``schemas/compare.schema.json``), and the windows of either run left unmatched."""
-
-    base: str
-    new: str
-    windows: tuple[Mapping[str, Any], ...]
-    unmatched: Mapping[str, tuple[str, ...]]
-    _document: Mapping[str, Any] = attrs.field(repr=False, eq=False, alias="document")
-
-    def to_json(self) -> dict[str, Any]:
-        """The JSON document of the comparison, a fresh copy."""
-        return copy.deepcopy(dict(self._document))
-
-
 def compare(base: str, new: str, *, role: str | None = None,
             steps: tuple[int, int] | None = None, jobs: int = 1,
             from_traces: bool = False) -> RunComparison:
@@ -101,10 +85,7 @@ def compare(base: str, new: str, *, role: str | None = None,
     AnalysisError, naming the run, when either has nothing to compare."""
     from policy_engine.analysis.compare import compare_runs
 
-    doc = compare_runs(base, new, role=role, steps=steps, jobs=jobs, from_traces=from_traces)
-    return RunComparison(base=doc["base"], new=doc["new"], windows=tuple(doc["windows"]),
-                         unmatched={k: tuple(v) for k, v in doc["unmatched"].items()},
-                         document=doc)
+    return compare_runs(base, new, role=role, steps=steps, jobs=jobs, from_traces=from_traces)
 
 
 @attrs.frozen
@@ -160,7 +141,8 @@ def scan(path: str) -> RunScan:
 
 
 _LATER = {"summarize": "summary", "RankAnalysis": "answers", "RunAnalysis": "answers",
-          "StepFigures": "step_figures", "WindowAnalysis": "answers"}
+          "StepFigures": "step_figures", "WindowAnalysis": "answers",
+          "RunComparison": "comparison", "WindowComparison": "comparison"}
 
 
 def __getattr__(name: str) -> Any:
