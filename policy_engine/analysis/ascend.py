@@ -35,10 +35,9 @@ import os
 import re
 from array import array
 from bisect import bisect_right
-from collections.abc import Mapping
 from typing import Any, TypedDict
 
-from policy_engine.analysis.chrome_trace import TraceError, TraceReader
+from policy_engine.analysis.chrome_trace import TraceError, TraceEvent, TraceReader
 from policy_engine.analysis.device_view import STEP_NAME, DeviceWindow, GpuTimeline, gpu_timeline
 from policy_engine.analysis.errors import AnalysisError
 from policy_engine.analysis.intervals import Merged, Spans, bounds, intersect, length, union
@@ -177,7 +176,7 @@ class AscendView:
         self.merged: tuple[Merged, Merged, Merged] | None = None
         self.host_steps: list[tuple[int, float, float]] = []
 
-    def event(self, e: Mapping[str, Any]) -> None:
+    def event(self, e: TraceEvent) -> None:
         """Take one event of the trace."""
         ph = e.get("ph")
         if ph == "M":
@@ -233,7 +232,7 @@ class AscendView:
         rows[2].append(kind)
         self._count += 1
 
-    def _meta(self, e: Mapping[str, Any]) -> None:
+    def _meta(self, e: TraceEvent) -> None:
         args = e.get("args")
         label = args.get("name") if isinstance(args, dict) else None
         if type(label) is not str:

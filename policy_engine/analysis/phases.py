@@ -37,6 +37,7 @@ import re
 from bisect import bisect_right
 from typing import Any
 
+from policy_engine.analysis.chrome_trace import TraceEvent
 from policy_engine.analysis.intervals import Spans, length
 
 #: User annotations held per trace while it streams past; past it they are counted.
@@ -74,7 +75,7 @@ class Phases:
         self.lo, self.hi = math.inf, -math.inf
         self.seen = 0  # annotations past MAX_HELD
 
-    def event(self, e: dict[str, Any]) -> None:
+    def event(self, e: TraceEvent) -> None:
         if e.get("ph") != "X":
             return
         ts: Any = e.get("ts")
