@@ -51,6 +51,7 @@ from policy_engine.analysis.collective_form import (
     MAX_TEXT,
     P2P,
     CallTable,
+    CollectiveRecord,
     Group,
     dtype_bytes,
     normal_name,
@@ -241,7 +242,7 @@ class Collectives:
         self._held(self.hccl, (group, kind, dtype, size, ts, end))
 
     # -- the record -----------------------------------------------------------------
-    def result(self, meta: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    def result(self, meta: Mapping[str, Any] | None = None) -> CollectiveRecord:
         """The record (collective_form.py) of what the events held; ``meta``: the trace's
         top-level keys other than its events (the runtime's notes, the process groups
         torch lists in ``distributedInfo``, ``baseTimeNanoseconds``)."""
