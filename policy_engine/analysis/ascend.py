@@ -69,14 +69,16 @@ class Overlap(TypedDict):
 
 
 class AscendStep(TypedDict):
+    """One ``ProfilerStep#N`` of an Ascend capture (:meth:`AscendView.result`'s ``steps``)."""
+
     step: int
     host_start_us: float
     host_end_us: float
     device_events: int
     window: DeviceWindow | None
     gpu_timeline: GpuTimeline | None
-    overlap: Overlap | None
-    lanes: Overlap | None
+    overlap: Overlap | None  # ours, from the step's tasks
+    lanes: Overlap | None  # msprof's Overlap Analysis rows in the step's window
 
 
 class AscendResult(TypedDict):
