@@ -28,7 +28,7 @@ import re
 from typing import Any
 
 from policy_engine.analysis import phases as _phases
-from policy_engine.analysis.chrome_trace import TraceError, TraceReader
+from policy_engine.analysis.chrome_trace import TraceError, TraceEvent, TraceReader
 from policy_engine.analysis.collectives import Collectives
 from policy_engine.analysis.device_view import DeviceView
 from policy_engine.analysis.intervals import (
@@ -123,7 +123,7 @@ class _Pass:
         self.names: dict[tuple[str, str], list[float]] = {}
         self.names_left_out = 0
 
-    def event(self, e: dict[str, Any]) -> None:
+    def event(self, e: TraceEvent) -> None:
         if e.get("ph") != "X":
             return
         ts: Any = e.get("ts")
