@@ -21,7 +21,6 @@ import heapq
 from array import array
 from bisect import bisect_left, bisect_right
 from collections.abc import Sequence
-from typing import TypedDict
 
 #: Sorted, disjoint intervals: starts and ends, in microseconds.
 Merged = tuple[Sequence[float], Sequence[float]]
@@ -194,19 +193,8 @@ def bounds(merged: Merged) -> tuple[float, float] | None:
     return (starts[0], ends[-1]) if len(starts) else None
 
 
-class Breakdown(TypedDict):
-    """How a range of time splits, in µs (made by :func:`breakdown`): a step row's figures."""
-
-    span_us: float
-    compute_us: float
-    comm_us: float
-    overlap_us: float  # compute and communication at once (inside both of theirs)
-    other_us: float  # other work (memory copies) outside compute and communication
-    idle_us: float
-
-
 def breakdown(compute: Merged, comm: Merged, other: Merged, lo: float,
-               hi: float, joint: tuple[Merged, Merged] | None = None) -> Breakdown:
+               hi: float, joint: tuple[Merged, Merged] | None = None) -> dict[str, float]:
     """How [lo, hi) splits into compute, communication, overlap, other work and idle.
     ``joint``: compute and communication intersected, and all three united, when the
     caller made them once for many ranges."""
