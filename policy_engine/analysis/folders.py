@@ -18,10 +18,14 @@ import gzip
 import os
 import re
 import zlib
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from policy_engine.analysis.window_roles import TORCH_SUFFIXES
 from policy_engine.files.layout import MANIFEST_DIR, TRIGGERS_DIR
+
+if TYPE_CHECKING:  # windows.py reads its folders through this module
+    from policy_engine.analysis.windows import Entry, Window
 
 #: The endings of a file that may be a trace; whether it is one, its first bytes say.
 TRACE_ENDINGS = (".json", ".json.gz")
@@ -81,11 +85,12 @@ def not_a_trace(path: str) -> str | None:
     return "a JSON object with no traceEvents"
 
 
-def from_folders(root: str, entry: Any) -> tuple[list[dict[str, Any]], list[str]]:
+def from_folders(root: str, entry: Callable[[int | None, str, str], Entry]
+                 ) -> tuple[list[Window], list[str]]:
     """The windows of a folder without manifests (each folder holding traces is one), and
     notes on the files passed over. ``entry`` makes a window's trace entry from (rank,
     path relative to ``root``, full path)."""
-    windows = []
+    windows: list[Window] = []
     notes: list[str] = []
     for folder, dirs, files in os.walk(root):
         rel = os.path.relpath(folder, root)
