@@ -161,7 +161,7 @@ class _Window(TypedDict):
 
 class Window(_Window, total=False):
     """A capture window: every rank's trace of the same steps, made by
-    :func:`from_manifests` (or :func:`folders.from_folders`, one per folder of traces)."""
+    :func:`from_manifests` (or :func:`from_folders`, one per folder of traces)."""
 
     twice: list[tuple[Entry, str]]  # a rank's other traces, and why each is left out
     holds: list[str]  # the roles taking part on any of its ranks (manifests only)
@@ -609,8 +609,11 @@ def from_folders(root: str) -> tuple[list[Window], list[str]]:
     """Without manifests: each folder holding traces is one window, whatever its files
     are named (:mod:`~policy_engine.analysis.folders`); and notes on the files passed
     over."""
-    return folders.from_folders(
+    found, notes = folders.from_folders(
         root, lambda rank, rel, full: Entry(rank, rel, full, None, None))
+    return [{"role": name, "region": None, "steps": [], "cycle": None, "capture": 1,
+             "world": None, "why": None, "traces": traces, "skipped": [], "limits": [],
+             "dropped": [], "other": [], "twice": []} for name, traces in found], notes
 
 
 __all__ = ["IDENTITY", "Entry", "Index", "describe", "from_folders", "from_manifests",
