@@ -76,23 +76,23 @@ class Entry(NamedTuple):
 class SlowStep(TypedDict):
     """A rank's slow step behind a ``slow_step`` capture (its note in the manifest)."""
 
-    rank: Any
+    rank: int | None
     step: Any
-    seconds: Any
+    seconds: float | None
     median: Any  # the rank's median step, in seconds
 
 
 class OtherTrigger(TypedDict):
     """A rank whose capture of a window's steps has another trigger than the window's."""
 
-    rank: Any
+    rank: int | None
     trigger: str
-    request: Any
+    request: str | None
 
 
 class _Trigger(TypedDict):
     trigger: str  # plan, on_demand, signal, slow_step (as the trace line says)
-    request: Any  # the on-demand request's id
+    request: str | None  # the on-demand request's id
 
 
 class WindowWhy(_Trigger, total=False):
@@ -105,30 +105,30 @@ class WindowWhy(_Trigger, total=False):
 class Limit(TypedDict):
     """A ``limits`` budget a capture of the window spent (its close line's ``limit``)."""
 
-    rank: Any
+    rank: int | None
     why: str
 
 
 class Dropped(TypedDict):
     """A trace line of the window with no file to read: failed, or naming none."""
 
-    rank: Any
-    backend: Any
-    why: Any  # its error, or "no file written"
+    rank: int | None
+    backend: Any  # as the trace line says it (unchecked)
+    why: str  # its error, or "no file written"
 
 
 class OtherTrace(TypedDict):
     """A trace of the window that ``analyze`` does not read (not a torch trace)."""
 
-    rank: Any
-    backend: Any
+    rank: int | None
+    backend: Any  # as the trace line says it (unchecked)
     path: str | None  # relative to the folder analysed
 
 
 class Skipped(TypedDict):
     """A torch trace of the window that cannot be read, and why."""
 
-    rank: Any
+    rank: int | None
     path: str | None  # relative to the folder analysed
     why: str
 
@@ -146,9 +146,9 @@ class Identity(TypedDict, total=False):
 
 class _Window(TypedDict):
     role: str  # its roles (``actor+ref``); a folder's path without manifests
-    region: Any
-    steps: list[Any]  # the outer steps captured (none: a whole session)
-    cycle: Any
+    region: str | None
+    steps: list[int | str]  # the outer steps captured (none: a whole session)
+    cycle: int | None
     capture: int  # which capture of these steps (a region or rerun captured them again)
     world: int | None
     why: WindowWhy | None  # None: a folder without manifests
@@ -179,9 +179,9 @@ class LooseNote(TypedDict):
     """A note of the manifests that belongs to no window: a ``limits`` budget spent, a
     trigger request missed (:func:`from_manifests`)."""
 
-    role: Any
-    rank: Any
-    note: Any
+    role: str | None
+    rank: int | None
+    note: str | None
     message: str
 
 
@@ -253,11 +253,13 @@ def _ints(value: Any) -> set[int]:
     return {v for v in value if isinstance(v, int)}
 
 
-#: What a trace line says of how it was recorded, gathered per window for the comparison
-#: of two runs (each value as seen on any rank: a window normally has one of each).
+# The keys of IDENTITY a window's identity lists as they are (the coordinates, last, give
+# its mesh).
 _RECORDED: tuple[Literal["policy_hash", "policy_content_hash", "torch", "recorded"], ...] = (
     "policy_hash", "policy_content_hash", "torch", "recorded")
-IDENTITY = (*_RECORDED, "coords")  # the coordinates: the mesh, as far as they show it
+#: What a trace line says of how it was recorded, gathered per window for the comparison
+#: of two runs (each value as seen on any rank: a window normally has one of each).
+IDENTITY = (*_RECORDED, "coords")
 
 
 def _json_key(value: Any) -> Any:
@@ -470,10 +472,11 @@ def from_manifests(root: str, *, from_traces: bool = False, scan: Scan | None = 
                 window["holders"][t.rank] = index.share(tuple(dict.fromkeys(
                     (*held, *taking_part))))
         _place(window, t, root, index)
-    loose: list[LooseNote] = [{"role": n.get("role"), "rank": n.get("rank"), "note": n.get("note"),
-              "message": _loose(n)} for role in sorted(notes) for n in notes[role]
-             if n.get("note") == "limit" or (n.get("note") == "trigger"
-                                             and n.get("status") == "missed")]
+    loose: list[LooseNote] = [
+        {"role": n.get("role"), "rank": n.get("rank"), "note": n.get("note"),
+         "message": _loose(n)} for role in sorted(notes) for n in notes[role]
+        if n.get("note") == "limit" or (n.get("note") == "trigger"
+                                        and n.get("status") == "missed")]
     if index.notes_left_out:
         problems.append(f"the manifests hold more than {MAX_NOTES} notes: "
                         f"{index.notes_left_out} more were not read")
