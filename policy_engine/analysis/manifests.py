@@ -149,8 +149,10 @@ class ManifestRecord(LineRecord, _Where, total=False):
     """A manifest line as :func:`record_of` hands it on (and :func:`scan_manifests` holds
     it): its :class:`LineRecord`, with where it lies."""
 
-    _file: str  # the file the line is in (every record made here has it)
-    _line: int  # 1-based, in that file (every record made here has it)
+    # the file the line is in, and its line number there (1-based): every record
+    # scan_manifests holds has them, read_manifests' trace records have not
+    _file: str
+    _line: int
 
 
 def line_record(line: Line) -> LineRecord:
