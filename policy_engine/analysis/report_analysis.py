@@ -146,9 +146,11 @@ def window_html(window: WindowAnalysis) -> str:
     w = {**window.head(), **window.tail()}
     s = w.get("straggler")
     head = [f'<h3>{_esc(w["title"])}</h3>',
-            f'<p class="why">Captured because of {_esc(why(w))}; {len(window.docs)} '
-            f'rank(s){", world " + _esc(w["world"]) if w.get("world") else ""}.</p>']
-    head += [f'<p class="note">{_esc(n)}</p>' for n in notes(w)]
+            f'<p class="why">Captured because of {_esc(why(w.get("why")))}; '
+            f'{len(window.docs)} rank(s)'
+            f'{", world " + _esc(w["world"]) if w.get("world") else ""}.</p>']
+    head += [f'<p class="note">{_esc(n)}</p>'
+             for n in notes(w.get("limits"), w.get("dropped"), w.get("other"))]
     if w.get("not_analysed"):
         return '<div class="window">' + "".join(head) + \
             f'<p class="note">{_esc(w["not_analysed"])}</p></div>'

@@ -38,6 +38,7 @@ from policy_engine.analysis.windows import (
     Entry,
     Index,
     Source,
+    Window,
     absent,
     describe,
     from_folders,
@@ -72,8 +73,8 @@ def _steps_said(steps: list[int]) -> str:
     return ", ".join(said)
 
 
-def _chosen(windows: list[dict[str, Any]], role: str | None, step: int | None,
-            root: str) -> list[dict[str, Any]]:
+def _chosen(windows: list[Window], role: str | None, step: int | None,
+            root: str) -> list[Window]:
     if role is not None:
         roles = sorted({w["role"] for w in windows})
         # Every window that holds the role: its family's name, or a role taking part
@@ -218,7 +219,7 @@ def _alone(path: str, cap: int | None) -> dict[str, Any]:
                              f"({type(err).__name__}: {err})"}
 
 
-def _expected(windows: list[dict[str, Any]]) -> dict[tuple[Any, Any], dict[str, set[int]]]:
+def _expected(windows: list[Window]) -> dict[tuple[Any, Any], dict[str, set[int]]]:
     """Per role (family) and region, and per role of it, every rank that recorded (or
     tried to record) a window holding that role: a window without one of them that holds
     one of its roles is missing that rank. (verl's rollout, on rank 0 only, expects no
@@ -238,7 +239,7 @@ def _expected(windows: list[dict[str, Any]]) -> dict[tuple[Any, Any], dict[str, 
 
 
 def _wanted(expected: dict[tuple[Any, Any], dict[str, set[int]]],
-            w: dict[str, Any]) -> Collection[int]:
+            w: Window) -> Collection[int]:
     """The ranks window ``w`` should have: a range where they run without a gap (a window
     of 100,000 ranks holds no set of them)."""
     by_role = expected.get((w["role"], w["region"]), {})
@@ -339,7 +340,7 @@ def _chosen_summary(entry: Entry, detail: bool, readable: Callable[[], bool],
 class _Window:
     """One window analysed: its ranks read, added to its figures and spooled."""
 
-    def __init__(self, w: dict[str, Any], want: Collection[int], spool: Spool, *,
+    def __init__(self, w: Window, want: Collection[int], spool: Spool, *,
                  manifests: bool, detail: bool, timeline: Timeline,
                  clocks: Clocks | None = None) -> None:
         self.w = w
@@ -347,7 +348,8 @@ class _Window:
         self.spool = spool
         self.manifests = manifests
         self.detail = detail
-        self.figures = Figures(w, want, detail=detail)
+        # window.py takes the window as an open dict until it takes a Window
+        self.figures = Figures(w, want, detail=detail)  # type: ignore[arg-type]
         self.figures.path_of = self._path_of
         # the calls laid on rank 0's clock by each rank's measured offset (its most
         # certain reading), where the ranks measured one
@@ -372,7 +374,8 @@ class _Window:
                 rank, doc["rank_from"] = index, "order"
                 self.by_order.append(index)
             doc["rank"] = rank
-        self.timeline.add(self.w, rank, summary)
+        # timeline.py takes the window as an open dict until it takes a Window
+        self.timeline.add(self.w, rank, summary)  # type: ignore[arg-type]
         doc.update(summary)
         doc = self.figures.add(doc)
         if not doc.get("error"):

@@ -6,7 +6,7 @@ ranks and the slowest ranks, so the text stays short at thousands of ranks.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from policy_engine.analysis.stalls import stalls_text
@@ -14,6 +14,7 @@ from policy_engine.errors import printable
 
 if TYPE_CHECKING:
     from policy_engine.analysis.answers import RunAnalysis, WindowAnalysis
+    from policy_engine.analysis.windows import Dropped, Limit, OtherTrace, SlowStep, WindowWhy
 
 RANK_ROWS = 16
 SLOWEST = 5
@@ -30,26 +31,26 @@ def _spread(s: dict[str, float] | None) -> str:
     return "-" if s is None else f"{ms(s['min'])} / {ms(s['median'])} / {ms(s['max'])}"
 
 
-def why(window: dict[str, Any]) -> str:
-    """Why the window's capture exists, in words (and any rank's other reason)."""
-    found = window.get("why")
+def why(found: WindowWhy | None) -> str:
+    """Why a window's capture exists (its ``why``), in words (and any rank's other
+    reason)."""
     if not found:
         return "found on disk (no manifest)"
-    said = _trigger(found)
-    others = [f"rank {a['rank']}: {_trigger(a)}" for a in found.get("also") or []]
+    said = _trigger(found["trigger"], found.get("request"), found.get("slow") or [])
+    others = [f"rank {a['rank']}: {_trigger(a['trigger'], a.get('request'))}"
+              for a in found.get("also") or []]
     return said + (f" ({'; '.join(others)})" if others else "")
 
 
-def _trigger(found: dict[str, Any]) -> str:
-    trigger = found["trigger"]
+def _trigger(trigger: str, request: Any, slow: Sequence[SlowStep] = ()) -> str:
+    """A trigger in words: with its request, or the slow steps behind it."""
     if trigger == "plan":
         return "the policy's plan"
     if trigger == "on_demand":
-        return f"on demand (request {found.get('request') or '?'})"
+        return f"on demand (request {request or '?'})"
     if trigger == "signal":
         return "a signal (SIGUSR2)"
     if trigger == "slow_step":
-        slow = found.get("slow") or []
         said = "; ".join(
             f"rank {s.get('rank')} took {s.get('seconds')} s at step {s.get('step')} "
             f"(median {s.get('median')} s)" for s in slow[:4])
@@ -57,15 +58,18 @@ def _trigger(found: dict[str, Any]) -> str:
     return str(trigger)
 
 
-def notes(window: dict[str, Any]) -> list[str]:
-    """Limits reached and backends that wrote nothing in this window."""
-    out = [f"limit: {x['why']}" for x in window.get("limits") or []]
-    dropped: dict[tuple[str, str], list[Any]] = {}
-    for d in window.get("dropped") or []:
-        dropped.setdefault((str(d.get("backend") or "?"), str(d["why"])), []).append(d["rank"])
+def notes(limits: Iterable[Limit] | None, dropped: Iterable[Dropped] | None,
+          other: Iterable[OtherTrace] | None) -> list[str]:
+    """Limits reached and backends that wrote nothing in a window (its ``limits``,
+    ``dropped`` and ``other``)."""
+    out = [f"limit: {x['why']}" for x in limits or []]
+    wrote_none: dict[tuple[str, str], list[Any]] = {}
+    for d in dropped or []:
+        wrote_none.setdefault((str(d.get("backend") or "?"), str(d["why"])),
+                              []).append(d["rank"])
     out += [f"backend {b} wrote nothing on rank(s) {_ranks(r)}: {w}"
-            for (b, w), r in dropped.items()]
-    others = sorted({str(o.get("backend")) for o in window.get("other") or []})
+            for (b, w), r in wrote_none.items()]
+    others = sorted({str(o.get("backend")) for o in other or []})
     if others:
         out.append(f"not analysed (not torch traces): {', '.join(others)}")
     return out
@@ -109,8 +113,9 @@ def _rank_rows(read: list[tuple[Any, str, dict[str, Any]]], straggler: Any) -> l
 
 def window_text(window: WindowAnalysis) -> list[str]:
     w = {**window.head(), **window.tail()}
-    lines = [f"== {w['title']}: {len(window.docs)} rank(s); captured because of {why(w)}"]
-    lines += [f"  note: {n}" for n in notes(w)]
+    lines = [f"== {w['title']}: {len(window.docs)} rank(s); captured because of "
+             f"{why(w.get('why'))}"]
+    lines += [f"  note: {n}" for n in notes(w.get("limits"), w.get("dropped"), w.get("other"))]
     s = w.get("straggler")
     if s:
         others = s.get("others_wait_us") or {}
