@@ -465,9 +465,9 @@ def stalls_text(found: StallsAnswer) -> list[str]:
     for n, e in enumerate(found["episodes"]):
         head = {"stalled": "STALL", "cleared": "stall (cleared)",
                 "asked": "stall records asked for by hand"}[e["status"]]
-        # TODO: a forged record in its step with a null step, among others' steps, does
-        # not sort (TypeError)
-        steps = sorted({r["step"] for r in e["ranks"] if r["in_step"]})  # type: ignore[type-var]
+        # a record may say it is in its step and name none (null): no step to show
+        steps = sorted({step for r in e["ranks"] if r["in_step"]
+                        and (step := r["step"]) is not None})
         at = f" at step {', '.join(map(str, steps[:8]))}" if steps else ""
         limits = sorted({r["limit"] for r in e["ranks"] if r["why"] == "stall"})
         past = f" (past {limits[0]})" if len(limits) == 1 else ""
