@@ -27,7 +27,7 @@ import json
 import os
 import sys
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Literal, TypedDict, get_args
 
 import attrs
 
@@ -70,12 +70,25 @@ class StepFigures:
         return cls(row.get("step"), **{name: row[name] for name in FIGURES})
 
 
+#: A figure's name: a key of a summary's step row (``summary.StepRow``) and of a rank's
+#: totals. The type checker needs the names spelled; they are the fields above, in order
+#: (checked below, so that the class stays the one declaration).
+Figure = Literal["time_us", "span_us", "compute_us", "comm_us", "overlap_us", "other_us",
+                 "idle_us"]
 #: The figures of a step, in the order a summary writes them.
-FIGURES: tuple[str, ...] = tuple(f.name for f in attrs.fields(StepFigures)
-                                 if f.name != "step")
+FIGURES: tuple[Figure, ...] = get_args(Figure)
+if tuple(f.name for f in attrs.fields(StepFigures) if f.name != "step") != FIGURES:
+    raise TypeError("step_figures.Figure does not name StepFigures' fields in order")
 
 
-def _properties() -> dict[str, dict[str, Any]]:
+class FigureProperty(TypedDict):
+    """A step figure's property in the analysis schema (made by :func:`with_figures`)."""
+
+    type: str
+    description: str
+
+
+def _properties() -> dict[str, FigureProperty]:
     return {f.name: {"type": "number", "description": f.metadata[ABOUT]}
             for f in attrs.fields(StepFigures) if f.name != "step"}
 
