@@ -20,6 +20,7 @@ import attrs
 from policy_engine.analysis.spool import RankView, Spool, dumps
 from policy_engine.analysis.stalls import Stalls
 from policy_engine.analysis.step_figures import StepFigures
+from policy_engine.analysis.timeline import TimelineDoc
 from policy_engine.analysis.window import Figures
 
 #: The timeline of a run that laid none out (an analysis made without one).
@@ -156,7 +157,7 @@ class RunAnalysis:
     stalls: Stalls | None = None
     #: every training step's phases on one clock, who waited for whom, the critical path
     #: (analysis/timeline.py)
-    timeline: Mapping[str, Any] | None = None
+    timeline: TimelineDoc | None = None
 
     def to_json(self) -> dict[str, Any]:
         """The JSON document of the analysis (its ``version`` says which), a fresh copy."""
