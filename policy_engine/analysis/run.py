@@ -32,7 +32,7 @@ from policy_engine.analysis.spool import Places, RankView, Spool
 from policy_engine.analysis.stalls import read_stalls
 from policy_engine.analysis.summary import RankSummary, problem, summarize
 from policy_engine.analysis.timeline import Timeline
-from policy_engine.analysis.window import Figures
+from policy_engine.analysis.window import Figures, RankEntry
 from policy_engine.analysis.window_calls import WORK_RANKS, WindowCalls, digest, work_of
 from policy_engine.analysis.windows import (
     Entry,
@@ -359,7 +359,7 @@ class _Window:
 
     def add(self, entry: Entry, index: int, summary: RankSummary) -> None:
         rank = entry.rank
-        doc: dict[str, Any] = {"rank": rank, "path": entry.path, "status": entry.status}
+        doc: RankEntry = {"rank": rank, "path": entry.path, "status": entry.status}
         if not self.manifests:  # no manifest: the trace says its rank, or its name does
             facts = summary.get("facts")
             info: Mapping[str, Any] = (facts.get("distributed_info") if facts else None) or {}
@@ -375,7 +375,7 @@ class _Window:
                 self.by_order.append(index)
             doc["rank"] = rank
         self.timeline.add(self.w, rank, summary)
-        doc.update(summary)
+        doc.update(cast(RankEntry, summary))  # a summary's keys are its entry's (its base)
         doc = self.figures.add(doc)
         if not doc.get("error"):
             self.calls.add(doc["rank"], doc)
@@ -432,7 +432,7 @@ class _Window:
         # its figures from here on, not their places in the manifests)
         self.w["traces"] = []
 
-    def _doc_of(self, rank: Any) -> dict[str, Any] | None:
+    def _doc_of(self, rank: Any) -> RankEntry | None:
         """Rank ``rank``'s entry (the first written), read back."""
         place = next((p for p in self.places if p[0] == rank), None)
         return None if place is None else RankView(self.spool, [place])[0]

@@ -26,7 +26,7 @@ import heapq
 import os
 import re
 from collections.abc import Mapping
-from typing import Any, TypedDict, cast
+from typing import Any, Literal, TypedDict, cast, get_args
 
 from policy_engine.analysis import phases as _phases
 from policy_engine.analysis.ascend import Overlap
@@ -86,10 +86,10 @@ MAX_KINDS = 65536
 _NUMBER = (int, float)
 
 
-class _StepFiguresRow(TypedDict):
-    """A step row's number and figures (step_figures.StepFigures, the same names)."""
+class FigureRow(TypedDict):
+    """The step figures (step_figures.StepFigures, the same names), in µs: a step row's,
+    or a rank's totals (window.totals)."""
 
-    step: int | None  # N of ProfilerStep#N; None: the whole trace, which has none
     time_us: float
     span_us: float
     compute_us: float
@@ -99,15 +99,21 @@ class _StepFiguresRow(TypedDict):
     idle_us: float
 
 
-class StepRow(_StepFiguresRow, total=False):
+if tuple(FigureRow.__annotations__) != FIGURES:
+    raise TypeError("summary.FigureRow does not name step_figures.FIGURES in order")
+
+
+class _StepRowBase(FigureRow):
+    """A step row's number and figures (made by :func:`summarize`)."""
+
+    step: int | None  # N of ProfilerStep#N; None: the whole trace, which has none
+
+
+class StepRow(_StepRowBase, total=False):
     """One ``ProfilerStep`` of a rank: a row of a summary's ``steps`` (made by
     :func:`summarize` and ``npu_summary.summarize_npu``)."""
 
     gpu_timeline: GpuTimeline | None  # the step's device view; absent on a CPU trace
-
-
-if tuple(k for k in _StepFiguresRow.__annotations__ if k != "step") != FIGURES:
-    raise TypeError("summary.StepRow does not name step_figures.FIGURES in order")
 
 
 class RegionTime(TypedDict):
@@ -484,9 +490,10 @@ def _parts_problem(row: Any, span: float) -> str | None:
 
 #: A summary's bases: GPU kernels, the host's operators, an Ascend NPU's tasks.
 BASES = ("cpu", "gpu", "npu")
-#: The keys of TraceLens's ``gpu_timeline`` (device_view.GpuTimeline), in µs.
-TIMELINE = ("computation_us", "exposed_comm_us", "exposed_memcpy_us", "busy_us", "idle_us",
-            "total_us")
+#: A key of TraceLens's ``gpu_timeline`` (device_view.GpuTimeline), in µs.
+TimelineFigure = Literal["computation_us", "exposed_comm_us", "exposed_memcpy_us", "busy_us",
+                         "idle_us", "total_us"]
+TIMELINE: tuple[TimelineFigure, ...] = get_args(TimelineFigure)
 _HTA_TIMES = ("idle_us", "compute_us", "non_compute_us", "kernel_us", "comm_us",
               "overlap_us")
 
