@@ -102,11 +102,6 @@ class _RankCalls:
             self.wait_per_step_us = round(wait_us / steps, 3)
             self.transfer_per_step_us = round(transfer_us / steps, 3)
 
-    def of(self) -> RankCalls:
-        """The JSON object: its ``__dict__`` (its attributes are RankCalls' keys)."""
-        return cast(RankCalls, self.__dict__)
-
-
 class Matcher:
     """One window's calls, rank by rank (``add``), then matched (``result``).
 
@@ -318,7 +313,8 @@ class Matcher:
                 return map(col.__getitem__, cids)
             count = sum(pick(f.okf))
             if not count:
-                out[rank] = _RankCalls(0, 0.0, 0.0, 0, 0, None, steps).of()
+                # its __dict__ is the rank's object: its attributes are RankCalls' keys
+                out[rank] = cast(RankCalls, _RankCalls(0, 0.0, 0.0, 0, 0, None, steps).__dict__)
                 chance[rank] = 0.0
                 continue
             if count == len(cids):  # every call matched: plain sums
@@ -331,10 +327,10 @@ class Matcher:
             ended += count * shift
             late = sum(map(mul, starts, pick(f.m1))) + shift * sum(pick(f.m1)) \
                 - sum(pick(f.m0))
-            out[rank] = _RankCalls(int(count), round(last - arrived, 3) + 0.0,
-                                   round(ended - last, 3), f.last_count.get(rank, 0),
-                                   f.vote_count.get(rank, 0), round(late / count, 3),
-                                   steps).of()
+            out[rank] = cast(RankCalls, _RankCalls(  # as above
+                int(count), round(last - arrived, 3) + 0.0, round(ended - last, 3),
+                f.last_count.get(rank, 0), f.vote_count.get(rank, 0), round(late / count, 3),
+                steps).__dict__)
             chance[rank] = sum(pick(f.pv))
         return out, chance
 

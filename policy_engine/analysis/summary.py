@@ -117,14 +117,16 @@ class StepRow(_StepRowBase, total=False):
 
 
 class RegionTime(TypedDict):
-    """A region's calls and time in one trace: a value of a summary's ``regions``."""
+    """A region's calls and time in one trace: a value of a summary's ``regions`` (made by
+    :func:`summarize`)."""
 
     count: int
     time_us: float
 
 
 class OpRow(TypedDict):
-    """An operator or kernel name's calls and time: a row of a summary's ``ops.top``."""
+    """An operator or kernel name's calls and time: a row of a summary's ``ops.top`` (made
+    by :func:`summarize`)."""
 
     cat: str
     name: str
@@ -133,15 +135,16 @@ class OpRow(TypedDict):
 
 
 class OpsTable(TypedDict):
-    """A summary's ``ops``: the names with the most time, and how many were not timed."""
+    """A summary's ``ops`` (made by :func:`summarize`): the names with the most time, and
+    how many were not timed."""
 
     top: list[OpRow]
     left_out: int  # calls of names past MAX_OPS (or the trimmed rows' count)
 
 
 class DistributedInfo(TypedDict):
-    """What a trace's ``distributedInfo`` says of its rank (values as the trace has
-    them: checked where they are used)."""
+    """What a trace's ``distributedInfo`` says of its rank (made by :func:`_distributed`;
+    values as the trace has them: checked where they are used)."""
 
     rank: Any
     world_size: Any
@@ -169,7 +172,8 @@ class Facts(_FactsBase, total=False):
 
 
 class AscendFigures(TypedDict):
-    """An NPU summary's ``ascend``: msprof's figures, ours and its lanes read back."""
+    """An NPU summary's ``ascend`` (made by ``npu_summary.summarize_npu``): msprof's
+    figures, ours and its Overlap Analysis lanes read back."""
 
     overlap: Overlap | None
     lanes: Overlap | None
@@ -177,11 +181,11 @@ class AscendFigures(TypedDict):
 
 class RankSummary(TypedDict, total=False):
     """One rank's trace summed up: what :func:`summarize` returns (and a manifest's
-    ``summary`` line holds); only ``error`` when the trace cannot be read, every other
-    key but ``ascend`` otherwise."""
+    ``summary`` line holds); only ``error`` when the trace cannot be read, else the rest
+    (``ascend`` an NPU's only; one read back may lack ``ops`` and ``phases``)."""
 
     error: str
-    bytes: int  # the trace file's size
+    bytes: int | None  # the trace file's size (None or absent in one read back)
     basis: str  # one of BASES
     steps: list[StepRow]
     gpu_timeline: GpuTimeline | None
