@@ -19,8 +19,8 @@ import attrs
 
 from policy_engine.analysis.spool import RankView, Spool, dumps
 from policy_engine.analysis.stalls import Stalls
-from policy_engine.analysis.step_figures import Figure, StepFigures
-from policy_engine.analysis.summary import FigureRow, TimelineFigure
+from policy_engine.analysis.step_figures import Figure, FigureRow, StepFigures
+from policy_engine.analysis.summary import TimelineFigure
 from policy_engine.analysis.timeline import TimelineDoc
 from policy_engine.analysis.window import (
     Figures,

@@ -42,7 +42,7 @@ from policy_engine.analysis.intervals import (
     intersect,
     union,
 )
-from policy_engine.analysis.step_figures import FIGURES
+from policy_engine.analysis.step_figures import FIGURES, FigureRow
 
 STEP = re.compile(r"ProfilerStep\s*#\s*(\d+)$")
 #: A step number has at most this many digits (any count of steps fits in 64 bits); a
@@ -84,23 +84,6 @@ _SKIP, _OPS, _COMM, _K_COMP, _K_COMM, _K_OTHER, _REGION, _STEP = range(8)
 #: Names remembered per trace; past it (a hostile trace), events are classified afresh.
 MAX_KINDS = 65536
 _NUMBER = (int, float)
-
-
-class FigureRow(TypedDict):
-    """The step figures (step_figures.StepFigures, the same names), in µs: a step row's,
-    or a rank's totals (window.totals)."""
-
-    time_us: float
-    span_us: float
-    compute_us: float
-    comm_us: float
-    overlap_us: float
-    other_us: float
-    idle_us: float
-
-
-if tuple(FigureRow.__annotations__) != FIGURES:
-    raise TypeError("summary.FigureRow does not name step_figures.FIGURES in order")
 
 
 class _StepRowBase(FigureRow):

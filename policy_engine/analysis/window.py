@@ -29,12 +29,11 @@ from typing import Any, TypedDict, cast
 from policy_engine.analysis.device_view import GpuTimeline
 from policy_engine.analysis.matching import RankWork
 from policy_engine.analysis.matching_form import Matching
-from policy_engine.analysis.step_figures import FIGURES, Figure
+from policy_engine.analysis.step_figures import FIGURES, Figure, FigureRow
 from policy_engine.analysis.summary import (
     BASES,
     TIMELINE,
     Facts,
-    FigureRow,
     RankSummary,
     StepRow,
     TimelineFigure,
