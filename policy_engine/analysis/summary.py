@@ -481,6 +481,8 @@ BASES = ("cpu", "gpu", "npu")
 TimelineFigure = Literal["computation_us", "exposed_comm_us", "exposed_memcpy_us", "busy_us",
                          "idle_us", "total_us"]
 TIMELINE: tuple[TimelineFigure, ...] = get_args(TimelineFigure)
+if tuple(GpuTimeline.__annotations__) != TIMELINE:
+    raise TypeError("summary.TimelineFigure does not name device_view.GpuTimeline's keys")
 _HTA_TIMES = ("idle_us", "compute_us", "non_compute_us", "kernel_us", "comm_us",
               "overlap_us")
 
