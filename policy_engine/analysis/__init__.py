@@ -48,6 +48,7 @@ if TYPE_CHECKING:
     from policy_engine.analysis.manifests import ManifestProblem
     from policy_engine.analysis.step_figures import StepFigures
     from policy_engine.analysis.summary import summarize
+    from policy_engine.analysis.timeline import TimelineDoc
 
 __all__ = ["AnalysisError", "RankAnalysis", "RunAnalysis", "RunComparison", "RunScan",
            "StepFigures", "WindowAnalysis", "WindowComparison", "WindowScan", "analyze",
@@ -65,7 +66,7 @@ def analyze(path: str, *, role: str | None = None, step: int | None = None,
 
 
 def step_timeline(path: str, *, step: int | None = None, jobs: int = 1,
-                  own_clocks: bool = False) -> dict[str, Any]:
+                  own_clocks: bool = False) -> TimelineDoc:
     """The step timeline of the run folder ``path`` (``policy-engine timeline --format
     json``: ``clock``, ``steps``, ``notes``), every training step or only ``step``;
     ``own_clocks``: each rank on its own clock, its measured offset not applied.
@@ -74,7 +75,8 @@ def step_timeline(path: str, *, step: int | None = None, jobs: int = 1,
 
     result = analyze_run(path, step=step, jobs=jobs, own_clocks=own_clocks)
     result.close()
-    return copy.deepcopy(dict(result.timeline or {}))
+    assert result.timeline is not None  # analyze_run lays one out
+    return copy.deepcopy(result.timeline)
 
 
 def compare(base: str, new: str, *, role: str | None = None,

@@ -19,8 +19,16 @@ import attrs
 
 from policy_engine.analysis.spool import RankView, Spool, dumps
 from policy_engine.analysis.stalls import Stalls
-from policy_engine.analysis.step_figures import StepFigures
-from policy_engine.analysis.window import Figures
+from policy_engine.analysis.step_figures import Figure, FigureRow, StepFigures
+from policy_engine.analysis.summary import RankEntry, TimelineFigure
+from policy_engine.analysis.timeline import TimelineDoc
+from policy_engine.analysis.window import (
+    Figures,
+    ReadinessNote,
+    RegionRow,
+    StepTimes,
+    Straggler,
+)
 
 #: The timeline of a run that laid none out (an analysis made without one).
 _NO_TIMELINE: Mapping[str, Any] = {"clock": None, "steps": [], "notes": []}
@@ -36,10 +44,10 @@ class RankAnalysis:
     error: str | None
     basis: str | None  # "gpu" (kernels) or "cpu"
     steps: tuple[StepFigures, ...]
-    total: Mapping[str, float] | None
+    total: FigureRow | None
 
     @classmethod
-    def from_doc(cls, doc: Mapping[str, Any]) -> RankAnalysis:
+    def from_doc(cls, doc: RankEntry) -> RankAnalysis:
         steps = tuple(StepFigures.from_row(row) for row in doc.get("steps") or ())
         return cls(rank=doc.get("rank"), path=doc.get("path"), status=doc.get("status"),
                    error=doc.get("error"), basis=doc.get("basis"), steps=steps,
@@ -94,14 +102,15 @@ class WindowAnalysis:
     other: tuple[Mapping[str, Any], ...]
     #: each rank's JSON object (its summary, ``total``, or ``error``), in rank order
     docs: RankView = attrs.field(repr=False)
-    step_times: list[dict[str, Any]]
-    regions: list[dict[str, Any]]
-    breakdown: dict[str, Any] | None
+    step_times: list[StepTimes]
+    regions: list[RegionRow]
+    breakdown: dict[Figure, dict[str, float] | None] | None
     #: the device view across the ranks (TraceLens's gpu_timeline, each figure's spread)
-    gpu_timeline: dict[str, Any] | None
-    straggler: Mapping[str, Any] | None
-    readiness: list[dict[str, Any]]
-    #: the window's collective calls matched across its ranks (window_calls.py), or None
+    gpu_timeline: dict[TimelineFigure, dict[str, float] | None] | None
+    straggler: Straggler | None
+    readiness: list[ReadinessNote]
+    #: the window's collective calls matched across its ranks (window_calls.py's
+    #: matching_form.Matching; compare.py keeps only their means and late rank), or None
     collectives: Mapping[str, Any] | None = None
     hta: Mapping[str, Any] | None = None
     not_analysed: str | None = None
@@ -156,7 +165,7 @@ class RunAnalysis:
     stalls: Stalls | None = None
     #: every training step's phases on one clock, who waited for whom, the critical path
     #: (analysis/timeline.py)
-    timeline: Mapping[str, Any] | None = None
+    timeline: TimelineDoc | None = None
 
     def to_json(self) -> dict[str, Any]:
         """The JSON document of the analysis (its ``version`` says which), a fresh copy."""

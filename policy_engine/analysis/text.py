@@ -14,6 +14,7 @@ from policy_engine.errors import printable
 
 if TYPE_CHECKING:
     from policy_engine.analysis.answers import RunAnalysis, WindowAnalysis
+    from policy_engine.analysis.window import RankTotals
     from policy_engine.analysis.windows import Dropped, Limit, OtherTrace, SlowStep, WindowWhy
 
 RANK_ROWS = 16
@@ -82,15 +83,15 @@ def _ranks(ranks: list[Any]) -> str:
     return ", ".join(map(str, ints)) or "?"
 
 
-def rank_rows(w: WindowAnalysis) -> list[tuple[Any, str, dict[str, Any]]]:
+def rank_rows(w: WindowAnalysis) -> list[tuple[Any, str, RankTotals]]:
     """(rank, basis, totals) of the readable ranks, in rank order."""
     if w.figures is None:
         return []
     return sorted(w.figures.rows(), key=lambda r: (not isinstance(r[0], int), r[0] or 0))
 
 
-def _rank_rows(read: list[tuple[Any, str, dict[str, Any]]], straggler: Any) -> list[str]:
-    rows: Iterable[tuple[Any, str, dict[str, Any]]] = read
+def _rank_rows(read: list[tuple[Any, str, RankTotals]], straggler: Any) -> list[str]:
+    rows: Iterable[tuple[Any, str, RankTotals]] = read
     if len(read) > RANK_ROWS:
         rows = sorted(read, key=lambda r: -r[2]["compute_us"])[:SLOWEST]
     rows = list(rows)

@@ -35,7 +35,6 @@ from policy_engine.analysis.manifests import (
     read_lines,
 )
 from policy_engine.analysis.spool import dumps_sorted
-from policy_engine.analysis.window import USED_FIRST
 from policy_engine.analysis.window_roles import (
     ASCEND_SUFFIX,
     is_analysed,
@@ -44,6 +43,9 @@ from policy_engine.analysis.window_roles import (
 )
 from policy_engine.errors import is_int
 from policy_engine.files.records import ABSENT, Line, Status, SummaryLine, from_json
+
+#: Why one of a rank's traces in a window is used over the others.
+USED_FIRST = "complete before partial, then the first recorded"
 
 _ALSO = 16  # ranks listed whose capture has another trigger than the window's first
 #: The notes kept from all the manifests (limits reached, trigger requests missed...);
