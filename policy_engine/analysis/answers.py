@@ -17,6 +17,7 @@ from typing import IO, Any, overload
 
 import attrs
 
+from policy_engine.analysis.hta import HtaAnswer, window_answer
 from policy_engine.analysis.spool import RankView, Spool, dumps
 from policy_engine.analysis.stalls import Stalls
 from policy_engine.analysis.step_figures import Figure, FigureRow, StepFigures
@@ -29,6 +30,7 @@ from policy_engine.analysis.window import (
     StepTimes,
     Straggler,
 )
+from policy_engine.analysis.windows import Dropped, Limit, OtherTrace, WindowWhy
 
 #: The timeline of a run that laid none out (an analysis made without one).
 _NO_TIMELINE: Mapping[str, Any] = {"clock": None, "steps": [], "notes": []}
@@ -96,10 +98,10 @@ class WindowAnalysis:
     cycle: int | None
     capture: int
     world: int | None
-    why: Mapping[str, Any] | None
-    limits: tuple[Mapping[str, Any], ...]
-    dropped: tuple[Mapping[str, Any], ...]
-    other: tuple[Mapping[str, Any], ...]
+    why: WindowWhy | None
+    limits: tuple[Limit, ...]
+    dropped: tuple[Dropped, ...]
+    other: tuple[OtherTrace, ...]
     #: each rank's JSON object (its summary, ``total``, or ``error``), in rank order
     docs: RankView = attrs.field(repr=False)
     step_times: list[StepTimes]
@@ -112,7 +114,7 @@ class WindowAnalysis:
     #: the window's collective calls matched across its ranks (window_calls.py's
     #: matching_form.Matching; compare.py keeps only their means and late rank), or None
     collectives: Mapping[str, Any] | None = None
-    hta: Mapping[str, Any] | None = None
+    hta: HtaAnswer | None = None
     not_analysed: str | None = None
     #: how the window was recorded, for the comparison of two runs (``detail``)
     identity: Mapping[str, Any] | None = None
@@ -124,14 +126,14 @@ class WindowAnalysis:
         """The ranks, typed, in rank order."""
         return Ranks(self.docs)
 
-    def head(self) -> dict[str, Any]:
+    def _head(self) -> dict[str, Any]:
         out = {k: getattr(self, k) for k in HEAD}
         out["steps"] = list(self.steps)
         for k in ("limits", "dropped", "other"):
             out[k] = list(out[k])
         return out
 
-    def tail(self) -> dict[str, Any]:
+    def _tail(self) -> dict[str, Any]:
         out = {k: getattr(self, k) for k in TAIL}
         if self.not_analysed is not None:
             out["not_analysed"] = self.not_analysed
@@ -141,14 +143,14 @@ class WindowAnalysis:
 
     def to_json(self) -> dict[str, Any]:
         """The window's JSON object, its ranks read into it."""
-        return {**self.head(), "ranks": list(self.docs), **self.tail()}
+        return {**self._head(), "ranks": list(self.docs), **self._tail()}
 
     def write_json(self, out: IO[bytes]) -> None:
         """:meth:`to_json`, written as a stream: one rank at a time."""
-        out.write(dumps(self.head())[:-1] + b',"ranks":[')
+        out.write(dumps(self._head())[:-1] + b',"ranks":[')
         for i, raw in enumerate(self.docs.raw()):
             out.write(b"\n" + raw if not i else b",\n" + raw)
-        out.write(b"]," + dumps(self.tail())[1:])
+        out.write(b"]," + dumps(self._tail())[1:])
 
 
 @attrs.frozen(eq=False)
@@ -186,6 +188,12 @@ class RunAnalysis:
                   + dumps(list(self.problems)) + b',\n"stalls":'
                   + dumps(None if self.stalls is None else self.stalls.to_json())
                   + b',\n"timeline":' + dumps(dict(self.timeline or _NO_TIMELINE)) + b"}\n")
+
+    def with_hta(self, root: str) -> RunAnalysis:
+        """This analysis with HTA's numbers in each window that holds GPU kernels (the
+        others say why not; ``root``: the folder its traces lie under)."""
+        return attrs.evolve(self, windows=tuple(
+            attrs.evolve(w, hta=window_answer(w.docs, root)) for w in self.windows))
 
     def close(self) -> None:
         """Let go of the ranks written aside (the windows' ranks cannot be read after)."""

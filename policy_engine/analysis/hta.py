@@ -14,12 +14,11 @@ import logging
 import os
 import tempfile
 import warnings
+from collections.abc import Iterable
 from typing import Any, TypedDict
 
-import attrs
-
-from policy_engine.analysis.answers import RunAnalysis
 from policy_engine.analysis.format import rank_spans
+from policy_engine.analysis.summary import RankEntry
 
 INSTALL = "pip install HolisticTraceAnalysis"
 
@@ -101,18 +100,11 @@ def run_hta(files: list[str]) -> HtaAnswer:
     return {"error": None, "ranks": sorted(ranks, key=lambda r: r["rank"])}
 
 
-def attach(result: RunAnalysis, root: str) -> RunAnalysis:
-    """``result`` with HTA's numbers in each window that holds GPU kernels (the others say
-    why not)."""
-    windows = []
-    for w in result.windows:
-        readable = [(d["rank"], d.get("path"), d["facts"]["kernels"])
-                    for d in w.docs if not d.get("error")]
-        windows.append(attrs.evolve(w, hta=_one(readable, root)))
-    return attrs.evolve(result, windows=tuple(windows))
-
-
-def _one(readable: list[tuple[Any, Any, int]], root: str) -> HtaAnswer:
+def window_answer(docs: Iterable[RankEntry], root: str) -> HtaAnswer:
+    """HTA's numbers for a window of ranks ``docs`` (their traces under ``root``), or why
+    they are not given: the window holds no GPU kernels, or its traces are not here."""
+    readable = [(d["rank"], d.get("path"), d["facts"]["kernels"])
+                for d in docs if not d.get("error")]
     if not any(kernels for _rank, _path, kernels in readable):
         return {"error": "not run: the window holds no GPU kernels", "ranks": []}
     files = [os.path.join(root, str(path)) for _rank, path, _kernels in readable]

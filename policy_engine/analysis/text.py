@@ -6,7 +6,7 @@ ranks and the slowest ranks, so the text stays short at thousands of ranks.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from policy_engine.analysis.stalls import stalls_text
@@ -14,6 +14,8 @@ from policy_engine.errors import printable
 
 if TYPE_CHECKING:
     from policy_engine.analysis.answers import RunAnalysis, WindowAnalysis
+    from policy_engine.analysis.hta import HtaAnswer
+    from policy_engine.analysis.summary import TimelineFigure
     from policy_engine.analysis.window import RankTotals
     from policy_engine.analysis.windows import Dropped, Limit, OtherTrace, SlowStep, WindowWhy
 
@@ -113,11 +115,10 @@ def _rank_rows(read: list[tuple[Any, str, RankTotals]], straggler: Any) -> list[
 
 
 def window_text(window: WindowAnalysis) -> list[str]:
-    w = {**window.head(), **window.tail()}
-    lines = [f"== {w['title']}: {len(window.docs)} rank(s); captured because of "
-             f"{why(w.get('why'))}"]
-    lines += [f"  note: {n}" for n in notes(w.get("limits"), w.get("dropped"), w.get("other"))]
-    s = w.get("straggler")
+    w = window
+    lines = [f"== {w.title}: {len(w.docs)} rank(s); captured because of {why(w.why)}"]
+    lines += [f"  note: {n}" for n in notes(w.limits, w.dropped, w.other)]
+    s = w.straggler
     if s:
         others = s.get("others_wait_us") or {}
         lines.append(
@@ -125,13 +126,13 @@ def window_text(window: WindowAnalysis) -> list[str]:
             f"arrives {ms(s['late_us'])} ms after the median rank; it waits "
             f"{ms(s['wait_us'])} ms in collectives, the others {ms(others.get('median'))} ms "
             f"(median)")
-    elif any(step["collectives"] for step in w["step_times"]):
+    elif any(step["collectives"] for step in w.step_times):
         lines.append("  no straggler: no rank is consistently the one the others wait for")
-    device = any(step.get("gpu_timeline") for step in w["step_times"])
-    if w["step_times"]:
+    device = any(step.get("gpu_timeline") for step in w.step_times)
+    if w.step_times:
         lines.append("  profiler step   time ms min / median / max     comm ms median   "
                      + ("device total / idle ms   " if device else "") + "straggler")
-        for step in w["step_times"]:
+        for step in w.step_times:
             name = "whole trace" if step["step"] is None else str(step["step"])
             late = (f"rank {step['straggler']} (+{ms(step['late_us'])} ms)"
                     if step["straggler"] is not None else "-")
@@ -141,23 +142,22 @@ def window_text(window: WindowAnalysis) -> list[str]:
                 if device else ""
             lines.append(f"  {name:<15} {_spread(step['time_us']):<31} {ms(comm):<16} "
                          + (f"{on_device:<25}" if device else "") + late)
-    lines += device_lines(w.get("gpu_timeline"), len(window.docs))
-    b = w.get("breakdown")
+    lines += device_lines(w.gpu_timeline, len(w.docs))
+    b = w.breakdown
     read = rank_rows(window)
     if b and len(read) > RANK_ROWS:
         for key in ("compute_us", "comm_us", "idle_us"):
             lines.append(f"  {key[:-3]:<8} across ranks (ms): {_spread(b[key])}")
     lines += _rank_rows(read, s["rank"] if s else None)
-    lines += calls_text(w.get("collectives"))
-    for region in w["regions"][:5]:
+    lines += calls_text(w.collectives)
+    for region in w.regions[:5]:
         lines.append(f"  region {region['name']}: {_spread(region['time_us'])} ms "
                      f"over {region['ranks']} rank(s)")
-    for r in w["readiness"]:
+    for r in w.readiness:
         who = f" (ranks {_ranks(r['ranks'])})" if r["ranks"] else ""
         lines.append(f"  readiness: {r['code']}: {r['message']}{who}")
-    hta = w.get("hta")
-    if hta:
-        lines += ["  " + line for line in hta_text(hta)]
+    if w.hta:
+        lines += ["  " + line for line in hta_text(w.hta)]
     return lines
 
 
@@ -165,7 +165,7 @@ def _gbps(value: float | None) -> str:
     return "-" if value is None else f"{value:.3g} GB/s"
 
 
-def calls_text(found: dict[str, Any] | None) -> list[str]:
+def calls_text(found: Mapping[str, Any] | None) -> list[str]:
     """A window's collective calls matched across its ranks, in words: the late rank and
     why, each rank's wait and transfer, the groups by bus bandwidth."""
     if not found:
@@ -209,8 +209,9 @@ def calls_text(found: dict[str, Any] | None) -> list[str]:
     return lines
 
 
-def _median(found: dict[str, Any] | None, key: str) -> str:
-    spread = (found or {}).get(key)
+def _median(found: Mapping[TimelineFigure, Mapping[str, float] | None] | None,
+            key: TimelineFigure) -> str:
+    spread = found.get(key) if found else None
     return ms(spread["median"]) if spread else "-"
 
 
@@ -221,19 +222,21 @@ VIEWS = ("step view: a step's wall time on the host and what the device did in i
          "docs/analysis.md#definitions")
 
 
-def device_lines(timeline: dict[str, Any] | None, ranks: int) -> list[str]:
+def device_lines(timeline: Mapping[TimelineFigure, Mapping[str, float] | None] | None,
+                 ranks: int) -> list[str]:
     """The device view of a window across its ranks, and what it means."""
     if not timeline:
         return []
-    said = ", ".join(f"{label} {_median(timeline, key)}" for key, label in (
+    labels: tuple[tuple[TimelineFigure, str], ...] = (
         ("computation_us", "computation"), ("exposed_comm_us", "exposed comm"),
         ("exposed_memcpy_us", "exposed memcpy"), ("busy_us", "busy"), ("idle_us", "idle"),
-        ("total_us", "total")))
+        ("total_us", "total"))
+    said = ", ".join(f"{label} {_median(timeline, key)}" for key, label in labels)
     across = " (median across ranks)" if ranks > 1 else ""
     return [f"  device view, whole trace{across}, ms: {said}", f"  ({VIEWS})"]
 
 
-def hta_text(hta: dict[str, Any]) -> list[str]:
+def hta_text(hta: HtaAnswer) -> list[str]:
     if hta.get("error"):
         return [f"HTA: {hta['error']}"]
     lines = ["HTA temporal breakdown (ms): rank  compute  non-compute  idle  "
