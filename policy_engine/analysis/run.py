@@ -453,14 +453,18 @@ class _Window:
         for rank, why in self.calls.unreadable:
             self.figures.say("collectives_unreadable", f"rank {rank}: its collective calls "
                              f"cannot be read: {why}", rank)
-        figures = self.figures.finish()
-        figures["collectives"] = self.calls.result(
-            len(figures["step_times"]), own=self._work_of, others=self.figures.medians)
+        figures = self.figures
+        steps = figures.step_times()
         return WindowAnalysis(
             title=describe(w), role=w["role"], region=w["region"], steps=tuple(w["steps"]),
             cycle=w["cycle"], capture=w["capture"], world=w["world"], why=w["why"],
             limits=tuple(w["limits"]), dropped=tuple(w["dropped"]), other=tuple(w["other"]),
-            docs=RankView(self.spool, self.places), figures=self.figures, **figures,
+            docs=RankView(self.spool, self.places), figures=figures, step_times=steps,
+            regions=figures.region_rows(), breakdown=figures.breakdown(),
+            gpu_timeline=figures.gpu_timeline(), straggler=figures.straggler(steps),
+            readiness=figures.readiness(),
+            collectives=self.calls.result(len(steps), own=self._work_of,
+                                          others=figures.medians),
             not_analysed=w.get("not_analysed"),
             identity=(w.get("identity") or {}) if self.detail else None)
 

@@ -28,7 +28,6 @@ from typing import Any, TypedDict, cast
 
 from policy_engine.analysis.device_view import GpuTimeline
 from policy_engine.analysis.matching import RankWork
-from policy_engine.analysis.matching_form import Matching
 from policy_engine.analysis.step_figures import FIGURES, Figure, FigureRow
 from policy_engine.analysis.summary import (
     BASES,
@@ -91,7 +90,7 @@ class StepTimes(_StepStraggler):
 
 
 class RegionRow(TypedDict):
-    """A region's time across a window's ranks (made by :meth:`Figures._regions`)."""
+    """A region's time across a window's ranks (made by :meth:`Figures.region_rows`)."""
 
     name: str
     ranks: int
@@ -99,7 +98,7 @@ class RegionRow(TypedDict):
 
 
 class Straggler(TypedDict):
-    """A window's straggler (made by :meth:`Figures._straggler`)."""
+    """A window's straggler (made by :meth:`Figures.straggler`)."""
 
     rank: Any
     steps: list[int | None]  # the steps it is the straggler of
@@ -110,28 +109,11 @@ class Straggler(TypedDict):
 
 
 class ReadinessNote(TypedDict):
-    """What a window lacks for which analysis (made by :meth:`Figures._readiness`)."""
+    """What a window lacks for which analysis (made by :meth:`Figures.readiness`)."""
 
     code: str
     message: str
     ranks: list[int]
-
-
-class _WindowFiguresBase(TypedDict):
-    """A window's figures across its ranks (made by :meth:`Figures.finish`)."""
-
-    step_times: list[StepTimes]
-    regions: list[RegionRow]
-    breakdown: dict[Figure, dict[str, float] | None] | None
-    gpu_timeline: dict[TimelineFigure, dict[str, float] | None] | None
-    straggler: Straggler | None
-    readiness: list[ReadinessNote]
-
-
-class WindowFigures(_WindowFiguresBase, total=False):
-    """A window's figures, and its matched calls once added (run.py's window)."""
-
-    collectives: Matching | None
 
 
 def spread(values: Iterable[float]) -> dict[str, float] | None:
@@ -478,28 +460,28 @@ class Figures:
             totals["gpu_timeline"] = self.device.get(i)
             yield rank, self.basis[i], totals
 
-    def finish(self) -> WindowFigures:
-        """The window's figures: ``step_times``, ``regions``, ``breakdown``,
-        ``straggler``, ``readiness``."""
-        steps = [self.steps[s].figures(s) for s in
-                 sorted(self.steps, key=lambda s: (s is None, s if s is not None else 0))]
-        return {
-            "step_times": steps,
-            "regions": self._regions(),
-            "breakdown": {key: spread(self.columns[key]) for key in TOTALS}
-            if self.ranks else None,
-            "gpu_timeline": self.device.spreads(),
-            "straggler": self._straggler(steps),
-            "readiness": self._readiness(),
-        }
+    # The window's figures, once every rank is added: what a WindowAnalysis holds.
 
-    def _regions(self) -> list[RegionRow]:
+    def step_times(self) -> list[StepTimes]:
+        """Each ProfilerStep across the ranks, in step order (the whole trace last)."""
+        return [self.steps[s].figures(s) for s in
+                sorted(self.steps, key=lambda s: (s is None, s if s is not None else 0))]
+
+    def breakdown(self) -> dict[Figure, dict[str, float] | None] | None:
+        """Each figure of the ranks' totals spread across the ranks (None: no rank)."""
+        return {key: spread(self.columns[key]) for key in TOTALS} if self.ranks else None
+
+    def gpu_timeline(self) -> dict[TimelineFigure, dict[str, float] | None] | None:
+        """The device view of the ranks' whole traces, spread across the ranks."""
+        return self.device.spreads()
+
+    def region_rows(self) -> list[RegionRow]:
         medians = {name: statistics.median(t) for name, t in self.regions.items()}
         order = sorted(medians, key=lambda name: (-medians[name], name))[:16]
         return [{"name": name, "ranks": len(self.regions[name]),
                  "time_us": spread(self.regions[name])} for name in order]
 
-    def _straggler(self, steps: list[StepTimes]) -> Straggler | None:
+    def straggler(self, steps: list[StepTimes]) -> Straggler | None:
         """The window's straggler: the same rank in more than half of the steps that hold
         collectives, with how late it arrives and how long it and the others wait."""
         bound = [s for s in steps if s["collectives"]]
@@ -518,7 +500,7 @@ class Figures:
                 "late_us": round(statistics.median(cast(float, s["late_us"]) for s in mine), 3),
                 "wait_us": own[-1] if own else None, "others_wait_us": spread(others)}
 
-    def _readiness(self) -> list[ReadinessNote]:
+    def readiness(self) -> list[ReadinessNote]:
         """What the window lacks for which analysis, said plainly."""
         out: list[ReadinessNote] = []
 
