@@ -507,3 +507,55 @@ def lifecycle_lines(tree: ast.AST) -> list[str]:
                 and ast.unparse(func.value).rpartition(".")[2] in LIFECYCLE_KINDS:
             found.append((node.lineno, f"{ast.unparse(func)}(...)"))
     return _lines(found)
+
+
+#: An answer handed on untyped: a JSON object whose keys no declaration names.
+UNTYPED = "dict[str, Any]"
+
+
+def untyped_answers(tree: ast.AST, names: Iterable[str]) -> list[str]:
+    """Where the public definitions ``names`` of a module hand on or take an untyped
+    answer (``dict[str, Any]``): a function's parameters or return, a class's fields, or
+    the signatures of its public methods; ``to_json``, a record's JSON form, aside."""
+    wanted = set(names)
+    found: list[tuple[int, str]] = []
+
+    def signature(fn: ast.FunctionDef | ast.AsyncFunctionDef, owner: str) -> None:
+        args = fn.args
+        for arg in (*args.posonlyargs, *args.args, *args.kwonlyargs, args.vararg, args.kwarg):
+            if arg is not None and arg.annotation is not None \
+                    and UNTYPED in ast.unparse(arg.annotation):
+                found.append((fn.lineno, f"{owner}{fn.name}({arg.arg})"))
+        if fn.returns is not None and UNTYPED in ast.unparse(fn.returns):
+            found.append((fn.lineno, f"{owner}{fn.name} returns it"))
+
+    for node in getattr(tree, "body", []):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name in wanted:
+            signature(node, "")
+        elif isinstance(node, ast.ClassDef) and node.name in wanted:
+            for item in node.body:
+                if isinstance(item, ast.AnnAssign) and UNTYPED in ast.unparse(item.annotation):
+                    found.append((item.lineno, f"{node.name}.{ast.unparse(item.target)}"))
+                elif isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)) \
+                        and item.name != "to_json" and not _private(item.name):
+                    signature(item, f"{node.name}.")
+    return _lines(found)
+
+
+def public_homes(init: ast.AST, package: str) -> dict[str, list[str]]:
+    """The public names of a package (its ``__init__``'s ``__all__``) by the module that
+    defines them: the ``__init__`` itself, or the module its ``_LATER`` table names."""
+    listed: list[str] = []
+    later: dict[str, str] = {}
+    for node in getattr(init, "body", []):
+        if isinstance(node, ast.Assign) and len(node.targets) == 1 \
+                and isinstance(node.targets[0], ast.Name):
+            if node.targets[0].id == "__all__":
+                listed = ast.literal_eval(node.value)
+            elif node.targets[0].id == "_LATER":
+                later = ast.literal_eval(node.value)
+    homes: dict[str, list[str]] = {}
+    for name in listed:
+        module = f"{package}.{later[name]}" if name in later else package
+        homes.setdefault(module, []).append(name)
+    return homes

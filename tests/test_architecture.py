@@ -17,7 +17,10 @@ and nothing reaches into the process state's one-time record; no private name cr
 package or is left unused; no module of the language or the runtime is a mixin (a class of
 stub methods another class fills in) or hands on names it imports (a re-export); no
 module of the runtime or the backends probes a session for a hook (``getattr``): every
-session subclasses ``backends.base.Session``, whose optional hooks do nothing.
+session subclasses ``backends.base.Session``, whose optional hooks do nothing. The public
+analysis API hands on typed answers (records, or JSON documents declared as TypedDicts),
+never a ``dict[str, Any]`` (a record's ``to_json`` aside), and the reading side holds no
+more of them than the ratchet ``MOST_UNTYPED``.
 Each rule is shown to catch a planted violation (tests/architecture_rules.py holds them).
 """
 
@@ -50,6 +53,8 @@ PUBLISHER = "policy_engine.files.publish"
 TRACE_READER = "policy_engine.analysis.chrome_trace"
 RECORD_BUILDER = "policy_engine.files.records"
 LIFECYCLE = "policy_engine.runtime.capture.lines"
+#: At most this many ``dict[str, Any]`` in analysis/ (a ratchet: lower it as they go).
+MOST_UNTYPED = 23
 
 MODULES = rules.modules_under(ROOT, "policy_engine")
 TREES = {name: ast.parse(path.read_text()) for name, path in MODULES.items()}
@@ -206,6 +211,22 @@ def test_once_per_process_is_said_through_one_helper() -> None:
         *(["lock"] if not name.startswith("policy_engine.runtime.process.") else [])])
         for name in sorted(MODULES)}
     assert {name: where for name, where in found.items() if where} == {}
+
+
+def test_the_public_analysis_api_hands_on_typed_answers() -> None:
+    homes = rules.public_homes(TREES["policy_engine.analysis"], "policy_engine.analysis")
+    assert set(homes) <= set(MODULES)
+    found = {module: rules.untyped_answers(TREES[module], names)
+             for module, names in sorted(homes.items())}
+    assert {name: where for name, where in found.items() if where} == {}
+
+
+def test_the_reading_side_holds_few_untyped_answers() -> None:
+    """A ratchet: the JSON objects the reading side still passes untyped (a record's
+    ``to_json`` among them) stay at most this many."""
+    count = sum(rules.UNTYPED in line for name in MODULES if rules.layer(name) == "analysis"
+                for line in MODULES[name].read_text().splitlines())  # lines, as grep -c
+    assert count <= MOST_UNTYPED, count
 
 
 # ----------------------------------------------------- each rule catches a planted violation
@@ -514,3 +535,23 @@ def test_the_lifecycle_and_other_lines_are_no_second_lifecycle() -> None:
             "manifest.append(out, note_line(base, note='slow_step'))\n"
             "line = summary_line(base, capture=cid, path=p, status=s)\n")
     assert rules.lifecycle_lines(ast.parse(text)) == []
+
+
+def test_an_untyped_answer_in_the_public_api_is_caught() -> None:
+    text = ("def analyze(path: str) -> dict[str, Any]: ...\n"
+            "def scan(found: dict[str, Any]) -> Scan: ...\n"
+            "def _helper(x: dict[str, Any]) -> None: ...\n"
+            "class RunAnalysis:\n    notes: list[dict[str, Any]]\n    root: str\n"
+            "    def to_json(self) -> dict[str, Any]: ...\n"
+            "    def head(self) -> dict[str, Any]: ...\n")
+    assert rules.untyped_answers(ast.parse(text), ["analyze", "scan", "RunAnalysis"]) == [
+        "line 1: analyze returns it", "line 2: scan(found)", "line 5: RunAnalysis.notes",
+        "line 8: RunAnalysis.head returns it"]
+
+
+def test_public_names_are_found_where_they_are_defined() -> None:
+    text = ("__all__ = ['Error', 'analyze', 'RunAnalysis']\n"
+            "_LATER = {'RunAnalysis': 'answers'}\n")
+    assert rules.public_homes(ast.parse(text), "pkg") == {
+        "pkg": ["Error", "analyze"], "pkg.answers": ["RunAnalysis"]}
+

@@ -9,6 +9,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import attrs
 import jsonschema
 import pytest
 from analysis_traces import make_run, make_summarised_run
@@ -17,6 +18,7 @@ from job_env import run_cli
 from policy_engine.analysis import AnalysisError
 from policy_engine.analysis.compare import compare_runs
 from policy_engine.analysis.compare_gate import verdict
+from policy_engine.analysis.comparison import Difference, RunComparison, Then
 
 REPO = Path(__file__).resolve().parents[1]
 SCHEMA = json.loads((REPO / "schemas" / "compare.schema.json").read_text())
@@ -28,9 +30,9 @@ def _run(path: Path, world: int = 4, **shape: Any) -> str:
     return str(path)
 
 
-def _compare(base: str, new: str, **kw: Any) -> dict[str, Any]:
+def _compare(base: str, new: str, **kw: Any) -> RunComparison:
     result = compare_runs(base, new, **kw)
-    jsonschema.validate(result, SCHEMA)
+    jsonschema.validate(result.to_json(), SCHEMA)
     return result
 
 
@@ -38,39 +40,39 @@ def test_more_compute_is_slower_and_the_change_is_compute(tmp_path: Path) -> Non
     base = _run(tmp_path / "base")
     new = _run(tmp_path / "new", compute_us=8000.0)
     result = _compare(base, new)
-    (w,) = result["windows"]
-    assert w["comparable"] and w["differences"] == []
-    assert w["verdict"] == "slower" and w["test"]["p"] < 0.005
+    (w,) = result.windows
+    assert w.comparable and w.differences == ()
+    assert w.verdict == "slower" and w.test.p < 0.005
     # the sample is the step (4 ranks' n-th step counted once), less the capture's first
-    assert (w["test"]["base_steps"], w["test"]["new_steps"]) == (9, 9)
-    parts, change = w["parts"], w["step_time"]["change_us"]
+    assert (w.test.base_steps, w.test.new_steps) == (9, 9)
+    parts, change = w.parts, w.step_time.change_us
     assert sum(parts.values()) == pytest.approx(change, abs=0.01)
     assert parts["compute_us"] == pytest.approx(change, rel=0.05)  # all of it is compute
-    assert w["regions"][0]["name"] == "update_actor" and w["regions"][0]["change_us"] > 0
-    grown = [o for o in w["operators"] if o["change_us"] > 0]
-    assert grown[0]["cat"] == "kernel" and "gemm" in grown[0]["name"]
-    assert "aten::linear" in [o["name"] for o in grown]
-    assert w["straggler"] == {"base": None, "new": None, "changed": False}
-    back = _compare(new, base)["windows"][0]
-    assert back["verdict"] == "faster" and back["parts"]["compute_us"] < 0
+    assert w.regions[0].name == "update_actor" and w.regions[0].change_us > 0
+    grown = [o for o in w.operators if o.change_us > 0]
+    assert grown[0].cat == "kernel" and "gemm" in grown[0].name
+    assert "aten::linear" in [o.name for o in grown]
+    assert w.straggler == Then(None, None, False)
+    back = _compare(new, base).windows[0]
+    assert back.verdict == "faster" and back.parts["compute_us"] < 0
 
 
 def test_the_same_run_twice_is_no_change(tmp_path: Path) -> None:
     base, new = _run(tmp_path / "a"), _run(tmp_path / "b")
-    (w,) = _compare(base, new)["windows"]
-    assert w["verdict"] == "no change" and w["step_time"]["change_us"] == 0
-    assert all(v == 0 for v in w["parts"].values())
+    (w,) = _compare(base, new).windows
+    assert w.verdict == "no change" and w.step_time.change_us == 0
+    assert all(v == 0 for v in w.parts.values())
 
 
 def test_a_slow_rank_added_is_the_straggler_change(tmp_path: Path) -> None:
     base = _run(tmp_path / "base")
     new = _run(tmp_path / "new", slow=2, extra_us=3000.0)
-    (w,) = _compare(base, new)["windows"]
-    assert w["straggler"] == {"base": None, "new": 2, "changed": True}
-    assert w["verdict"] == "slower"
-    assert w["ranks"][0]["change_us"] > 0
+    (w,) = _compare(base, new).windows
+    assert w.straggler == Then(None, 2, True)
+    assert w.verdict == "slower"
+    assert w.ranks[0].change_us > 0
     # the others wait for rank 2: the change is mostly exposed communication
-    assert w["parts"]["exposed_comm_us"] > w["parts"]["compute_us"] > 0
+    assert w.parts["exposed_comm_us"] > w.parts["compute_us"] > 0
 
 
 @pytest.mark.parametrize(("base_shape", "new_shape", "what"), [
@@ -81,10 +83,10 @@ def test_runs_that_differ_get_no_verdict(tmp_path: Path, base_shape: dict[str, A
                                          new_shape: dict[str, Any], what: str) -> None:
     base = _run(tmp_path / "base", **base_shape)
     new = _run(tmp_path / "new", **new_shape)
-    (w,) = _compare(base, new)["windows"]
-    assert not w["comparable"] and w["verdict"] is None
-    assert [d["what"] for d in w["differences"] if d["blocks"]] == [what]
-    assert w["why"].startswith("not compared: ")
+    (w,) = _compare(base, new).windows
+    assert not w.comparable and w.verdict is None
+    assert [d.what for d in w.differences if d.blocks] == [what]
+    assert w.why.startswith("not compared: ")
     text = run_cli("compare", base, new, cwd=tmp_path, timeout=120)
     assert text.returncode == 0 and "differs: " in text.stdout and "verdict: none" in text.stdout
 
@@ -95,14 +97,14 @@ def test_windows_pair_in_order_or_by_the_steps_named(tmp_path: Path) -> None:
     new = str(tmp_path / "new")
     make_run(new, 4, windows=3, **{**SHAPE, "compute_us": 8000.0})
     result = _compare(base, new)
-    assert [(w["base"]["steps"], w["new"]["steps"]) for w in result["windows"]] \
-        == [([1], [1]), ([2], [2])]
-    assert result["unmatched"] == {"base": [], "new": ["trainer, step 3, cycle 0"]}
+    assert [(w.base.steps, w.new.steps) for w in result.windows] \
+        == [((1,), (1,)), ((2,), (2,))]
+    assert result.unmatched == {"base": (), "new": ("trainer, step 3, cycle 0",)}
     # each run's windows are alike: no drift between them, and the change stands
-    assert [(w["test"]["drift"], w["verdict"]) for w in result["windows"]] \
+    assert [(w.test.drift, w.verdict) for w in result.windows] \
         == [(0.0, "slower"), (0.0, "slower")]
-    (w,) = _compare(base, new, steps=(2, 3))["windows"]
-    assert (w["base"]["steps"], w["new"]["steps"]) == ([2], [3])
+    (w,) = _compare(base, new, steps=(2, 3)).windows
+    assert (w.base.steps, w.new.steps) == ((2,), (3,))
     with pytest.raises(AnalysisError, match=r"^NEW: no capture window covers step 9"):
         compare_runs(base, new, steps=(1, 9))
     done = run_cli("compare", base, new, "--step", "1:x", cwd=tmp_path, timeout=120)
@@ -114,8 +116,8 @@ def test_runs_kept_as_summaries_only_are_compared(tmp_path: Path) -> None:
     make_summarised_run(str(base), 64, steps=10, ops=20, gpu=True, extra_us=0.0)
     make_summarised_run(str(new), 64, slow=5, steps=10, ops=20, gpu=True, extra_us=4000.0)
     assert not list(base.rglob("*.pt.trace.json*"))
-    (w,) = _compare(str(base), str(new))["windows"]
-    assert w["straggler"]["new"] == 5 and w["verdict"] == "slower"
+    (w,) = _compare(str(base), str(new)).windows
+    assert w.straggler.new == 5 and w.verdict == "slower"
 
 
 def test_nothing_to_pair_is_an_error_naming_the_runs(tmp_path: Path) -> None:
@@ -157,14 +159,14 @@ def test_from_a_median_step_of_zero_a_change_is_said_in_milliseconds(tmp_path: P
                 event["dur"] = 0.0
         trace.write_bytes(gzip.compress(json.dumps(doc).encode()))
     new = _run(tmp_path / "new", gpu=False)
-    (w,) = _compare(base, new)["windows"]
-    assert w["step_time"]["base_median_us"] == 0 and w["step_time"]["new_median_us"] > 5000
-    assert w["verdict"] == "slower"
-    assert w["why"].startswith("median step time 0.000 -> 5.3 ms (from a median step of 0: "
+    (w,) = _compare(base, new).windows
+    assert w.step_time.base_median_us == 0 and w.step_time.new_median_us > 5000
+    assert w.verdict == "slower"
+    assert w.why.startswith("median step time 0.000 -> 5.3 ms (from a median step of 0: "
                                "no percentage) (p = ")
     text = run_cli("compare", base, new, cwd=tmp_path, timeout=120).stdout
     assert "verdict: slower" in text and "%" not in text.split("verdict:")[1].split("\n")[1]
-    assert verdict([0.0] * 9, [0.0] * 9)["verdict"] == "no change"
+    assert verdict([0.0] * 9, [0.0] * 9).verdict == "no change"
 
 
 def test_region_rows_are_over_the_whole_capture_and_say_so(tmp_path: Path) -> None:
@@ -180,10 +182,10 @@ def test_region_rows_are_over_the_whole_capture_and_say_so(tmp_path: Path) -> No
         first = next(e for e in doc["traceEvents"] if e.get("name") == "update_actor")
         first["dur"] += 45_000.0
         trace.write_bytes(gzip.compress(json.dumps(doc).encode()))
-    (w,) = _compare(base, new)["windows"]
-    assert w["verdict"] == "no change" and w["step_time"]["change_us"] == 0
-    (row,) = [r for r in w["regions"] if r["name"] == "update_actor"]
-    assert row["change_us"] == pytest.approx(4500.0)
+    (w,) = _compare(base, new).windows
+    assert w.verdict == "no change" and w.step_time.change_us == 0
+    (row,) = [r for r in w.regions if r.name == "update_actor"]
+    assert row.change_us == pytest.approx(4500.0)
     text = run_cli("compare", base, new, cwd=tmp_path, timeout=120).stdout
     assert "  regions that moved most (ms per step, over the whole capture: its first step " \
            "included):\n    update_actor: " in text
@@ -227,22 +229,21 @@ def test_compare_tells_policies_apart_by_their_digest_less_output_dir(tmp_path: 
     base, new = _run(tmp_path / "base"), _run(tmp_path / "new")
     _stamp(base, policy_hash="a1", policy_content_hash="c1")
     _stamp(new, policy_hash="b2", policy_content_hash="c1")
-    (w,) = _compare(base, new)["windows"]
-    assert w["differences"] == [] and w["verdict"] == "no change"
+    (w,) = _compare(base, new).windows
+    assert w.differences == () and w.verdict == "no change"
     _stamp(new, policy_hash="b2", policy_content_hash="c2")
-    (w,) = _compare(base, new)["windows"]
-    assert w["differences"] == [{"what": "policy", "base": ["c1"], "new": ["c2"],
-                                 "blocks": False,
-                                 "message": "policy differs (compared all the same)"}]
+    (w,) = _compare(base, new).windows
+    assert w.differences == (Difference("policy", ["c1"], ["c2"], False,
+                                        "policy differs (compared all the same)"),)
     # a run recorded before the digest less output_dir: the whole digests, and it says why
     old = _run(tmp_path / "old")
     _stamp(old, policy_hash="a0")
-    (w,) = _compare(old, new)["windows"]
-    assert w["differences"] == [{
-        "what": "policy", "base": ["a0"], "new": ["b2"], "blocks": False,
-        "message": "policy differs (compared all the same; the base run's manifests hold "
-                   "only the policy's whole digest, output_dir included: runs into two "
-                   "folders differ by it alone)"}]
+    (w,) = _compare(old, new).windows
+    assert w.differences == (Difference(
+        "policy", ["a0"], ["b2"], False,
+        "policy differs (compared all the same; the base run's manifests hold only the "
+        "policy's whole digest, output_dir included: runs into two folders differ by it "
+        "alone)"),)
 
 
 def test_an_inconclusive_window_shows_what_would_decide(tmp_path: Path) -> None:
@@ -254,17 +255,19 @@ def test_an_inconclusive_window_shows_what_would_decide(tmp_path: Path) -> None:
     from policy_engine.analysis.compare_text import render
 
     result = _compare(_run(tmp_path / "base"), _run(tmp_path / "new"))
-    (w,) = result["windows"]
-    w.update(verdict(_steps(7, 30.0, 0.08), _steps(7, 34.5, 0.08)))
-    jsonschema.validate(result, SCHEMA)
-    t = w["test"]
-    assert w["verdict"] == "inconclusive" and t["decide_steps"] is not None
+    said = verdict(_steps(7, 30.0, 0.08), _steps(7, 34.5, 0.08))
+    (w,) = result.windows
+    w = attrs.evolve(w, verdict=said.verdict, why=said.why, test=said.test)
+    result = attrs.evolve(result, windows=(w,))
+    jsonschema.validate(result.to_json(), SCHEMA)
+    t = w.test
+    assert w.verdict == "inconclusive" and t is not None and t.decide_steps is not None
     html = window_html(w)
     assert '<span class="inconclusive">inconclusive</span>' in html
-    assert (f"<p>Median step +15.0%, p = {t['p']:.2g} (alpha 0.005), 7 and 7 steps, least "
-            f"change these steps could call: {t['detectable']:.1%}, about {t['decide_steps']} "
+    assert (f"<p>Median step +15.0%, p = {t.p:.2g} (alpha 0.005), 7 and 7 steps, least "
+            f"change these steps could call: {t.detectable:.1%}, about {t.decide_steps} "
             "steps a side would decide.</p>") in html
     text = render(result)
-    assert f"  verdict: inconclusive - median step time +15.0% (p = {t['p']:.2g}, 7 and 7 " \
+    assert f"  verdict: inconclusive - median step time +15.0% (p = {t.p:.2g}, 7 and 7 " \
            "steps; " in text
-    assert f"about {t['decide_steps']} steps a side would decide)\n" in text
+    assert f"about {t.decide_steps} steps a side would decide)\n" in text

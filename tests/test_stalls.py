@@ -232,3 +232,17 @@ def test_analyze_answers_a_folder_of_stall_records_alone(tmp_path: Path) -> None
     assert doc.to_json()["windows"] == []
     stalls = doc.to_json()["stalls"]
     assert stalls["episodes"][0]["collectives"][0]["ranks"] == [0, 1, 2]
+
+
+def test_a_record_in_its_step_that_names_none_is_read_beside_the_others(
+        tmp_path: Path) -> None:
+    """One record says it is in its step but names no step (null), among records at step 5:
+    the answer shows step 5 and says the episode, nothing raises."""
+    write(tmp_path, *(record(r, call=waiting(), at=frame(31, "dist.all_reduce(t)"))
+                      for r in range(3)),
+          attrs.evolve(record(3, call=returned(), at=frame(28, "time.sleep(600)")),
+                       step=None))
+    found = read_stalls(str(tmp_path))
+    assert found is not None
+    text = "\n".join(stalls_text(found.to_json()))
+    assert "== STALL at step 5 (past 5 s): 4 record(s) of 4 rank(s)" in text

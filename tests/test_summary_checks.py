@@ -206,8 +206,8 @@ def test_a_rank_with_two_traces_in_a_window_says_which_is_used(
                                           f"used ({why}); {left} is left out of every figure"]
     assert "unreadable" not in codes(w)
     assert all(s["ranks"] == 2 for s in w["step_times"])
-    (pair,) = compare_runs(str(tmp_path), str(tmp_path))["windows"]
-    assert pair["left_out"] == []  # rank 1 takes part, by the trace used
+    (pair,) = compare_runs(str(tmp_path), str(tmp_path)).windows
+    assert pair.left_out == ()  # rank 1 takes part, by the trace used
     assert main(["analyze", str(tmp_path)]) == 0
     assert f"readiness: duplicate_rank: rank 1 has 2 traces in this window: {used}" \
         in capsys.readouterr().out

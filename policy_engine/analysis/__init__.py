@@ -44,13 +44,15 @@ if TYPE_CHECKING:
         RunAnalysis,
         WindowAnalysis,
     )
+    from policy_engine.analysis.comparison import RunComparison, WindowComparison
     from policy_engine.analysis.manifests import ManifestProblem
     from policy_engine.analysis.step_figures import StepFigures
     from policy_engine.analysis.summary import summarize
+    from policy_engine.analysis.timeline import TimelineDoc
 
 __all__ = ["AnalysisError", "RankAnalysis", "RunAnalysis", "RunComparison", "RunScan",
-           "StepFigures", "WindowAnalysis", "WindowScan", "analyze", "compare", "scan",
-           "step_timeline", "summarize"]
+           "StepFigures", "WindowAnalysis", "WindowComparison", "WindowScan", "analyze",
+           "compare", "scan", "step_timeline", "summarize"]
 
 def analyze(path: str, *, role: str | None = None, step: int | None = None,
             jobs: int = 1, from_traces: bool = False) -> RunAnalysis:
@@ -64,7 +66,7 @@ def analyze(path: str, *, role: str | None = None, step: int | None = None,
 
 
 def step_timeline(path: str, *, step: int | None = None, jobs: int = 1,
-                  own_clocks: bool = False) -> dict[str, Any]:
+                  own_clocks: bool = False) -> TimelineDoc:
     """The step timeline of the run folder ``path`` (``policy-engine timeline --format
     json``: ``clock``, ``steps``, ``notes``), every training step or only ``step``;
     ``own_clocks``: each rank on its own clock, its measured offset not applied.
@@ -73,24 +75,8 @@ def step_timeline(path: str, *, step: int | None = None, jobs: int = 1,
 
     result = analyze_run(path, step=step, jobs=jobs, own_clocks=own_clocks)
     result.close()
-    return copy.deepcopy(dict(result.timeline or {}))
-
-
-@attrs.frozen
-class RunComparison:
-    """Two runs compared: one entry per pair of windows (``verdict``, ``step_time``,
-    ``parts``, ``regions``, ``operators``, ``straggler``, ``differences``: the keys of
-    ``schemas/compare.schema.json``), and the windows of either run left unmatched."""
-
-    base: str
-    new: str
-    windows: tuple[Mapping[str, Any], ...]
-    unmatched: Mapping[str, tuple[str, ...]]
-    _document: Mapping[str, Any] = attrs.field(repr=False, eq=False, alias="document")
-
-    def to_json(self) -> dict[str, Any]:
-        """The JSON document of the comparison, a fresh copy."""
-        return copy.deepcopy(dict(self._document))
+    assert result.timeline is not None  # analyze_run lays one out
+    return copy.deepcopy(result.timeline)
 
 
 def compare(base: str, new: str, *, role: str | None = None,
@@ -101,10 +87,7 @@ def compare(base: str, new: str, *, role: str | None = None,
     AnalysisError, naming the run, when either has nothing to compare."""
     from policy_engine.analysis.compare import compare_runs
 
-    doc = compare_runs(base, new, role=role, steps=steps, jobs=jobs, from_traces=from_traces)
-    return RunComparison(base=doc["base"], new=doc["new"], windows=tuple(doc["windows"]),
-                         unmatched={k: tuple(v) for k, v in doc["unmatched"].items()},
-                         document=doc)
+    return compare_runs(base, new, role=role, steps=steps, jobs=jobs, from_traces=from_traces)
 
 
 @attrs.frozen
@@ -160,7 +143,8 @@ def scan(path: str) -> RunScan:
 
 
 _LATER = {"summarize": "summary", "RankAnalysis": "answers", "RunAnalysis": "answers",
-          "StepFigures": "step_figures", "WindowAnalysis": "answers"}
+          "StepFigures": "step_figures", "WindowAnalysis": "answers",
+          "RunComparison": "comparison", "WindowComparison": "comparison"}
 
 
 def __getattr__(name: str) -> Any:

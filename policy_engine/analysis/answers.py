@@ -17,10 +17,20 @@ from typing import IO, Any, overload
 
 import attrs
 
+from policy_engine.analysis.hta import HtaAnswer, window_answer
 from policy_engine.analysis.spool import RankView, Spool, dumps
 from policy_engine.analysis.stalls import Stalls
-from policy_engine.analysis.step_figures import StepFigures
-from policy_engine.analysis.window import Figures
+from policy_engine.analysis.step_figures import Figure, FigureRow, StepFigures
+from policy_engine.analysis.summary import RankEntry, TimelineFigure
+from policy_engine.analysis.timeline import TimelineDoc
+from policy_engine.analysis.window import (
+    Figures,
+    ReadinessNote,
+    RegionRow,
+    StepTimes,
+    Straggler,
+)
+from policy_engine.analysis.windows import Dropped, Limit, OtherTrace, WindowWhy
 
 #: The timeline of a run that laid none out (an analysis made without one).
 _NO_TIMELINE: Mapping[str, Any] = {"clock": None, "steps": [], "notes": []}
@@ -36,10 +46,10 @@ class RankAnalysis:
     error: str | None
     basis: str | None  # "gpu" (kernels) or "cpu"
     steps: tuple[StepFigures, ...]
-    total: Mapping[str, float] | None
+    total: FigureRow | None
 
     @classmethod
-    def from_doc(cls, doc: Mapping[str, Any]) -> RankAnalysis:
+    def from_doc(cls, doc: RankEntry) -> RankAnalysis:
         steps = tuple(StepFigures.from_row(row) for row in doc.get("steps") or ())
         return cls(rank=doc.get("rank"), path=doc.get("path"), status=doc.get("status"),
                    error=doc.get("error"), basis=doc.get("basis"), steps=steps,
@@ -88,22 +98,23 @@ class WindowAnalysis:
     cycle: int | None
     capture: int
     world: int | None
-    why: Mapping[str, Any] | None
-    limits: tuple[Mapping[str, Any], ...]
-    dropped: tuple[Mapping[str, Any], ...]
-    other: tuple[Mapping[str, Any], ...]
+    why: WindowWhy | None
+    limits: tuple[Limit, ...]
+    dropped: tuple[Dropped, ...]
+    other: tuple[OtherTrace, ...]
     #: each rank's JSON object (its summary, ``total``, or ``error``), in rank order
     docs: RankView = attrs.field(repr=False)
-    step_times: list[dict[str, Any]]
-    regions: list[dict[str, Any]]
-    breakdown: dict[str, Any] | None
+    step_times: list[StepTimes]
+    regions: list[RegionRow]
+    breakdown: dict[Figure, dict[str, float] | None] | None
     #: the device view across the ranks (TraceLens's gpu_timeline, each figure's spread)
-    gpu_timeline: dict[str, Any] | None
-    straggler: Mapping[str, Any] | None
-    readiness: list[dict[str, Any]]
-    #: the window's collective calls matched across its ranks (window_calls.py), or None
+    gpu_timeline: dict[TimelineFigure, dict[str, float] | None] | None
+    straggler: Straggler | None
+    readiness: list[ReadinessNote]
+    #: the window's collective calls matched across its ranks (window_calls.py's
+    #: matching_form.Matching; compare.py keeps only their means and late rank), or None
     collectives: Mapping[str, Any] | None = None
-    hta: Mapping[str, Any] | None = None
+    hta: HtaAnswer | None = None
     not_analysed: str | None = None
     #: how the window was recorded, for the comparison of two runs (``detail``)
     identity: Mapping[str, Any] | None = None
@@ -115,14 +126,14 @@ class WindowAnalysis:
         """The ranks, typed, in rank order."""
         return Ranks(self.docs)
 
-    def head(self) -> dict[str, Any]:
+    def _head(self) -> dict[str, Any]:
         out = {k: getattr(self, k) for k in HEAD}
         out["steps"] = list(self.steps)
         for k in ("limits", "dropped", "other"):
             out[k] = list(out[k])
         return out
 
-    def tail(self) -> dict[str, Any]:
+    def _tail(self) -> dict[str, Any]:
         out = {k: getattr(self, k) for k in TAIL}
         if self.not_analysed is not None:
             out["not_analysed"] = self.not_analysed
@@ -132,14 +143,14 @@ class WindowAnalysis:
 
     def to_json(self) -> dict[str, Any]:
         """The window's JSON object, its ranks read into it."""
-        return {**self.head(), "ranks": list(self.docs), **self.tail()}
+        return {**self._head(), "ranks": list(self.docs), **self._tail()}
 
     def write_json(self, out: IO[bytes]) -> None:
         """:meth:`to_json`, written as a stream: one rank at a time."""
-        out.write(dumps(self.head())[:-1] + b',"ranks":[')
+        out.write(dumps(self._head())[:-1] + b',"ranks":[')
         for i, raw in enumerate(self.docs.raw()):
             out.write(b"\n" + raw if not i else b",\n" + raw)
-        out.write(b"]," + dumps(self.tail())[1:])
+        out.write(b"]," + dumps(self._tail())[1:])
 
 
 @attrs.frozen(eq=False)
@@ -156,7 +167,7 @@ class RunAnalysis:
     stalls: Stalls | None = None
     #: every training step's phases on one clock, who waited for whom, the critical path
     #: (analysis/timeline.py)
-    timeline: Mapping[str, Any] | None = None
+    timeline: TimelineDoc | None = None
 
     def to_json(self) -> dict[str, Any]:
         """The JSON document of the analysis (its ``version`` says which), a fresh copy."""
@@ -177,6 +188,12 @@ class RunAnalysis:
                   + dumps(list(self.problems)) + b',\n"stalls":'
                   + dumps(None if self.stalls is None else self.stalls.to_json())
                   + b',\n"timeline":' + dumps(dict(self.timeline or _NO_TIMELINE)) + b"}\n")
+
+    def with_hta(self, root: str) -> RunAnalysis:
+        """This analysis with HTA's numbers in each window that holds GPU kernels (the
+        others say why not; ``root``: the folder its traces lie under)."""
+        return attrs.evolve(self, windows=tuple(
+            attrs.evolve(w, hta=window_answer(w.docs, root)) for w in self.windows))
 
     def close(self) -> None:
         """Let go of the ranks written aside (the windows' ranks cannot be read after)."""

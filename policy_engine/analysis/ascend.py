@@ -35,10 +35,9 @@ import os
 import re
 from array import array
 from bisect import bisect_right
-from collections.abc import Mapping
 from typing import Any, TypedDict
 
-from policy_engine.analysis.chrome_trace import TraceError, TraceReader
+from policy_engine.analysis.chrome_trace import TraceError, TraceEvent, TraceReader
 from policy_engine.analysis.device_view import STEP_NAME, DeviceWindow, GpuTimeline, gpu_timeline
 from policy_engine.analysis.errors import AnalysisError
 from policy_engine.analysis.intervals import Merged, Spans, bounds, intersect, length, union
@@ -70,14 +69,16 @@ class Overlap(TypedDict):
 
 
 class AscendStep(TypedDict):
+    """One ``ProfilerStep#N`` of an Ascend capture (:meth:`AscendView.result`'s ``steps``)."""
+
     step: int
     host_start_us: float
     host_end_us: float
     device_events: int
     window: DeviceWindow | None
     gpu_timeline: GpuTimeline | None
-    overlap: Overlap | None
-    lanes: Overlap | None
+    overlap: Overlap | None  # ours, from the step's tasks
+    lanes: Overlap | None  # msprof's Overlap Analysis rows in the step's window
 
 
 class AscendResult(TypedDict):
@@ -177,7 +178,7 @@ class AscendView:
         self.merged: tuple[Merged, Merged, Merged] | None = None
         self.host_steps: list[tuple[int, float, float]] = []
 
-    def event(self, e: Mapping[str, Any]) -> None:
+    def event(self, e: TraceEvent) -> None:
         """Take one event of the trace."""
         ph = e.get("ph")
         if ph == "M":
@@ -233,7 +234,7 @@ class AscendView:
         rows[2].append(kind)
         self._count += 1
 
-    def _meta(self, e: Mapping[str, Any]) -> None:
+    def _meta(self, e: TraceEvent) -> None:
         args = e.get("args")
         label = args.get("name") if isinstance(args, dict) else None
         if type(label) is not str:

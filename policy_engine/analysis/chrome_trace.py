@@ -36,7 +36,7 @@ import re
 import stat
 import zlib
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any
+from typing import Any, TypedDict
 
 _CHUNK = 1 << 20
 #: The largest single event read (in characters); a larger one makes the trace unreadable.
@@ -47,6 +47,30 @@ _WS = re.compile(r"[ \t\n\r]*")
 _GZIP_MAGIC = b"\x1f\x8b"
 _EVENTS = object()  # marks where the traceEvents array begins
 _NEAR_END = 10  # a decode error this close to the end of what is read may be data running out
+
+
+class TraceEvent(TypedDict, total=False):
+    """One event of a trace's ``traceEvents``, as :class:`TraceReader` hands it out."""
+
+    # The keys the analysis reads; any may be absent, and every value is untrusted (any
+    # JSON value): each is checked where it is used.
+
+    name: Any
+    ph: Any  # the phase: "X" a complete event, "M" metadata, "s"/"f" a flow, "i" an instant...
+    cat: Any
+    ts: Any  # start, µs on the trace's clock
+    dur: Any  # µs (complete events)
+    pid: Any
+    tid: Any
+    id: Any  # ties flows, async slices and objects together (with ``ph``)
+    bind_id: Any  # the flow a complete event binds
+    id2: Any  # an id scoped {"local": ...} or {"global": ...}
+    s: Any  # an instant's scope: "g" global, "p" process, "t" thread
+    args: Any
+
+
+#: An entry of ``traceEvents``: any JSON value; the objects are the events.
+_Entry = TraceEvent | list[Any] | str | int | float | None
 
 
 class _BadNumber(ValueError):
@@ -312,13 +336,13 @@ class TraceReader:
                 break
         return dict(self.meta)
 
-    def events(self) -> Iterator[dict[str, Any]]:
+    def events(self) -> Iterator[TraceEvent]:
         """Every object of ``traceEvents``, in order."""
         for item in self._walk:
             if item is not _EVENTS:
                 yield item
 
-    def _entries(self, items: Iterable[Any]) -> Iterator[dict[str, Any]]:
+    def _entries(self, items: Iterable[_Entry]) -> Iterator[TraceEvent]:
         """Entries of traceEvents, counted (past ``max_events``: TooManyEvents); those
         that are no object are counted in ``not_objects`` and left out."""
         for item in items:

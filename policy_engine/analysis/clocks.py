@@ -14,7 +14,7 @@ by the hosts' clock difference.
 from __future__ import annotations
 
 from collections import deque
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypedDict, cast
 
 from policy_engine.analysis.format import rank_spans
 from policy_engine.errors import is_int
@@ -40,6 +40,38 @@ class Offset(NamedTuple):
 
 
 NONE = Offset(0.0, 0.0, None)
+
+
+class ClockReference(TypedDict):
+    """A reference some ranks measured against (``ClockStatus.references``)."""
+
+    process: str  # the reference's ``host:pid``
+    ranks: str  # rank spans, "0-3,8"
+
+
+class ClockFailure(TypedDict):
+    """A rank whose clock could not be measured, and why (``ClockStatus.failed``)."""
+
+    rank: int
+    error: str
+
+
+class _ClockBase(TypedDict):
+    """What every clock status says (made by :meth:`Clocks.status`)."""
+
+    basis: str  # "measured", "partial", "none"; "own": offsets not applied (timeline)
+    reference: int | None  # the rank whose clock the times are on
+    channel: list[str]  # the job channels the ranks measured through
+    unmeasured: str  # rank spans of the ranks without a reading
+    text: str
+
+
+class ClockStatus(_ClockBase, total=False):
+    """What the clock of a set of ranks rests on (made by :meth:`Clocks.status`)."""
+
+    uncertainty_us: float  # the worst reading's; absent when no rank measured one
+    references: list[ClockReference]  # several references (two stores, two rank 0s)
+    failed: list[ClockFailure]
 
 
 class _Rank:
@@ -114,7 +146,7 @@ class Clocks:
                 found[rank] = (reading.offset_us, reading.uncertainty_us)
         return found
 
-    def status(self, ranks: Any) -> dict[str, Any]:
+    def status(self, ranks: Any) -> ClockStatus:
         """What the clock of ``ranks`` (those a figure lays on one axis) rests on: every
         rank measured, some, or none, and the words that say so."""
         ranks = sorted({r for r in ranks if isinstance(r, int)})
@@ -122,9 +154,10 @@ class Clocks:
         missing = [r for r in ranks if r not in self.ranks]
         reference = 0 if self.reference is None else self.reference
         basis = "none" if not measured else "partial" if missing else "measured"
-        out: dict[str, Any] = {"basis": basis, "reference": reference,
-                               "channel": sorted(self.channels),
-                               "unmeasured": rank_spans(missing, sep=",", empty="")}
+        # its text is added below on either branch (after uncertainty_us, in that order)
+        out = cast(ClockStatus, {"basis": basis, "reference": reference,
+                                 "channel": sorted(self.channels),
+                                 "unmeasured": rank_spans(missing, sep=",", empty="")})
         if basis == "none":
             out["text"] = ("no rank measured its clock (no job channel: the c10d store or "
                            "the Ray actor): offsets are 0, each rank's times are its own "

@@ -31,7 +31,7 @@ import math
 import re
 from array import array
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import Any, TypedDict
 
 #: A summary lists at most this many calls one by one; the rest are folded per
 #: (group, name, bytes). 4,096 calls take about 250 KB of JSON, well inside the 1 MiB a
@@ -142,6 +142,48 @@ def runs_ranks(runs: Iterable[Sequence[int]]) -> list[int]:
     return [first + k * stride for first, stride, count in runs for k in range(count)]
 
 
+# -- the record ------------------------------------------------------------------------
+
+class GroupRecord(TypedDict):
+    """A process group in the record (:meth:`Group.to_json`)."""
+
+    name: str | None  # None: unknown
+    desc: str
+    size: int | None
+    ranks: list[list[int]] | None  # runs [first, stride, count]; None: unknown
+
+
+class CallColumns(TypedDict):
+    """The record's calls, a list per figure (made by :meth:`CallTable.to_json`)."""
+
+    group: list[int]  # index into ``groups``
+    number: list[int]
+    name: list[int]  # index into ``names``
+    dtype: list[int]  # index into ``dtypes``
+    bytes: list[int]
+    issue: list[float | None]  # µs after base_us, as start and end; None: unknown
+    start: list[float]
+    end: list[float]
+
+
+class CollectiveRecord(TypedDict):
+    """One rank's collective calls as its summary holds them, made by :meth:`CallTable.to_json`."""
+
+    source: str | None
+    clock: str  # what start and end measure: "device" or "host"
+    numbered: str  # where each call's number comes from: "seq" or "order"
+    base_us: float
+    groups: list[GroupRecord]
+    names: list[str]
+    dtypes: list[str]
+    calls: CallColumns
+    folded: list[list[float]]  # past the cap: [group, name, bytes, calls, µs]
+    total: int
+    p2p: int
+    capped: bool
+    problems: list[str]
+
+
 # -- the record in memory ---------------------------------------------------------------
 
 class Group:
@@ -154,7 +196,7 @@ class Group:
                  runs: list[list[int]] | None = None) -> None:
         self.name, self.desc, self.size, self.runs = name, desc, size, runs
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> GroupRecord:
         return {"name": self.name, "desc": self.desc, "size": self.size, "ranks": self.runs}
 
 
@@ -197,7 +239,7 @@ class CallTable:
                                             for t in getattr(self, name))))
         self.base = base
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> CollectiveRecord:
         """The record (module docstring)."""
         return {
             "source": self.source, "clock": self.clock, "numbered": self.numbered,

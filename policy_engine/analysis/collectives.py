@@ -40,6 +40,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from policy_engine.analysis.chrome_trace import TraceEvent
 from policy_engine.analysis.collective_form import (
     MAX_CALLS,
     MAX_FOLDED,
@@ -50,6 +51,7 @@ from policy_engine.analysis.collective_form import (
     MAX_TEXT,
     P2P,
     CallTable,
+    CollectiveRecord,
     Group,
     dtype_bytes,
     normal_name,
@@ -142,7 +144,7 @@ class Collectives:
         self.p2p = 0
 
     # -- the stream -----------------------------------------------------------------
-    def event(self, e: dict[str, Any]) -> None:
+    def event(self, e: TraceEvent) -> None:
         ph = e.get("ph")
         if ph == "M":
             self._meta_event(e)
@@ -184,7 +186,7 @@ class Collectives:
         else:
             self.seen += 1
 
-    def _meta_event(self, e: dict[str, Any]) -> None:
+    def _meta_event(self, e: TraceEvent) -> None:
         args = e.get("args")
         if e.get("name") == "thread_name" and isinstance(args, dict) \
                 and len(self.threads) < MAX_KINDS:
@@ -226,7 +228,7 @@ class Collectives:
             self.params[ext] = (ts, self._group_key(args), _int(args.get("Seq")), kind,
                                 dtype, size)
 
-    def _hccl(self, e: dict[str, Any], name: str, ts: float, end: float,
+    def _hccl(self, e: TraceEvent, name: str, ts: float, end: float,
               args: Mapping[str, Any]) -> None:
         thread = self.threads.get((e.get("pid"), e.get("tid")), "")
         found = _GROUP_THREAD.match(thread)
@@ -240,7 +242,7 @@ class Collectives:
         self._held(self.hccl, (group, kind, dtype, size, ts, end))
 
     # -- the record -----------------------------------------------------------------
-    def result(self, meta: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    def result(self, meta: Mapping[str, Any] | None = None) -> CollectiveRecord:
         """The record (collective_form.py) of what the events held; ``meta``: the trace's
         top-level keys other than its events (the runtime's notes, the process groups
         torch lists in ``distributedInfo``, ``baseTimeNanoseconds``)."""

@@ -39,12 +39,28 @@ from __future__ import annotations
 import os
 import statistics
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, Literal
 
 import attrs
 
 from policy_engine.analysis.answers import WindowAnalysis
 from policy_engine.analysis.compare_gate import told_apart, verdict
+from policy_engine.analysis.comparison import (
+    CALLS,
+    Called,
+    CallsChanged,
+    Difference,
+    Figure,
+    LeftOut,
+    Moved,
+    OperatorMoved,
+    RankMoved,
+    RunComparison,
+    Side,
+    StepTime,
+    Then,
+    WindowComparison,
+)
 from policy_engine.analysis.errors import AnalysisError
 from policy_engine.analysis.run import analyze_run
 from policy_engine.errors import printable
@@ -71,25 +87,24 @@ def _compared(window: WindowAnalysis) -> Any:
     return window.figures.compared
 
 
-def _left_out(window: WindowAnalysis, run: str) -> list[dict[str, Any]]:
+def _left_out(window: WindowAnalysis, run: Literal["base", "new"]) -> list[LeftOut]:
     """The ranks of ``window`` that take no part in the comparison, and why: a trace that
     cannot be read or holds no step, or a rank that records the role and has no trace
     here (the window's ``ranks_missing``)."""
     assert window.figures is not None
     figures = window.figures
-    out = [{"run": run, "rank": rank, "why": why}
-           for why, ranks in figures.unreadable.items() for rank in ranks]
-    out += [{"run": run, "rank": rank, "why": "its trace holds no step"}
-            for rank in _compared(window).no_steps]
-    said = {x["rank"] for x in out} | set(figures.ranks)
+    out = [LeftOut(run, rank, why) for why, ranks in figures.unreadable.items()
+           for rank in ranks]
+    out += [LeftOut(run, rank, "its trace holds no step") for rank in _compared(window).no_steps]
+    said = {x.rank for x in out} | set(figures.ranks)
     failed = {d["rank"]: d["why"] for d in window.dropped
               if d.get("backend") in (None, "torch")}
     for warning in window.readiness:
         if warning["code"] == "ranks_missing":
-            out += [{"run": run, "rank": rank, "why": f"no trace: {failed[rank]}"
-                     if rank in failed else "no trace in this window (the rank records this "
-                     "role in others)"} for rank in warning["ranks"] if rank not in said]
-    out.sort(key=lambda x: (not isinstance(x["rank"], int), x["rank"] or 0))
+            out += [LeftOut(run, rank, f"no trace: {failed[rank]}" if rank in failed
+                            else "no trace in this window (the rank records this role in "
+                            "others)") for rank in warning["ranks"] if rank not in said]
+    out.sort(key=lambda x: (not isinstance(x.rank, int), x.rank or 0))
     return out
 
 
@@ -98,27 +113,25 @@ def _samples(window: WindowAnalysis) -> list[float]:
     return list(_compared(window).samples())
 
 
-def _moved(base: dict[tuple[str, str], float], new: dict[tuple[str, str], float],
-           kind: str) -> list[dict[str, Any]]:
+def _moved(base: dict[tuple[str, str], float], new: dict[tuple[str, str], float]
+           ) -> list[tuple[tuple[str, str], float | None, float | None, float]]:
+    """The names (with their category) whose time per step moved most: each one's time
+    then and now (None: not seen in that run) and the change, the largest first."""
     rows = []
     for key in base.keys() | new.keys():
         b, n = base.get(key), new.get(key)
-        row: dict[str, Any] = {"name": key[0], "base_us": None if b is None else _r(b),
-               "new_us": None if n is None else _r(n), "change_us": _r((n or 0.0) - (b or 0.0))}
-        if kind == "ops":
-            row["cat"] = key[1]
-        rows.append(row)
-    rows.sort(key=lambda row: (-abs(row["change_us"]), row["name"]))
+        rows.append((key, None if b is None else _r(b), None if n is None else _r(n),
+                     _r((n or 0.0) - (b or 0.0))))
+    rows.sort(key=lambda row: (-abs(row[3]), row[0][0]))
     return rows[:TOP]
 
 
-def _differences(base: WindowAnalysis, new: WindowAnalysis) -> list[dict[str, Any]]:
+def _differences(base: WindowAnalysis, new: WindowAnalysis) -> list[Difference]:
     out = []
 
     def say(what: str, b: Any, n: Any, message: str) -> None:
         if b != n:
-            out.append({"what": what, "base": b, "new": n, "blocks": what in BLOCKING,
-                        "message": message})
+            out.append(Difference(what, b, n, what in BLOCKING, message))
 
     say("world", base.world, new.world,
         f"world size {base.world} -> {new.world}: the ranks do different work")
@@ -133,14 +146,13 @@ def _differences(base: WindowAnalysis, new: WindowAnalysis) -> list[dict[str, An
                               ("torch", "torch version", False)):
         b, n = bi.get(key), ni.get(key)
         if b is not None and n is not None and b != n:
-            out.append({"what": key, "base": b, "new": n, "blocks": blocks,
-                        "message": f"{word} differs" + ("" if blocks else
-                                                         " (compared all the same)")})
+            out.append(Difference(key, b, n, blocks, f"{word} differs"
+                                  + ("" if blocks else " (compared all the same)")))
     out += _policy(bi, ni)
     return out
 
 
-def _policy(bi: Mapping[str, Any], ni: Mapping[str, Any]) -> list[dict[str, Any]]:
+def _policy(bi: Mapping[str, Any], ni: Mapping[str, Any]) -> list[Difference]:
     """The policies, by their digest less ``output_dir`` (one policy run into two folders
     is one policy); by the whole digest where a run's manifests hold only that (written
     before the other existed), and then the message says a folder alone would differ."""
@@ -153,8 +165,7 @@ def _policy(bi: Mapping[str, Any], ni: Mapping[str, Any]) -> list[dict[str, Any]
     why = "" if not older else (
         f"; the {' and '.join(older)} run's manifests hold only the policy's whole digest, "
         "output_dir included: runs into two folders differ by it alone")
-    return [{"what": "policy", "base": b, "new": n, "blocks": False,
-             "message": f"policy differs (compared all the same{why})"}]
+    return [Difference("policy", b, n, False, f"policy differs (compared all the same{why})")]
 
 
 def _straggler(window: WindowAnalysis) -> int | None:
@@ -171,46 +182,48 @@ def drift(windows: Sequence[WindowAnalysis]) -> float | None:
     return (max(medians) - min(medians)) / min(medians)
 
 
-def agree(pairs: Sequence[dict[str, Any]],
-          steps: Sequence[tuple[Sequence[float], Sequence[float]] | None]) -> None:
-    """Hold the verdicts of one role and region's windows to each other: a code change
-    shows in every window that runs the code, while a machine busy for a while slows the
-    windows it overlaps and not the others. A window called ``slower`` or ``faster`` by a
-    change ``c`` becomes ``inconclusive`` where the steps of another window (``steps``: each
-    pair's base and new step times, None where it has none to compare) tell their own change
-    apart from ``c`` (:func:`~policy_engine.analysis.compare_gate.told_apart`). A window
-    whose steps cannot rule ``c`` out does not vote: an undecided window never turns a clear
-    one, and nothing turns one into ``no change``. Sets ``test.agree`` on each window called
-    slower or faster."""
-    calls = [i for i, p in enumerate(pairs) if p.get("verdict") in ("slower", "faster")
-             and p.get("test") and p["test"]["change"] is not None]
+def agree(group: str, windows: Sequence[tuple[str, Called]],
+          steps: Sequence[tuple[Sequence[float], Sequence[float]] | None]) -> list[Called]:
+    """Hold the verdicts of one role and region's windows (``group``; ``windows``: each
+    one's title and verdict) to each other: a code change shows in every window that runs
+    the code, while a machine busy for a while slows the windows it overlaps and not the
+    others. A window called ``slower`` or ``faster`` by a change ``c`` becomes
+    ``inconclusive`` where the steps of another window (``steps``: each window's base and
+    new step times, None where it has none to compare) tell their own change apart from
+    ``c`` (:func:`~policy_engine.analysis.compare_gate.told_apart`). A window whose steps
+    cannot rule ``c`` out does not vote: an undecided window never turns a clear one, and
+    nothing turns one into ``no change``. The verdicts, each called slower or faster with
+    its test's ``agree`` said."""
+    said = [c for _title, c in windows]
+    calls = [i for i, c in enumerate(said) if c.verdict in CALLS and c.test is not None
+             and c.test.change is not None]
     if not calls:
-        return
-    told = [None if s is None or pairs[i].get("verdict") is None else told_apart(*s)
+        return said
+    told = [None if s is None or said[i].verdict is None else told_apart(*s)
             for i, s in enumerate(steps)]
+    out = list(said)
     for i in calls:
-        p = pairs[i]
-        c = p["test"]["change"]
+        c = said[i]
+        assert c.test is not None and c.test.change is not None
+        change = c.test.change
         against = [j for j, t in enumerate(told)
-                   if j != i and t is not None and (c > t[0] if c > 0 else c < t[1])]
-        p["test"]["agree"] = not against
+                   if j != i and t is not None and (change > t[0] if change > 0
+                                                    else change < t[1])]
+        test = attrs.evolve(c.test, agree=not against)
         if not against:
+            out[i] = attrs.evolve(c, test=test)
             continue
-        group = p["role"] + ("" if p["region"] is None else "/" + p["region"])
-        others = ", ".join(f"{_title(pairs[j])} ({_change(pairs[j])})" for j in against)
-        p["why"] = (f"{p['why'].removesuffix(')')}; in this window only: the steps of "
-                    f"{others} of {group} tell their change apart from this one: a machine "
-                    "busy during some windows, or a change in some steps only; a change of "
-                    "the code shows in every window that runs it)")
-        p["verdict"] = "inconclusive"
+        others = ", ".join(f"{windows[j][0]} ({_change(said[j])})" for j in against)
+        out[i] = Called("inconclusive", f"{c.why.removesuffix(')')}; in this window only: "
+                        f"the steps of {others} of {group} tell their change apart from "
+                        "this one: a machine busy during some windows, or a change in some "
+                        "steps only; a change of the code shows in every window that runs "
+                        "it)", test)
+    return out
 
 
-def _title(p: dict[str, Any]) -> str:
-    return str(p["base"]["title"]) if isinstance(p.get("base"), dict) else "?"
-
-
-def _change(p: dict[str, Any]) -> str:
-    change = (p.get("test") or {}).get("change")
+def _change(c: Called) -> str:
+    change = None if c.test is None else c.test.change
     return "no share" if change is None else f"{change:+.1%}"
 
 
@@ -239,72 +252,69 @@ def _light(window: WindowAnalysis) -> WindowAnalysis:
     return attrs.evolve(window, collectives={"means": means, "late": calls.get("late")})
 
 
-def _calls(base: WindowAnalysis, new: WindowAnalysis) -> dict[str, Any] | None:
+def _calls(base: WindowAnalysis, new: WindowAnalysis) -> CallsChanged | None:
     """How the window's collective calls changed: the ranks' wait for the last arrival and
     the transfer, per step (their mean over the ranks), and the late rank then and now;
     None where neither run matched a call."""
     if not (base.collectives or new.collectives):
         return None
-    out: dict[str, Any] = {}
-    for key, name in (("wait_per_step_us", "wait_us"),
-                      ("transfer_per_step_us", "transfer_us")):
+
+    def figure(key: str) -> Figure:
         b, n = _per_step(base, key), _per_step(new, key)
-        out[name] = {"base": None if b is None else _r(b), "new": None if n is None
-                     else _r(n), "change": None if b is None or n is None else _r(n - b)}
+        return Figure(None if b is None else _r(b), None if n is None else _r(n),
+                      None if b is None or n is None else _r(n - b))
+
     late = [((w.collectives or {}).get("late") or {}).get("rank") for w in (base, new)]
-    out["late_rank"] = {"base": late[0], "new": late[1], "changed": late[0] != late[1]}
-    return out
+    return CallsChanged(wait_us=figure("wait_per_step_us"),
+                        transfer_us=figure("transfer_per_step_us"),
+                        late_rank=Then(late[0], late[1], late[0] != late[1]))
+
+
+def _side_of(w: WindowAnalysis) -> Side:
+    return Side(w.title, tuple(w.steps), w.cycle, w.capture)
 
 
 def pair(base: WindowAnalysis, new: WindowAnalysis,
-         spread: float | None = None) -> dict[str, Any]:
+         spread: float | None = None) -> WindowComparison:
     """The comparison of one window of the base run with one of the new run (windows as
     :func:`~policy_engine.analysis.run.analyze_run` returns them, with ``detail``)."""
     cb, cn = _compared(base), _compared(new)
-    differences = _differences(base, new)
-    sb, sn = cb.samples(), cn.samples()
-    mb, mn = cb.means(), cn.means()
-    out: dict[str, Any] = {
-        "role": base.role, "region": base.region,
-        "base": {"title": base.title, "steps": list(base.steps), "cycle": base.cycle,
-                 "capture": base.capture},
-        "new": {"title": new.title, "steps": list(new.steps), "cycle": new.cycle,
-                "capture": new.capture},
-        "differences": differences,
-        "left_out": _left_out(base, "base") + _left_out(new, "new"),
-        "comparable": not any(d["blocks"] for d in differences) and bool(cb.ranks
-                                                                         and cn.ranks),
-        "step_time": None, "parts": None, "ranks": [], "regions": [], "operators": [],
-        "straggler": {"base": _straggler(base), "new": _straggler(new),
-                      "changed": _straggler(base) != _straggler(new)},
-        "collectives": _calls(base, new),
-    }
-    if not (cb.ranks and cn.ranks):
-        side = "base" if not cb.ranks else "new"
-        out.update(verdict=None, why=f"the {side} run has no readable step in this window",
-                   test=None)
-        return out
-    out["step_time"] = {"base_median_us": _r(statistics.median(sb)),
-                        "new_median_us": _r(statistics.median(sn)),
-                        "base_mean_us": _r(mb["span_us"]), "new_mean_us": _r(mn["span_us"]),
-                        "change_us": _r(mn["span_us"] - mb["span_us"])}
-    out["parts"] = {key: _r(mn[key] - mb[key]) for key, _ in PARTS}
-    ranks = []
-    for rank, b in cb.rank_means.items():
-        n = cn.rank_means.get(rank)
-        if n is not None:
-            ranks.append({"rank": rank, "base_us": _r(b), "new_us": _r(n),
-                          "change_us": _r(n - b)})
-    ranks.sort(key=lambda row: (-abs(row["change_us"]), str(row["rank"])))
-    out["ranks"] = ranks[:TOP]
-    out["regions"] = _moved(cb.per_step(cb.regions), cn.per_step(cn.regions), "regions")
-    out["operators"] = _moved(cb.per_step(cb.ops), cn.per_step(cn.ops), "ops")
-    if out["comparable"]:
-        out.update(verdict(sb, sn, spread))
+    differences = tuple(_differences(base, new))
+    both = bool(cb.ranks and cn.ranks)
+    comparable = not any(d.blocks for d in differences) and both
+    step_time, parts, ranks = None, None, []
+    regions: tuple[Moved, ...] = ()
+    operators: tuple[OperatorMoved, ...] = ()
+    if not both:
+        said = Called(None, f"the {'base' if not cb.ranks else 'new'} run has no readable "
+                      "step in this window", None)
     else:
-        out.update(verdict=None, test=None, why="not compared: " + "; ".join(
-            d["message"] for d in differences if d["blocks"]))
-    return out
+        sb, sn = cb.samples(), cn.samples()
+        mb, mn = cb.means(), cn.means()
+        step_time = StepTime(_r(statistics.median(sb)), _r(statistics.median(sn)),
+                             _r(mb["span_us"]), _r(mn["span_us"]),
+                             _r(mn["span_us"] - mb["span_us"]))
+        parts = {key: _r(mn[key] - mb[key]) for key, _ in PARTS}
+        for rank, b in cb.rank_means.items():
+            n = cn.rank_means.get(rank)
+            if n is not None:
+                ranks.append(RankMoved(rank, _r(b), _r(n), _r(n - b)))
+        ranks.sort(key=lambda row: (-abs(row.change_us), str(row.rank)))
+        regions = tuple(Moved(key[0], b, n, c) for key, b, n, c
+                        in _moved(cb.per_step(cb.regions), cn.per_step(cn.regions)))
+        operators = tuple(OperatorMoved(key[0], b, n, c, cat=key[1]) for key, b, n, c
+                          in _moved(cb.per_step(cb.ops), cn.per_step(cn.ops)))
+        blocking = "; ".join(d.message for d in differences if d.blocks)
+        said = verdict(sb, sn, spread) if comparable else \
+            Called(None, f"not compared: {blocking}", None)
+    return WindowComparison(
+        role=base.role, region=base.region, base=_side_of(base), new=_side_of(new),
+        differences=differences,
+        left_out=(*_left_out(base, "base"), *_left_out(new, "new")), comparable=comparable,
+        step_time=step_time, parts=parts, ranks=tuple(ranks[:TOP]), regions=regions,
+        operators=operators,
+        straggler=Then(_straggler(base), _straggler(new), _straggler(base) != _straggler(new)),
+        collectives=_calls(base, new), verdict=said.verdict, why=said.why, test=said.test)
 
 
 # -- two runs -------------------------------------------------------------------------------
@@ -327,7 +337,7 @@ def _titles(windows: list[WindowAnalysis]) -> str:
 
 def compare_runs(base: str, new: str, *, role: str | None = None,
                  steps: tuple[int, int] | None = None, jobs: int = 1,
-                 from_traces: bool = False) -> dict[str, Any]:
+                 from_traces: bool = False) -> RunComparison:
     """Every window of ``base`` matched in ``new`` (by role, region and order; with
     ``steps``, the windows covering the base's step and the new run's), compared.
     AnalysisError, naming the run, when either has nothing to compare."""
@@ -337,19 +347,23 @@ def compare_runs(base: str, new: str, *, role: str | None = None,
     for index, side in enumerate((a, b)):
         for w in side:
             groups.setdefault((w.role, w.region), [[], []])[index].append(w)
-    windows, only_base, only_new = [], [], []
-    for (_role, _region), (left, right) in groups.items():
+    windows: list[WindowComparison] = []
+    only_base, only_new = [], []
+    for (role_of, region), (left, right) in groups.items():
         known = [d for d in (drift(left), drift(right)) if d is not None]
         group = [pair(x, y, max(known) if known else None)
                  for x, y in zip(left, right, strict=False)]
-        agree(group, [(_samples(x), _samples(y)) if _samples(x) and _samples(y) else None
+        said = agree(role_of + ("" if region is None else "/" + region),
+                     [(p.base.title, p.called) for p in group],
+                     [(_samples(x), _samples(y)) if _samples(x) and _samples(y) else None
                       for x, y in zip(left, right, strict=False)])
-        windows += group
+        windows += [attrs.evolve(p, verdict=c.verdict, why=c.why, test=c.test)
+                    for p, c in zip(group, said, strict=True)]
         only_base += [w.title for w in left[len(right):]]
         only_new += [w.title for w in right[len(left):]]
     if not windows:
         raise AnalysisError(f"no window of BASE matches one of NEW by role and region: "
                             f"BASE holds {_titles(a)}; NEW holds {_titles(b)}")
-    return {"version": VERSION, "base": os.path.abspath(base), "new": os.path.abspath(new),
-            "windows": windows,
-            "unmatched": {"base": only_base, "new": only_new}}
+    return RunComparison(version=VERSION, base=os.path.abspath(base),
+                         new=os.path.abspath(new), windows=tuple(windows),
+                         unmatched={"base": tuple(only_base), "new": tuple(only_new)})

@@ -41,8 +41,10 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Callable, Sequence
-from typing import Any
 
+import attrs
+
+from policy_engine.analysis.comparison import Called, GateTest, Power, Verdict, WayPower
 from policy_engine.analysis.text import ms
 
 #: The rank-sum test's significance level. Two runs of one unchanged 4-rank job on a
@@ -210,21 +212,18 @@ def _test_at(base: Sequence[float], scaled: Sequence[float], up: bool) -> float 
                   _bound(base, scaled, up))
 
 
-def power(base: Sequence[float], new: Sequence[float]) -> dict[str, Any]:
+def power(base: Sequence[float], new: Sequence[float]) -> Power:
     """What these steps could tell: for each way (``slower``, ``faster``) the least change
     the rank-sum test calls (``test``; None: no change reaches p < ALPHA with these counts)
     and the least that puts the medians apart (``apart``), and ``detectable``, the least
     change the gate calls either way (math.inf: none). The base's median must be above 0."""
     scaled = _scaled(base, new)
-    out: dict[str, Any] = {}
-    worst = 0.0
-    for way, up in (("slower", True), ("faster", False)):
+    ways = []
+    for up in (True, False):
         test, spread = _test_at(base, scaled, up), _apart_at(base, scaled, up)
-        least = math.inf if test is None else max(test, spread)
-        out[way] = {"test": test, "apart": spread, "least": least}
-        worst = max(worst, least)
-    out["detectable"] = worst
-    return out
+        ways.append(WayPower(test=test, apart=spread,
+                             least=math.inf if test is None else max(test, spread)))
+    return Power(slower=ways[0], faster=ways[1], detectable=max(0.0, *(w.least for w in ways)))
 
 
 def told_apart(base: Sequence[float], new: Sequence[float]) -> tuple[float, float]:
@@ -236,7 +235,7 @@ def told_apart(base: Sequence[float], new: Sequence[float]) -> tuple[float, floa
     if statistics.median(base) <= 0 or statistics.median(new) <= 0:
         return math.inf, -math.inf
 
-    def moved(way: str) -> Callable[[float], bool]:
+    def moved(way: Verdict) -> Callable[[float], bool]:
         return lambda f: called(base, [x * f for x in new]) == way
 
     s = _least(moved("faster"), False, _bound(base, new, False))
@@ -298,7 +297,7 @@ def _share(base: Sequence[float], new: Sequence[float]) -> float:
 
 
 def called(base: Sequence[float], new: Sequence[float],
-           drift: float | None = None) -> str | None:
+           drift: float | None = None) -> Verdict | None:
     """``slower`` or ``faster`` where the gate lets the change through, else None."""
     share = _share(base, new)
     p = rank_sum(base, new)
@@ -310,7 +309,7 @@ def called(base: Sequence[float], new: Sequence[float],
 
 
 def verdict(base: Sequence[float], new: Sequence[float],
-            drift: float | None = None) -> dict[str, Any]:
+            drift: float | None = None) -> Called:
     """slower / faster / no change / inconclusive from the step times of each run (at
     least one a side), with the test and its power. ``drift``: how far apart the medians
     of one run's own windows lie (the larger of the two runs'), as a share; a change no
@@ -322,68 +321,65 @@ def verdict(base: Sequence[float], new: Sequence[float],
     change = f"{share:+.1%}" if math.isfinite(share) else \
         f"{ms(b)} -> {ms(n)} ms (from a median step of 0: no percentage)"
     steps = f"{len(base)} and {len(new)} steps"
-    test: dict[str, Any] = {
-        "name": TEST, "p": None if p is None else round(p, 6), "alpha": ALPHA,
-        "min_change": MIN_CHANGE, "change": round(share, 6) if math.isfinite(share) else None,
-        "base_steps": len(base), "new_steps": len(new), "apart": apart(base, new),
-        "drift": None if drift is None else round(drift, 4), "detectable": None,
-        "decide_steps": None, "agree": None}
+    test = GateTest(
+        name=TEST, p=None if p is None else round(p, 6), alpha=ALPHA, min_change=MIN_CHANGE,
+        change=round(share, 6) if math.isfinite(share) else None, base_steps=len(base),
+        new_steps=len(new), apart=apart(base, new),
+        drift=None if drift is None else round(drift, 4))
     word = called(base, new, drift)
     if word is not None:
         assert p is not None
-        return {"verdict": word, "why": f"median step time {change} (p = {p:.2g} < {ALPHA}, "
-                f"{steps})", "test": test}
+        return Called(word, f"median step time {change} (p = {p:.2g} < {ALPHA}, {steps})",
+                      test)
     if b <= 0:
         return _from_zero(base, new, change, p, steps, test)
     seen = power(base, new)
-    detectable = seen["detectable"]
-    test["detectable"] = round(detectable, 4) if math.isfinite(detectable) else None
+    detectable = seen.detectable
+    test = attrs.evolve(test, detectable=round(detectable, 4) if math.isfinite(detectable)
+                        else None)
     held = drift is not None and drift >= MIN_CHANGE
     if detectable <= MIN_CHANGE and not held and abs(share) < LARGE:
         if p is not None and p >= ALPHA:
             reason = f"p = {p:.2g} >= {ALPHA}"
         else:
             reason = f"a change of {change} is under {MIN_CHANGE:.0%}"
-        return {"verdict": "no change", "why": f"within noise ({reason}, {steps}, which "
-                f"could have called a change of {_pct(max(detectable, 0.0))} either way)",
-                "test": test}
+        return Called("no change", f"within noise ({reason}, {steps}, which could have "
+                      f"called a change of {_pct(max(detectable, 0.0))} either way)", test)
     return _inconclusive(base, new, share, change, p, steps, drift, seen, test)
 
 
 def _from_zero(base: Sequence[float], new: Sequence[float], change: str, p: float | None,
-               steps: str, test: dict[str, Any]) -> dict[str, Any]:
+               steps: str, test: GateTest) -> Called:
     """A base whose median step is 0: no share of it can be told. Steps that are all the
     same, in both runs and enough of them, show no change; anything else is open."""
     if len(set(base) | set(new)) == 1 and reachable(len(base), len(new)):
-        test["detectable"] = 0.0
-        return {"verdict": "no change", "why": f"every step of both runs took the same time "
-                f"({steps})", "test": test}
-    return {"verdict": "inconclusive", "why": f"median step time {change} (p = {_p(p)}, "
-            f"{steps}; from a median step of 0 no share of a change can be told)",
-            "test": test}
+        return Called("no change", f"every step of both runs took the same time ({steps})",
+                      attrs.evolve(test, detectable=0.0))
+    return Called("inconclusive", f"median step time {change} (p = {_p(p)}, {steps}; from "
+                  "a median step of 0 no share of a change can be told)", test)
 
 
 def _inconclusive(base: Sequence[float], new: Sequence[float], share: float, change: str,
-                  p: float | None, steps: str, drift: float | None, seen: dict[str, Any],
-                  test: dict[str, Any]) -> dict[str, Any]:
+                  p: float | None, steps: str, drift: float | None, seen: Power,
+                  test: GateTest) -> Called:
     """Why the steps cannot tell, and about how many a side would."""
     # The way the runs moved, where they moved enough to matter; else both ways (a claim
     # of no change needs both).
-    ways = ["slower" if share > 0 else "faster"] if abs(share) >= MIN_CHANGE \
-        else ["slower", "faster"]
+    ways = [seen.slower if share > 0 else seen.faster] if abs(share) >= MIN_CHANGE \
+        else [seen.slower, seen.faster]
     target = max(abs(share), MIN_CHANGE)
-    least = max(seen[w]["least"] for w in ways)
-    spread = max(seen[w]["apart"] for w in ways)
+    least = max(w.least for w in ways)
+    spread = max(w.apart for w in ways)
     why = []
     if reachable(len(base), len(new)) and p is not None and p < ALPHA \
-            and abs(share) >= MIN_CHANGE and test["apart"]:
+            and abs(share) >= MIN_CHANGE and test.apart:
         why.append(f"p < {ALPHA} and the medians apart, but the change is no larger than "
                    f"the {_pct(drift or 0.0)} by which one run's own windows differ")
     else:
         if not reachable(len(base), len(new)):
             why.append(f"too few steps: even every step of one run beyond every step of "
                        f"the other could not reach p < {ALPHA}")
-        elif any(seen[w]["test"] is None for w in ways):
+        elif any(w.test is None for w in ways):
             why.append(f"no change of these steps, however large, reaches p < {ALPHA}")
         elif least > MIN_CHANGE:
             why.append(f"the least change these steps could call is {_pct(least)} ("
@@ -398,7 +394,7 @@ def _inconclusive(base: Sequence[float], new: Sequence[float], share: float, cha
         decide = None
         more = "more steps would not decide"
     else:
-        counts = [steps_to_decide(base, new, target, w == "slower") for w in ways]
+        counts = [steps_to_decide(base, new, target, w is seen.slower) for w in ways]
         decide = None if None in counts else max(c for c in counts if c is not None)
         if decide is not None:
             more = f"about {decide} steps a side would decide"
@@ -407,6 +403,5 @@ def _inconclusive(base: Sequence[float], new: Sequence[float], share: float, cha
                     "run's median inside the other's middle half of steps")
         else:
             more = f"more than {MOST_STEPS} steps a side would be needed"
-    test["decide_steps"] = decide
-    return {"verdict": "inconclusive", "why": f"median step time {change} (p = {_p(p)}, "
-            f"{steps}; " + "; ".join(why) + f"; {more})", "test": test}
+    return Called("inconclusive", f"median step time {change} (p = {_p(p)}, {steps}; "
+                  + "; ".join(why) + f"; {more})", attrs.evolve(test, decide_steps=decide))

@@ -55,9 +55,10 @@ import math
 import re
 from array import array
 from bisect import bisect_left, bisect_right
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any, TypedDict
 
+from policy_engine.analysis.chrome_trace import TraceEvent
 from policy_engine.analysis.intervals import (
     CHUNK,
     EMPTY,
@@ -283,7 +284,7 @@ class DeviceView:
         self._float_ts = False  # HTA rounds when the trace's timestamps are fractional
         self._error: str | None = None
 
-    def event(self, e: Mapping[str, Any]) -> None:
+    def event(self, e: TraceEvent) -> None:
         """Take one event of the trace (anything that is not a well-formed complete
         event is passed over)."""
         ts: Any = e.get("ts")
@@ -314,7 +315,7 @@ class DeviceView:
                 self._launch_corr.append(corr)
                 self._launch_ts.append(ts)
 
-    def _device(self, e: Mapping[str, Any], cat: str, name: str, start: float,
+    def _device(self, e: TraceEvent, cat: str, name: str, start: float,
                 end: float) -> None:
         if len(self._start) >= MAX_DEVICE_EVENTS:
             self._error = f"more than {MAX_DEVICE_EVENTS:,} device events"
@@ -457,7 +458,7 @@ class DeviceView:
                 "device_events": picked_count}
 
 
-def _correlation(e: Mapping[str, Any]) -> int | None:
+def _correlation(e: TraceEvent) -> int | None:
     args = e.get("args")
     if not isinstance(args, dict):
         return None
@@ -465,7 +466,7 @@ def _correlation(e: Mapping[str, Any]) -> int | None:
     return corr if type(corr) is int and 0 <= corr < 1 << 62 else None
 
 
-def device_view(events: Iterable[Mapping[str, Any]]) -> DeviceResult:
+def device_view(events: Iterable[TraceEvent]) -> DeviceResult:
     """The device view of ``events`` (one trace's, in any order)."""
     view = DeviceView()
     for e in events:

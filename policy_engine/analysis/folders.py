@@ -18,10 +18,13 @@ import gzip
 import os
 import re
 import zlib
-from typing import Any
+from collections.abc import Callable
+from typing import TypeVar
 
 from policy_engine.analysis.window_roles import TORCH_SUFFIXES
 from policy_engine.files.layout import MANIFEST_DIR, TRIGGERS_DIR
+
+_E = TypeVar("_E")  # a window's trace entry (windows.Entry)
 
 #: The endings of a file that may be a trace; whether it is one, its first bytes say.
 TRACE_ENDINGS = (".json", ".json.gz")
@@ -81,11 +84,12 @@ def not_a_trace(path: str) -> str | None:
     return "a JSON object with no traceEvents"
 
 
-def from_folders(root: str, entry: Any) -> tuple[list[dict[str, Any]], list[str]]:
-    """The windows of a folder without manifests (each folder holding traces is one), and
-    notes on the files passed over. ``entry`` makes a window's trace entry from (rank,
-    path relative to ``root``, full path)."""
-    windows = []
+def from_folders(root: str, entry: Callable[[int | None, str, str], _E]
+                 ) -> tuple[list[tuple[str, list[_E]]], list[str]]:
+    """The windows of a folder without manifests (each folder holding traces is one), each
+    as its name and its traces, and notes on the files passed over. ``entry`` makes a
+    window's trace entry from (rank, path relative to ``root``, full path)."""
+    windows: list[tuple[str, list[_E]]] = []
     notes: list[str] = []
     for folder, dirs, files in os.walk(root):
         rel = os.path.relpath(folder, root)
@@ -107,10 +111,8 @@ def from_folders(root: str, entry: Any) -> tuple[list[dict[str, Any]], list[str]
         if not found:
             continue
         found.sort()
-        windows.append({
-            "role": rel if rel != "." else os.path.basename(os.path.abspath(root)),
-            "region": None, "steps": [], "cycle": None, "capture": 1, "world": None,
-            "why": None, "traces": [entry(rank_in_name(n), os.path.normpath(os.path.join(
-                rel, n)), os.path.join(folder, n)) for n in found],
-            "skipped": [], "limits": [], "dropped": [], "other": [], "twice": []})
+        windows.append((
+            rel if rel != "." else os.path.basename(os.path.abspath(root)),
+            [entry(rank_in_name(n), os.path.normpath(os.path.join(rel, n)),
+                   os.path.join(folder, n)) for n in found]))
     return windows, notes

@@ -14,14 +14,36 @@ import logging
 import os
 import tempfile
 import warnings
-from typing import Any
+from collections.abc import Iterable
+from typing import Any, TypedDict
 
-import attrs
-
-from policy_engine.analysis.answers import RunAnalysis
 from policy_engine.analysis.format import rank_spans
+from policy_engine.analysis.summary import RankEntry
 
 INSTALL = "pip install HolisticTraceAnalysis"
+
+
+class HtaRank(TypedDict):
+    """One rank's figures from HTA, in µs (made by :func:`run_hta`); None: HTA gave none."""
+
+    rank: int
+    compute_us: float | None
+    non_compute_us: float | None
+    idle_us: float | None
+    kernel_us: float | None
+    overlap_pct: float | None  # HTA's comm/comp overlap: % of communication time
+
+
+class _HtaKeys(TypedDict):
+    """The keys of every :class:`HtaAnswer`."""
+
+    error: str | None  # why HTA was not run or failed; None: it ran
+
+
+class HtaAnswer(_HtaKeys, total=False):
+    """HTA's numbers for one window (``analyze --hta``), made by :func:`run_hta`."""
+
+    ranks: list[HtaRank]  # by rank; empty or absent when HTA did not run
 
 
 def available() -> bool:
@@ -39,7 +61,7 @@ def _number(value: Any) -> float | None:
         return None
 
 
-def run_hta(files: list[str]) -> dict[str, Any]:
+def run_hta(files: list[str]) -> HtaAnswer:
     """HTA's temporal breakdown and comm/comp overlap of the traces ``files``."""
     try:
         from hta.trace_analysis import (  # type: ignore[import-untyped,import-not-found,unused-ignore]
@@ -67,7 +89,7 @@ def run_hta(files: list[str]) -> dict[str, Any]:
             logging.getLogger().setLevel(level)
     shares = {int(row["rank"]): _number(row.get("comp_comm_overlap_pctg"))
               for row in overlap.to_dict("records")}
-    ranks = []
+    ranks: list[HtaRank] = []
     for row in breakdown.to_dict("records"):
         rank = int(row["rank"])
         ranks.append({"rank": rank, "compute_us": _number(row.get("compute_time(us)")),
@@ -78,18 +100,11 @@ def run_hta(files: list[str]) -> dict[str, Any]:
     return {"error": None, "ranks": sorted(ranks, key=lambda r: r["rank"])}
 
 
-def attach(result: RunAnalysis, root: str) -> RunAnalysis:
-    """``result`` with HTA's numbers in each window that holds GPU kernels (the others say
-    why not)."""
-    windows = []
-    for w in result.windows:
-        readable = [(d["rank"], d.get("path"), d["facts"]["kernels"])
-                    for d in w.docs if not d.get("error")]
-        windows.append(attrs.evolve(w, hta=_one(readable, root)))
-    return attrs.evolve(result, windows=tuple(windows))
-
-
-def _one(readable: list[tuple[Any, Any, int]], root: str) -> dict[str, Any]:
+def window_answer(docs: Iterable[RankEntry], root: str) -> HtaAnswer:
+    """HTA's numbers for a window of ranks ``docs`` (their traces under ``root``), or why
+    they are not given: the window holds no GPU kernels, or its traces are not here."""
+    readable = [(d["rank"], d.get("path"), d["facts"]["kernels"])
+                for d in docs if not d.get("error")]
     if not any(kernels for _rank, _path, kernels in readable):
         return {"error": "not run: the window holds no GPU kernels", "ranks": []}
     files = [os.path.join(root, str(path)) for _rank, path, _kernels in readable]

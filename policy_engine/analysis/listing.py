@@ -8,13 +8,15 @@ import contextlib
 import os
 import re
 import time
-from typing import Any
+from collections.abc import Mapping
+from typing import Any, Literal, TypedDict, cast
 
 import attrs
 
 from policy_engine.analysis.format import size_cell
 from policy_engine.analysis.manifests import (
     Found,
+    LineRecord,
     ManifestProblem,
     Place,
     parse_record,
@@ -120,6 +122,46 @@ def _alive(manifest: str) -> bool:
     return started is None or started <= began + 2
 
 
+class ListedRow(LineRecord, total=False):
+    """A row of the listing (:class:`Listing`): a trace line, its ``path`` relative to the
+    folder listed, or a capture that never closed (``event``: ``capture``), its open line's
+    keys with ``reason`` and ``manifest``. A trace's ``summary`` is its summary line's
+    status, and ``kept`` false where the summary is all that was kept."""
+
+    exists: bool  # a trace's: whether its file is on disk
+    reason: str  # a capture's: why it is listed (never closed, still open, lost traces)
+    manifest: str  # a capture's: its process's manifest, relative to the folder listed
+
+
+class BadLine(TypedDict):
+    """A manifest line that could not be read, or names a file outside its folder."""
+
+    manifest: str
+    line: int
+    why: str
+
+
+class Unreadable(TypedDict):
+    """A manifest file (or folder) that could not be read."""
+
+    path: str
+    why: str
+
+
+class Captures(TypedDict):
+    """Every capture a run's manifests list, and the files around them: what
+    :func:`collect` returns (``policy-engine traces --format json`` prints it)."""
+
+    traces: list[ListedRow | PageRow]  # PageRow: a slim listing's (the report's page)
+    interrupted: list[ListedRow]  # captures that never closed, or lost traces
+    unlisted: list[str]  # files on disk no manifest names
+    missing: list[str]  # files a manifest names that are not on disk
+    leftovers: list[str]  # interrupted saves
+    writing: list[str]  # saves in progress
+    bad_lines: list[BadLine]
+    unreadable: list[Unreadable]
+
+
 #: The keys of a trace line the report's page reads (``collect(..., slim=True)`` keeps only
 #: these: a page of 100,000 ranks' captures holds a few hundred bytes per capture).
 PAGE_KEYS = ("event", "role", "roles", "joined", "rank", "steps", "region", "cycle",
@@ -208,11 +250,11 @@ class Listing:
         self.root = root
         self.slim = slim
         self.share = _Shared()
-        self.rows: list[dict[str, Any]] = []
+        self.rows: list[ListedRow | PageRow] = []
         self.named: set[str] = set()
-        self.refused: list[dict[str, Any]] = []
+        self.refused: list[BadLine] = []
         self.manifests: set[str] = set()
-        self.interrupted: list[dict[str, Any]] = []
+        self.interrupted: list[ListedRow] = []
         self.problems: list[ManifestProblem] = []
         self.folders: dict[str, str] = {}
         # the process being read: where its rows begin, its summary lines (by path) and
@@ -272,7 +314,10 @@ class Listing:
         for companion in companions:
             with contextlib.suppress(ValueError):
                 self.named.add(os.path.relpath(path_in(manifest, companion), self.root))
-        record: Any = PageRow(line, self.share) if self.slim else line.to_json()
+        # not slim: the line's dict (manifests.line_record says why it is one), with the
+        # listing's keys set below
+        record: ListedRow | PageRow = PageRow(line, self.share) if self.slim \
+            else cast(ListedRow, line.to_json())
         rel = record.get("path")
         if rel:
             try:  # a path out of DIR is reported, never looked at
@@ -299,7 +344,7 @@ class Listing:
             found = self.folders[folder] = os.path.relpath(os.path.dirname(folder), self.root)
         return found
 
-    def _interrupted(self, manifest: str, alive: bool) -> list[dict[str, Any]]:
+    def _interrupted(self, manifest: str, alive: bool) -> list[ListedRow]:
         """The process's captures whose close record is missing or says interrupted, or
         short of traces."""
         rows = []
@@ -324,24 +369,25 @@ class Listing:
             row = self._opened(key)
             if closed is not None and closed[3] is not None:
                 row["steps"] = closed[3]
-            row.update(event="capture", capture=key, status=status, reason=why,
-                       traces=traces, manifest=_text(os.path.relpath(manifest, self.root)))
+            row["event"], row["capture"], row["status"] = "capture", key, status
+            row["reason"], row["traces"] = why, traces
+            row["manifest"] = _text(os.path.relpath(manifest, self.root))
             rows.append(row)
         return rows
 
-    def _opened(self, key: str) -> dict[str, Any]:
+    def _opened(self, key: str) -> ListedRow:
         """A capture's open line, read again (an empty row where it cannot be)."""
         place = self.opens.get(key)
         if place is None:
-            return {}
+            return _begun({})
         try:
             record = parse_record(read_line(place)).to_json()
         except ValueError:
-            return {}
-        return {k: v for k, v in record.items() if k in PAGE_KEYS} if self.slim \
-            else record
+            return _begun({})
+        return _begun({k: v for k, v in record.items() if k in PAGE_KEYS} if self.slim
+                      else record)
 
-    def finish(self) -> dict[str, Any]:
+    def finish(self) -> Captures:
         """What :func:`collect` returns."""
         root = self.root
         self.end_process()
@@ -359,28 +405,36 @@ class Listing:
             busy = temp_pid(os.path.basename(path)) in writers
             (writing if busy else leftovers).append(_text(path))
         problems = self.problems
+        bad: list[BadLine] = [{"manifest": _text(p.path), "line": p.line, "why": p.why}
+                              for p in problems if p.line is not None]
         return {
             "traces": rows,
             "interrupted": interrupted,
             "unlisted": sorted(_text(p) for p in _on_disk(root) - self.named),
-            "missing": sorted(r["path"] for r in rows if r.get("path") and not r.get("exists")
-                              and r.get("kept") is not False),
+            "missing": sorted(named for r in rows if (named := r.get("path"))
+                              and not r.get("exists") and r.get("kept") is not False),
             "leftovers": leftovers,
             "writing": writing,
-            "bad_lines": [{"manifest": _text(p.path), "line": p.line, "why": p.why}
-                          for p in problems if p.line is not None] + self.refused,
+            "bad_lines": bad + self.refused,
             "unreadable": [{"path": _text(p.path), "why": p.why}
                            for p in problems if p.line is None],
         }
 
 
-def row_order(r: dict[str, Any]) -> tuple[str, int, float]:
+def _begun(row: Mapping[str, Any]) -> ListedRow:
+    """A capture's row as :meth:`Listing._opened` begins it: its open line's keys (those
+    of a page, or none where it cannot be read again)."""
+    # Listing._interrupted sets its ``event`` and the keys a capture's row adds
+    return cast(ListedRow, row)
+
+
+def row_order(r: ListedRow | PageRow) -> tuple[str, int, float]:
     rank, start = r.get("rank"), r.get("start")
     return (str(r.get("role")), rank if isinstance(rank, int) else -1,
             start if isinstance(start, (int, float)) else 0)
 
 
-def collect(root: str, *, slim: bool = False) -> dict[str, Any]:
+def collect(root: str, *, slim: bool = False) -> Captures:
     """Rows from every manifest under ``root``; captures that never closed; unlisted,
     missing and half-written files; manifest lines that could not be read. ``slim``:
     each row holds only what the report's page reads (:data:`PAGE_KEYS`)."""
@@ -390,7 +444,7 @@ def collect(root: str, *, slim: bool = False) -> dict[str, Any]:
     return listing.finish()
 
 
-def steps_cell(record: dict[str, Any]) -> str:
+def steps_cell(record: ListedRow | PageRow) -> str:
     steps = record.get("steps") or []
     if not steps:
         return "-"
@@ -402,7 +456,7 @@ def cell(value: Any) -> str:
     return printable(str(value))
 
 
-def row_cells(r: dict[str, Any]) -> tuple[str, ...]:
+def row_cells(r: ListedRow | PageRow) -> tuple[str, ...]:
     if r.get("event") == "capture":
         path = f"({r['reason']})"
     else:
@@ -421,13 +475,14 @@ def row_cells(r: dict[str, Any]) -> tuple[str, ...]:
 
 
 #: The files a listing names besides its traces: (key in the data, word, why).
-PATH_NOTES = (("unlisted", "unlisted", "on disk, but no manifest names it"),
+PATH_NOTES: tuple[tuple[Literal["unlisted", "missing", "leftovers", "writing"], str, str],
+                  ...] = (("unlisted", "unlisted", "on disk, but no manifest names it"),
                ("missing", "missing", "a manifest names it, but it is not on disk"),
                ("leftovers", "leftover", "an interrupted save; safe to delete"),
                ("writing", "writing", "a save in progress"))
 
 
-def roles_cell(record: dict[str, Any]) -> str:
+def roles_cell(record: ListedRow | PageRow) -> str:
     """Who a capture belongs to on its rank: the roles that took part (``colocate``) with
     any that joined it undeclared, else its owner and those that joined."""
     return label(record)
@@ -437,7 +492,7 @@ def _plural(n: int, word: str) -> str:
     return f"{n} {word}" if n == 1 else f"{n} {word}s"
 
 
-def summary_line(data: dict[str, Any]) -> str:
+def summary_line(data: Captures) -> str:
     counts: dict[str, int] = {}
     for r in data["traces"]:
         counts[str(r.get("status"))] = counts.get(str(r.get("status")), 0) + 1

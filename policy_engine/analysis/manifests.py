@@ -40,7 +40,7 @@ import os
 import re
 import stat
 from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
-from typing import IO, Any
+from typing import IO, Any, TypedDict, cast
 
 import attrs
 
@@ -73,6 +73,95 @@ MAX_MANIFEST_BYTES = 16 << 20
 MAX_RECORDS = 200_000
 MAX_SCAN_BYTES = 16 << 30
 
+# -- the records ---------------------------------------------------------------------------
+
+class _Event(TypedDict):
+    event: str  # the line's kind (``trace`` for old lines, which had no ``event``)
+
+
+class LineRecord(_Event, total=False):
+    """A manifest line as a dict: what ``Line.to_json`` makes of a checked line
+    (:mod:`policy_engine.files.records`). Its keys are the fields of ``records.Line``, with
+    the types its checks give them, and the keys of its ``more`` that readers look at
+    (unchecked: ``Any``)."""
+
+    capture: str
+    role: str | None
+    roles: list[str]
+    region: str | None
+    rank: int | None
+    world: int | None
+    cycle: int | None
+    pid: int | None
+    path: str | None
+    bytes: int | None
+    steps: list[int | str]
+    inner_steps: list[int | str]
+    step_count: int
+    joined: list[int | str]
+    start: float
+    end: float
+    error: str | None
+    traces: int
+    thread_waits: int
+    stopped_by: str | None
+    deferred: int
+    coords: Any  # an object or null: the rank's coordinates in the mesh, by dimension
+    extra: Any  # an object or null: the companions' files (``records.COMPANIONS``)
+    trigger: str
+    request: str | None
+    note: str
+    summary: Any  # an object or null: a summary line's figures (``summary.problem`` checks)
+    kept: bool
+    seconds: float
+    trimmed: str | None
+    offset_us: float
+    uncertainty_us: float
+    reference_rank: int
+    rounds: int
+    measured_at: float
+    # a trace, close or summary line's is checked; a note's (a trigger request's) is not
+    status: Any
+    # not declared by ``records.Line``: kept in its ``more``, as written
+    backend: Any
+    host: Any
+    policy_hash: Any
+    policy_content_hash: Any
+    policy_file: Any
+    plan_hash: Any
+    torch: Any
+    recorded: Any
+    limit: Any  # a close line's: the limit that ended the capture
+    message: Any  # a limit note's
+    at: Any  # a missed trigger request's step
+    step: Any  # a slow step note's
+    median: Any  # a slow step note's: the median step, in seconds
+    captures: Any  # a slow step note's, or a trigger's: the steps it asked to capture
+    first: Any  # an accepted trigger request's first step
+    last: Any  # an accepted trigger request's last step
+
+
+class _Where(TypedDict):
+    _manifest: str  # its process's manifest: the first file's path (:func:`process_of`)
+
+
+class ManifestRecord(LineRecord, _Where, total=False):
+    """A manifest line as :func:`record_of` hands it on (and :func:`scan_manifests` holds
+    it): its :class:`LineRecord`, with where it lies."""
+
+    # the file the line is in, and its line number there (1-based): every record
+    # scan_manifests holds has them, read_manifests' trace records have not
+    _file: str
+    _line: int
+
+
+def line_record(line: Line) -> LineRecord:
+    """A checked line as its dict (``line.to_json()``)."""
+    # to_json gives the line's fields (the keys and types LineRecord declares after
+    # records.Line), its ``more`` and ``event``; it is typed as an open dict in records.py
+    return cast(LineRecord, line.to_json())
+
+
 # -- reading ---------------------------------------------------------------------------
 
 @attrs.frozen
@@ -94,7 +183,7 @@ class Scan:
     the line is in) and ``_line`` (1-based, in that file).
     """
 
-    records: tuple[dict[str, Any], ...]
+    records: tuple[ManifestRecord, ...]
     problems: tuple[ManifestProblem, ...]
 
 
@@ -164,15 +253,15 @@ def _parse(raw: bytes) -> tuple[Line, bool]:
     return from_json(parsed), not fast and _UNCLEAN.search(raw.decode("utf-8")) is not None
 
 
-def parse_line(raw: bytes) -> dict[str, Any]:
+def parse_line(raw: bytes) -> LineRecord:
     """One manifest line as a record (``event`` filled in), read through its kind's class
     (:func:`policy_engine.files.records.from_json`); ValueError says what is wrong."""
     line, unclean = _parse(raw)
-    record = line.to_json()
+    record = line_record(line)
     if not unclean:
         return record
     try:
-        cleaned: dict[str, Any] = clean_value(record)
+        cleaned: LineRecord = clean_value(record)
     except RecursionError:
         raise ValueError("nested too deeply") from None
     return cleaned
@@ -372,9 +461,10 @@ def _stop(line: int, read: int, left: int) -> str | None:
     return None
 
 
-def record_of(found: Found) -> dict[str, Any]:
+def record_of(found: Found) -> ManifestRecord:
     """A line read, as the dict :func:`scan_manifests` holds."""
-    record = found.line.to_json()
+    # to_json's dict (line_record says why it is one), where it lies added below
+    record = cast(ManifestRecord, found.line.to_json())
     record["_manifest"] = found.manifest
     record["_file"] = found.place.file
     record["_line"] = found.place.line
@@ -385,7 +475,7 @@ def scan_manifests(output_dir: str) -> Scan:
     """Every record of every manifest under ``output_dir`` (recursively), and every
     problem: never raises on what it finds. At most :data:`MAX_RECORDS` records are held;
     the rest are reported."""
-    records: list[dict[str, Any]] = []
+    records: list[ManifestRecord] = []
     problems: list[ManifestProblem] = []
     for found in read_lines(output_dir, problems):
         if len(records) >= MAX_RECORDS:
@@ -423,7 +513,7 @@ def load_summary(place: Place) -> SummaryLine:
     return line
 
 
-def file_of(record: Mapping[str, Any], rel: Any) -> str:
+def file_of(record: ManifestRecord, rel: Any) -> str:
     """The file a record names by ``rel`` (its ``path``, or a companion's), relative to
     its output folder (the folder above its manifest's ``manifests/``). A manifest is
     untrusted, so ValueError, saying why, for a name that is absolute or climbs out of
@@ -464,14 +554,14 @@ def _real(folder: str) -> str:
     return os.path.realpath(folder)
 
 
-def read_manifests(output_dir: str) -> list[dict[str, Any]]:
+def read_manifests(output_dir: str) -> list[ManifestRecord]:
     """The trace records of every manifest under ``output_dir``, each with ``_manifest``
     (its process's manifest); damaged lines and open/close records are left out (see
     scan_manifests)."""
     out = []
     for record in scan_manifests(output_dir).records:
         if record["event"] == "trace":
-            record = dict(record)
+            record = record.copy()
             del record["_line"], record["_file"]
             out.append(record)
     return out

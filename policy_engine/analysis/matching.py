@@ -47,9 +47,21 @@ from array import array
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from operator import mul
-from typing import Any
+from typing import Any, Literal, cast
 
 from policy_engine.analysis.collective_form import CallTable, bus_factor
+from policy_engine.analysis.matching_form import (
+    CallCounts,
+    CallRow,
+    Cause,
+    ClockNote,
+    GroupRow,
+    LateRank,
+    Matching,
+    RankCalls,
+    Unmatched,
+    VoteTest,
+)
 
 #: A call votes for its last arrival when it led the second-last by more than this (µs),
 #: plus the two ranks' clock uncertainties: timestamps are µs apart at best.
@@ -90,7 +102,6 @@ class _RankCalls:
             self.wait_per_step_us = round(wait_us / steps, 3)
             self.transfer_per_step_us = round(transfer_us / steps, 3)
 
-
 class Matcher:
     """One window's calls, rank by rank (``add``), then matched (``result``).
 
@@ -122,7 +133,7 @@ class Matcher:
         self.r_first, self.r_count, self.r_shift = array("q"), array("q"), array("d")
         self.r_cid, self.r_start, self.r_end = array("q"), array("d"), array("d")
         self.ref: float | None = None
-        self._cached: tuple[int, _CallFigures, dict[str, int]] | None = None
+        self._cached: tuple[int, _CallFigures, Unmatched] | None = None
         self.clocks: set[str] = set()
         self.problems: list[str] = []
         self.folded = 0
@@ -216,11 +227,11 @@ class Matcher:
 
     # -- the result -------------------------------------------------------------------
     def result(self, work: Mapping[int, RankWork] | None = None,
-               steps: int | None = None) -> dict[str, Any]:
+               steps: int | None = None) -> Matching:
         """The window's matching (JSON-ready): ``work``, each rank's figures for the cause;
         ``steps``, the window's steps, for the per-step figures."""
         calls = self._figures()
-        why = self._cached[2] if self._cached is not None else {}
+        why: Unmatched = self._cached[2] if self._cached is not None else {}
         per_rank, chance = self._ranks(calls, steps)
         late = _vote(per_rank, chance, lambda r: calls.coins(self._of(r)[0]))
         groups = calls.groups()
@@ -235,8 +246,9 @@ class Matcher:
                                      f"group {slowest['name']!r}'s"}
         return {
             "clock": self._clock_text(),
-            "calls": {"matched": calls.matched, "listed": len(self.c_gid), **why,
-                      "folded": self.folded},
+            # why's keys are CallCounts' own (its base, Unmatched)
+            "calls": cast(CallCounts, {"matched": calls.matched, "listed": len(self.c_gid),
+                                       **why, "folded": self.folded}),
             "ranks": {str(r): per_rank[r] for r in sorted(per_rank)},
             "late": late,
             "groups": groups,
@@ -256,7 +268,7 @@ class Matcher:
     def clock(self) -> str:
         return "device" if self.clocks == {"device"} else "host"
 
-    def _clock_text(self) -> dict[str, Any]:
+    def _clock_text(self) -> ClockNote:
         if not self.offsets:
             return {"offsets": "none", "text": "no clock offsets given: the ranks' clocks "
                     "are taken to be one (true on one host; across hosts arrivals are off "
@@ -265,7 +277,7 @@ class Matcher:
         return {"offsets": "given", "ranks": len(given),
                 "uncertainty_us": max((self.offsets[r][1] for r in given), default=0.0)}
 
-    def _complete(self) -> tuple[bytearray, dict[str, int]]:
+    def _complete(self) -> tuple[bytearray, Unmatched]:
         """Which calls are matched: every member listed it, alike."""
         ok = bytearray(len(self.c_gid))
         incomplete = inconsistent = unknown = 0
@@ -287,12 +299,12 @@ class Matcher:
                     "unknown_group": unknown}
 
     def _ranks(self, calls: _CallFigures, steps: int | None = None
-               ) -> tuple[dict[int, dict[str, Any]], dict[int, float]]:
+               ) -> tuple[dict[int, RankCalls], dict[int, float]]:
         """Each rank's wait, transfer, mean lateness and votes over its matched calls, and
         the votes it would get on average were the last arrival left to chance. Sums over a
         rank's calls run as sums of per-call columns picked by its call ids (in C, not
         a Python loop per call); an unmatched call's columns are zero."""
-        out: dict[int, dict[str, Any]] = {}
+        out: dict[int, RankCalls] = {}
         chance: dict[int, float] = {}
         f = calls
         for rank in self.ranks:
@@ -301,7 +313,8 @@ class Matcher:
                 return map(col.__getitem__, cids)
             count = sum(pick(f.okf))
             if not count:
-                out[rank] = _RankCalls(0, 0.0, 0.0, 0, 0, None, steps).__dict__
+                # its __dict__ is the rank's object: its attributes are RankCalls' keys
+                out[rank] = cast(RankCalls, _RankCalls(0, 0.0, 0.0, 0, 0, None, steps).__dict__)
                 chance[rank] = 0.0
                 continue
             if count == len(cids):  # every call matched: plain sums
@@ -314,10 +327,10 @@ class Matcher:
             ended += count * shift
             late = sum(map(mul, starts, pick(f.m1))) + shift * sum(pick(f.m1)) \
                 - sum(pick(f.m0))
-            out[rank] = _RankCalls(int(count), round(last - arrived, 3) + 0.0,
-                                   round(ended - last, 3), f.last_count.get(rank, 0),
-                                   f.vote_count.get(rank, 0), round(late / count, 3),
-                                   steps).__dict__
+            out[rank] = cast(RankCalls, _RankCalls(  # as above
+                int(count), round(last - arrived, 3) + 0.0, round(ended - last, 3),
+                f.last_count.get(rank, 0), f.vote_count.get(rank, 0), round(late / count, 3),
+                steps).__dict__)
             chance[rank] = sum(pick(f.pv))
         return out, chance
 
@@ -418,7 +431,7 @@ class _CallFigures:
     def transfer(self, c: int) -> float:
         return max(self.mean_end[c] - self.last[c], 0.0)
 
-    def groups(self) -> list[dict[str, Any]]:
+    def groups(self) -> list[GroupRow]:
         """Per group: calls, bytes, median algbw and busbw, transfer; lowest busbw first
         (groups without one last)."""
         m = self.m
@@ -437,7 +450,7 @@ class _CallFigures:
                 row[3].append(algbw)
                 if factor is not None:
                     row[4].append(algbw * factor)
-        out = []
+        out: list[GroupRow] = []
         for gid, (count, size, t, algbw, busbw) in stats.items():
             out.append({"name": m.g_name[gid], "size": m.g_size[gid] or None,
                         "calls": count, "bytes": size, "transfer_us": round(t, 3),
@@ -446,7 +459,7 @@ class _CallFigures:
                                 str(g["name"])))
         return out
 
-    def row(self, c: int) -> dict[str, Any]:
+    def row(self, c: int) -> CallRow:
         """Call ``c``'s figures: the sum of its ranks' waits, and the longest."""
         m = self.m
         t, kind, n = self.transfer(c), m.kinds[m.c_kind[c]], m.c_n[c]
@@ -460,7 +473,7 @@ class _CallFigures:
                 "transfer_us": round(t, 3), "algbw_gbps": _round(algbw),
                 "busbw_gbps": _round(algbw * factor if algbw and factor else None)}
 
-    def worst(self) -> list[dict[str, Any]]:
+    def worst(self) -> list[CallRow]:
         """The matched calls that kept ranks waiting longest (sum of waits)."""
         m = self.m
         scored = sorted(((m.c_n[c] * m.c_last[c] - m.c_sum_arr[c], c)
@@ -468,7 +481,7 @@ class _CallFigures:
         return [self.row(c) for _, c in scored[:WORST_CALLS]]
 
 
-def _said(why: Mapping[str, int]) -> list[str]:
+def _said(why: Unmatched) -> list[str]:
     said = []
     if why.get("unknown_group"):
         said.append(f"{why['unknown_group']} calls of unknown groups differ in order across "
@@ -493,12 +506,12 @@ def _round(v: float | None) -> float | None:
 
 # -- the vote -------------------------------------------------------------------------
 
-def _vote(per_rank: Mapping[int, dict[str, Any]], chance: Mapping[int, float],
-          coins: Callable[[int], list[float]]) -> dict[str, Any]:
+def _vote(per_rank: Mapping[int, RankCalls], chance: Mapping[int, float],
+          coins: Callable[[int], list[float]]) -> LateRank:
     """The late rank: the most votes above chance, kept when its Bonferroni-corrected
     tail probability is below ALPHA (module docstring). ``chance``: per rank the votes
     it would get by chance; ``coins(rank)``: its voting calls' chances."""
-    test = {"test": "one-sided Poisson-binomial tail of the votes (each call a coin of "
+    test: VoteTest = {"test": "one-sided Poisson-binomial tail of the votes (each call a coin of "
                     "probability 1/n), Bonferroni over the ranks tested",
             "alpha": ALPHA, "floor_us": FLOOR_US}
     best: tuple[float, int] | None = None
@@ -510,15 +523,15 @@ def _vote(per_rank: Mapping[int, dict[str, Any]], chance: Mapping[int, float],
         excess = per_rank[rank]["votes"] - mean
         if excess > 0 and (best is None or excess > best[0]):
             best = (excess, rank)
-    if best is None:
-        return {"rank": None, **test, "ranks_tested": tested}
+    if best is None:  # test's keys are LateRank's own (its base, VoteTest), as below
+        return cast(LateRank, {"rank": None, **test, "ranks_tested": tested})
     rank = best[1]
     votes, p = per_rank[rank]["votes"], coins(rank)
     tail = tail_probability(p, votes)
     found = tail * tested < ALPHA
-    return {"rank": rank if found else None, "candidate": rank, "votes": votes,
-            "calls": len(p), "expected": round(sum(p), 3), "p_value": tail,
-            "ranks_tested": tested, **test}
+    return cast(LateRank, {"rank": rank if found else None, "candidate": rank,
+                           "votes": votes, "calls": len(p), "expected": round(sum(p), 3),
+                           "p_value": tail, "ranks_tested": tested, **test})
 
 
 def tail_probability(p: Sequence[float], k: int) -> float:
@@ -544,7 +557,7 @@ def tail_probability(p: Sequence[float], k: int) -> float:
 # -- the cause --------------------------------------------------------------------------
 
 def _cause(rank: int, late: float, work: Mapping[int, RankWork],
-           clock: str) -> dict[str, Any]:
+           clock: str) -> Cause:
     """Why ``rank`` arrived ``late`` µs late over the window, from the window's figures:
     an idle device (host-bound), else the region or operator that grew most over the
     other ranks' median; each only when it covers at least EXPLAINS of the lateness."""
@@ -561,15 +574,22 @@ def _cause(rank: int, late: float, work: Mapping[int, RankWork],
                         "late_us": round(late, 3),
                         "text": f"rank {rank} was late with an idle device: its host issued "
                                 "the work late (host-bound)"}
-        for what in ("region", "op"):
+        for what in _WHAT:
             grew = _grew(_work(mine, what), [_work(w, what) for w in others])
             if grew is not None and grew[1] >= EXPLAINS * late:
-                return {"kind": "work", what: grew[0], "extra_us": round(grew[1], 3),
-                        "late_us": round(late, 3),
-                        "text": f"rank {rank} was late because its {what} {grew[0]!r} "
-                                f"took {grew[1]:.0f} µs more than the other ranks' median"}
+                cause: Cause = {"kind": "work"}
+                cause[what] = grew[0]
+                cause["extra_us"] = round(grew[1], 3)
+                cause["late_us"] = round(late, 3)
+                cause["text"] = (f"rank {rank} was late because its {what} {grew[0]!r} "
+                                 f"took {grew[1]:.0f} µs more than the other ranks' median")
+                return cause
     return {"kind": "unknown", "late_us": round(late, 3),
             "text": f"rank {rank} was late; its figures do not show why"}
+
+
+#: What a cause may name: a region, then an operator.
+_WHAT: tuple[Literal["region", "op"], ...] = ("region", "op")
 
 
 def _work(figures: RankWork, what: str) -> Mapping[str, float]:

@@ -17,14 +17,14 @@ import gzip
 import itertools
 import os
 import sys
-from collections.abc import Iterable
-from typing import IO, Any
+from collections.abc import Iterable, Mapping
+from typing import IO, Any, cast
 
 from policy_engine.analysis.chrome_trace import TraceError, TraceReader
-from policy_engine.analysis.clocks import Clocks
+from policy_engine.analysis.clocks import Clocks, Offset
 from policy_engine.analysis.errors import AnalysisError
 from policy_engine.analysis.format import rank_spans
-from policy_engine.analysis.manifests import file_of, scan_manifests
+from policy_engine.analysis.manifests import LineRecord, file_of, scan_manifests
 from policy_engine.analysis.merge_io import MAX_EVENTS, MAX_TRACE_MB, Bounds, EventWriter
 from policy_engine.analysis.trace_process import ProcessMap
 from policy_engine.analysis.window_roles import (
@@ -43,6 +43,20 @@ _PROG = "policy-engine merge"
 _ID_SHIFT = 36
 
 
+class MergeRecord(LineRecord, total=False):
+    """A trace line as :func:`records` hands it on: the manifest's line (a copy of what
+    ``manifests.record_of`` made), where it lies, and what merging it needs. Every key
+    below is set by :func:`records`."""
+
+    _manifest: str  # its process's manifest
+    _line: int  # its line number in ``_file``'s manifest file, 1-based
+    _file: str | None  # the trace it names, inside the folder (None: it names none)
+    _label: str  # the roles that took part on its rank (window_roles.label)
+    _clock: Offset | None  # its rank's measured clock offset, where there is one
+    _window: str  # its window's family of roles (the first of ``_key``)
+    _key: tuple[Any, ...]  # its window (window_roles.window_keys)
+
+
 # -- choosing the window ---------------------------------------------------------------
 
 def span(values: Iterable[Any]) -> str:
@@ -59,7 +73,7 @@ def _warn(where: str, why: str) -> None:
     say(f"{_PROG}: warning: manifest {where}: {why}")
 
 
-def records(root: str) -> tuple[list[dict[str, Any]], set[str]]:
+def records(root: str) -> tuple[list[MergeRecord], set[str]]:
     """Every trace line under ``root`` with its ``_file`` and ``_key``; and every file
     the merged trace must never replace (the manifests, and every file they name)."""
     scan = scan_manifests(root)
@@ -77,15 +91,16 @@ def records(root: str) -> tuple[list[dict[str, Any]], set[str]]:
     for r in scan.records:
         if r["event"] != "trace":
             continue
-        record = dict(r)
+        # a copy of the line: merge's keys are all set below, before it is handed on
+        record = cast(MergeRecord, r.copy())
         record["_file"] = None
         if record.get("path"):
             try:  # never read outside DIR
-                record["_file"] = file_of(r, record["path"])
+                record["_file"] = file = file_of(r, record["path"])
             except ValueError as err:
                 _warn(f"{r['_manifest']}:{r['_line']}", str(err))
                 continue
-            inputs.add(record["_file"])
+            inputs.add(file)
         record["_label"] = label(record)  # the roles that took part on its rank
         start = record.get("start")
         record["_clock"] = clocks.offset(record.get("rank"), start if isinstance(
@@ -94,8 +109,8 @@ def records(root: str) -> tuple[list[dict[str, Any]], set[str]]:
     if not rows:
         raise AnalysisError(f"the manifests under {root} record no traces")
     rows.sort(key=lambda r: (r["start"] if isinstance(r.get("start"), (int, float)) else 0))
-    for r, key in zip(rows, window_keys(rows), strict=True):
-        r["_window"], r["_key"] = key[0], key  # one window across ranks (window_roles)
+    for row, key in zip(rows, window_keys(rows), strict=True):
+        row["_window"], row["_key"] = key[0], key  # one window across ranks (window_roles)
     return rows, inputs
 
 
@@ -113,7 +128,7 @@ def describe(key: tuple[Any, ...], labels: int) -> str:
     return ", ".join(parts)
 
 
-def _listing(windows: dict[tuple[Any, ...], list[dict[str, Any]]]) -> str:
+def _listing(windows: dict[tuple[Any, ...], list[MergeRecord]]) -> str:
     """One line per window, oldest first."""
     labels = len({k[0] for k in windows})
     return "".join(f"\n  {printable(describe(k, labels))}: ranks "
@@ -124,9 +139,9 @@ def _names(names: list[str]) -> str:
     return ", ".join(map(printable, names))
 
 
-def choose(rows: list[dict[str, Any]], root: str, *, role: str | None = None,
+def choose(rows: list[MergeRecord], root: str, *, role: str | None = None,
            step: int | None = None, cycle: int | None = None, region: str | None = None,
-           capture: int | None = None) -> list[dict[str, Any]]:
+           capture: int | None = None) -> list[MergeRecord]:
     """The trace lines (every backend) of the one window under ``root`` that ``role``,
     ``step``, ``cycle``, ``region`` and ``capture`` name; AnalysisError when none or
     several do."""
@@ -148,7 +163,7 @@ def choose(rows: list[dict[str, Any]], root: str, *, role: str | None = None,
         kinds = sorted({str(r.get("backend")) for r in rows})
         raise AnalysisError(f"{shown} has no torch traces under {root} (only "
                          f"{_names(kinds)}); merge joins torch traces")
-    windows: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
+    windows: dict[tuple[Any, ...], list[MergeRecord]] = {}
     for r in torch:
         windows.setdefault(r["_key"], []).append(r)
     wanted = {k: v for k, v in windows.items()
@@ -171,7 +186,7 @@ def choose(rows: list[dict[str, Any]], root: str, *, role: str | None = None,
 
 # -- merging ---------------------------------------------------------------------------
 
-def _name(record: dict[str, Any]) -> str:
+def _name(record: MergeRecord) -> str:
     coords = record.get("coords") or {}
     where = " ".join(f"{k}={v}" for k, v in coords.items())
     rank = record.get("rank")
@@ -179,7 +194,7 @@ def _name(record: dict[str, Any]) -> str:
            f"{where})"
 
 
-def skip_reason(record: dict[str, Any]) -> str | None:
+def skip_reason(record: MergeRecord) -> str | None:
     """Why a trace line of the window is not merged, or None."""
     if not is_torch(record):
         return f"backend {record.get('backend')}: not a torch trace"
@@ -192,16 +207,22 @@ def skip_reason(record: dict[str, Any]) -> str | None:
     return None
 
 
-def _base_time(record: dict[str, Any], root: str, bounds: Bounds) -> int | None:
+def _file(record: MergeRecord) -> str:
+    """The trace file of a record being merged (one :func:`skip_reason` passes)."""
+    # only records skip_reason passes are merged, and it passes none without a file
+    return cast(str, record["_file"])
+
+
+def _base_time(record: MergeRecord, root: str, bounds: Bounds) -> int | None:
     """The trace's baseTimeNanoseconds (read from its head, or the whole file if it comes
     after the events); None when the trace has none."""
-    with bounds.open(record["_file"]) as reader:
+    with bounds.open(_file(record)) as reader:
         meta = reader.header()
         if "baseTimeNanoseconds" not in meta:  # so the events are read twice: bound both
             _feed(reader, ProcessMap(0, shift=0, id_base=0, tids=itertools.count()), None)
             meta = reader.meta
     base = meta.get("baseTimeNanoseconds")
-    rel = os.path.relpath(record["_file"], root)
+    rel = os.path.relpath(_file(record), root)
     if is_int(base) and 0 <= base < 1 << 63:
         return base
     if "baseTimeNanoseconds" in meta:  # thousands of digits would overflow every shift
@@ -213,11 +234,12 @@ def _base_time(record: dict[str, Any], root: str, bounds: Bounds) -> int | None:
     return None
 
 
-def _pids(records: list[dict[str, Any]]) -> list[int]:
+def _pids(records: list[MergeRecord]) -> list[int]:
     """A process id per trace: rank + 1 (Perfetto keeps pid 0 for the idle process)."""
-    known = [r["rank"] for r in records if isinstance(r.get("rank"), int)]
+    known = [rank for r in records if isinstance(rank := r.get("rank"), int)]
     spare = itertools.count(max(known, default=-1) + 2)
-    return [r["rank"] + 1 if isinstance(r.get("rank"), int) else next(spare) for r in records]
+    return [rank + 1 if isinstance(rank := r.get("rank"), int) else next(spare)
+            for r in records]
 
 
 def _feed(reader: TraceReader, proc: ProcessMap, writer: EventWriter | None) -> None:
@@ -232,10 +254,10 @@ def _feed(reader: TraceReader, proc: ProcessMap, writer: EventWriter | None) -> 
             writer.event(kept)
 
 
-def _copy(r: dict[str, Any], rel: str, proc: ProcessMap, writer: EventWriter,
-          bounds: Bounds) -> dict[str, Any]:
+def _copy(r: MergeRecord, rel: str, proc: ProcessMap, writer: EventWriter,
+          bounds: Bounds) -> Mapping[str, Any]:
     """The events of one trace into ``writer``; the trace's other top-level keys."""
-    with bounds.open(r["_file"]) as reader:
+    with bounds.open(_file(r)) as reader:
         _feed(reader, proc, writer)
     if reader.not_objects:
         say(f"{_PROG}: note: {rel}: {reader.not_objects} entries of traceEvents are not "
@@ -243,22 +265,22 @@ def _copy(r: dict[str, Any], rel: str, proc: ProcessMap, writer: EventWriter,
     return reader.meta
 
 
-def clock_said(records: list[dict[str, Any]], own_clocks: bool = False) -> str:
+def clock_said(records: list[MergeRecord], own_clocks: bool = False) -> str:
     """How the merged trace's ranks are laid on one clock, in words."""
     if own_clocks:
         return "each rank on its own clock (its measured offset not applied)"
-    measured = [r for r in records if r.get("_clock") is not None]
+    measured = [clock for r in records if (clock := r.get("_clock")) is not None]
     if not measured:
         return ("no rank measured its clock offset (no job channel): the traces are "
                 "aligned on their own timestamps, as their hosts' clocks say")
-    worst = max(r["_clock"].uncertainty_us for r in measured)
+    worst = max(clock.uncertainty_us for clock in measured)
     missing = span(r.get("rank") for r in records if r.get("_clock") is None)
     return (f"each rank's clock brought to rank 0's by its measured offset (uncertainty "
             f"up to {worst / 1000:.3f} ms)" + ("" if missing == "-" else
                                                 f"; ranks {missing} measured none"))
 
 
-def merge(records: list[dict[str, Any]], root: str, out: str, force: bool,
+def merge(records: list[MergeRecord], root: str, out: str, force: bool,
           bounds: Bounds | None = None, own_clocks: bool = False) -> int:
     """Write the traces of ``records`` (one window, sorted by rank) as one; the number of
     events written. TraceError (with the file in front) for a trace that cannot be read
@@ -271,7 +293,7 @@ def merge(records: list[dict[str, Any]], root: str, out: str, force: bool,
         try:
             base = _base_time(r, root, bounds) or 0
         except TraceError as err:
-            raise TraceError(f"{os.path.relpath(r['_file'], root)}: {err}") from None
+            raise TraceError(f"{os.path.relpath(_file(r), root)}: {err}") from None
         reading = None if own_clocks else r.get("_clock")
         bases.append(base + (round(reading.offset_us * 1000) if reading is not None else 0))
     ref = min(bases)
@@ -287,7 +309,7 @@ def merge(records: list[dict[str, Any]], root: str, out: str, force: bool,
                 filename="", fileobj=f, mode="wb", compresslevel=6, mtime=0)
         writer = EventWriter(stream)
         for index, (r, base, pid) in enumerate(zip(records, bases, pids, strict=True)):
-            rel = os.path.relpath(r["_file"], root)
+            rel = os.path.relpath(_file(r), root)
             delta = base - ref  # nanoseconds; microseconds in the trace
             shift = delta // 1000 if delta % 1000 == 0 else delta / 1000
             proc = ProcessMap(pid, shift=shift, id_base=index << _ID_SHIFT, tids=tids,
@@ -309,7 +331,7 @@ def merge(records: list[dict[str, Any]], root: str, out: str, force: bool,
             "role": first["_window"], "region": first.get("region"),
             "steps": first.get("steps"), "cycle": first.get("cycle"),
             "ranks": [r.get("rank") for r in records],
-            "traces": [os.path.relpath(r["_file"], root) for r in records],
+            "traces": [os.path.relpath(_file(r), root) for r in records],
             "clock": clock_said(records, own_clocks)}})
         if stream is not f:
             stream.close()  # the gzip trailer; publish closes the file
@@ -319,7 +341,7 @@ def merge(records: list[dict[str, Any]], root: str, out: str, force: bool,
     return written
 
 
-def refuse_inputs(out: str, window: list[dict[str, Any]], inputs: set[str]) -> None:
+def refuse_inputs(out: str, window: list[MergeRecord], inputs: set[str]) -> None:
     """AnalysisError when ``out`` is (or is a link to, or another name of) a file of the
     window, a manifest, or a file a manifest names: inputs are never replaced."""
     try:

@@ -5,9 +5,11 @@ written event by event."""
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from typing import IO, Any
 
-from policy_engine.analysis.chrome_trace import TraceError, TraceReader, declared_size
+from policy_engine.analysis.chrome_trace import TraceError, TraceEvent, TraceReader, declared_size
+from policy_engine.analysis.trace_process import MetadataEvent
 
 __all__ = ["MAX_EVENTS", "MAX_RATIO", "MAX_TRACE_MB", "Bounds", "EventWriter"]
 
@@ -47,7 +49,7 @@ class EventWriter:
         self._parts: list[str] = ['{"displayTimeUnit":"ms","traceEvents":[\n']
         self._size = 0
 
-    def event(self, event: dict[str, Any]) -> None:
+    def event(self, event: TraceEvent | MetadataEvent) -> None:
         text = _ENCODE(event)
         self._parts.append(",\n" + text if self.count else text)
         self.count += 1
@@ -60,7 +62,7 @@ class EventWriter:
         self._parts.clear()
         self._size = 0
 
-    def finish(self, tail: dict[str, Any]) -> None:
+    def finish(self, tail: Mapping[str, Any]) -> None:
         """End the events, then add the top-level keys of ``tail`` after them (viewers
         that stop at a key they do not know have read every event by then)."""
         self._parts.append("\n]")

@@ -35,8 +35,10 @@ from __future__ import annotations
 import math
 import re
 from bisect import bisect_right
-from typing import Any
+from collections.abc import Mapping
+from typing import Any, TypedDict
 
+from policy_engine.analysis.chrome_trace import TraceEvent
 from policy_engine.analysis.intervals import Spans, length
 
 #: User annotations held per trace while it streams past; past it they are counted.
@@ -62,6 +64,17 @@ NAMED_BY = ("policy", "trace")
 _COUNT_MAX = 1 << 63
 
 
+class PhasesRecord(TypedDict):
+    """One rank's phases as its summary holds them, made by :meth:`Phases.result`."""
+
+    origin_us: int  # Unix µs on the rank's clock; the other times are µs after it
+    span: list[float]  # [first, last]: the trace's complete events
+    names: list[str]
+    rows: list[list[float]]  # per phase [name index, start, end, depth, lead, tail]
+    named_by: str  # "policy" (the runtime's list) or "trace"
+    left_out: int
+
+
 class Phases:
     """What one pass over a trace's events gathers about its phases."""
 
@@ -74,7 +87,7 @@ class Phases:
         self.lo, self.hi = math.inf, -math.inf
         self.seen = 0  # annotations past MAX_HELD
 
-    def event(self, e: dict[str, Any]) -> None:
+    def event(self, e: TraceEvent) -> None:
         if e.get("ph") != "X":
             return
         ts: Any = e.get("ts")
@@ -105,7 +118,7 @@ class Phases:
         elif kind == 2:
             self.comm.add(ts, end)
 
-    def result(self, meta: dict[str, Any]) -> dict[str, Any] | None:
+    def result(self, meta: Mapping[str, Any]) -> PhasesRecord | None:
         """The phases record (None: the trace holds no complete event)."""
         if self.lo > self.hi:
             return None
@@ -116,7 +129,7 @@ class Phases:
         comm = self.comm.merged()
         floor = math.floor(self.lo)
         names: dict[str, int] = {}
-        rows: list[list[Any]] = []
+        rows: list[list[float]] = []
         left_out = self.seen
         for (name, _tid, start, end), d in zip(held, depth, strict=True):
             index = names.get(name)
@@ -144,7 +157,7 @@ def _kind(cat: Any, name: Any) -> int:
     return 0
 
 
-def _listed(meta: dict[str, Any]) -> set[str] | None:
+def _listed(meta: Mapping[str, Any]) -> set[str] | None:
     """The region names the runtime marked (its metadata), or None when it lists none."""
     ours = meta.get("policy_engine")
     marked = ours.get("region_ranges") if isinstance(ours, dict) else None
@@ -153,7 +166,7 @@ def _listed(meta: dict[str, Any]) -> set[str] | None:
     return {n for n in marked[:MAX_NAMES * 4] if isinstance(n, str)}
 
 
-def _origin(meta: dict[str, Any]) -> int:
+def _origin(meta: Mapping[str, Any]) -> int:
     """The trace's base time in whole microseconds (0 when it gives none: its timestamps
     are then Unix microseconds already)."""
     base = meta.get("baseTimeNanoseconds")

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import html
 from array import array
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from policy_engine.analysis.answers import WindowAnalysis
@@ -26,6 +26,7 @@ from policy_engine.analysis.report_calls import section as calls_section
 from policy_engine.analysis.report_gantt import section as timeline_section
 from policy_engine.analysis.run import analyze_run
 from policy_engine.analysis.text import ms, notes, why
+from policy_engine.analysis.window import StepTimes
 from policy_engine.analysis.windows import Index
 from policy_engine.errors import printable
 
@@ -124,8 +125,7 @@ def _legend() -> str:
                    for key, label, _ in PARTS)
 
 
-def _steps_table(w: dict[str, Any]) -> str:
-    rows = w["step_times"]
+def _steps_table(rows: Sequence[StepTimes]) -> str:
     if not rows:
         return ""
     body = []
@@ -143,15 +143,16 @@ def _steps_table(w: dict[str, Any]) -> str:
 
 
 def window_html(window: WindowAnalysis) -> str:
-    w = {**window.head(), **window.tail()}
-    s = w.get("straggler")
-    head = [f'<h3>{_esc(w["title"])}</h3>',
-            f'<p class="why">Captured because of {_esc(why(w))}; {len(window.docs)} '
-            f'rank(s){", world " + _esc(w["world"]) if w.get("world") else ""}.</p>']
-    head += [f'<p class="note">{_esc(n)}</p>' for n in notes(w)]
-    if w.get("not_analysed"):
+    w = window
+    s = w.straggler
+    head = [f'<h3>{_esc(w.title)}</h3>',
+            f'<p class="why">Captured because of {_esc(why(w.why))}; '
+            f'{len(w.docs)} rank(s)'
+            f'{", world " + _esc(w.world) if w.world else ""}.</p>']
+    head += [f'<p class="note">{_esc(n)}</p>' for n in notes(w.limits, w.dropped, w.other)]
+    if w.not_analysed:
         return '<div class="window">' + "".join(head) + \
-            f'<p class="note">{_esc(w["not_analysed"])}</p></div>'
+            f'<p class="note">{_esc(w.not_analysed)}</p></div>'
     if s:
         others = (s.get("others_wait_us") or {}).get("median")
         head.append(f'<p class="straggler">Straggler: <span class="who">rank '
@@ -160,19 +161,19 @@ def window_html(window: WindowAnalysis) -> str:
                     f'{ms(s["late_us"])} ms after the median rank. It waits '
                     f'{ms(s["wait_us"])} ms in collectives, the others {ms(others)} ms '
                     "(median).</p>")
-    elif any(x["collectives"] for x in w["step_times"]):
+    elif any(x["collectives"] for x in w.step_times):
         head.append('<p class="straggler">No straggler: no rank is consistently the one '
                     "the others wait for.</p>")
     warn = "".join(f'<li class="readiness"><code>{_esc(r["code"])}</code>: '
                    f'{_esc(r["message"])}'
                    + (f' (ranks {_esc(rank_spans(r["ranks"]))})' if r["ranks"] else "") + "</li>"
-                   for r in w["readiness"])
-    regions = "".join(f'<li>{_esc(r["name"])}: {ms(r["time_us"]["min"])} / '
-                      f'{ms(r["time_us"]["median"])} / {ms(r["time_us"]["max"])} ms</li>'
-                      for r in w["regions"][:5])
+                   for r in w.readiness)
+    regions = "".join(f'<li>{_esc(r["name"])}: {ms(t["min"])} / {ms(t["median"])} / '
+                      f'{ms(t["max"])} ms</li>'
+                      for r in w.regions[:5] if (t := r["time_us"]) is not None)
     figures = window.figures
     rows = figures.rows(by_rank=True) if figures is not None else iter(())
-    calls = w.get("collectives")
+    calls = w.collectives
     compute: dict[Any, float] = {}
     if calls and figures is not None:  # the compute of the ranks that listed calls
         listed = calls["ranks"]  # by the rank's number as text
@@ -180,8 +181,8 @@ def window_html(window: WindowAnalysis) -> str:
                    if str(rank) in listed}
     return ('<div class="window">' + "".join(head)
             + svg(rows, s["rank"] if s else None)
-            + calls_section(calls, compute, len(w["step_times"]))
-            + _steps_table(w)
+            + calls_section(calls, compute, len(w.step_times))
+            + _steps_table(w.step_times)
             + (f"<p>Regions (min / median / max across ranks):</p><ul>{regions}</ul>"
                if regions else "")
             + (f'<ul class="warnings">{warn}</ul>' if warn else "") + "</div>")

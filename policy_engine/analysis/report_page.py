@@ -11,12 +11,13 @@ import html
 import os
 import time
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import Any, Literal
 from urllib.parse import quote
 
 import attrs
 
 from policy_engine.analysis.format import rank_spans, size_cell
+from policy_engine.analysis.listing import Captures, ListedRow, PageRow
 from policy_engine.analysis.listing import cell as _cell
 from policy_engine.analysis.listing import roles_cell as _roles
 from policy_engine.analysis.listing import steps_cell as _steps
@@ -56,7 +57,7 @@ class PageEntry:
     rank: int | None
     column: tuple[Any, ...]  # (sort key, label)
     status: str
-    record: dict[str, Any]
+    record: ListedRow | PageRow
     path: str | None  # relative to DIR
     href: str | None  # relative to the page
     exists: bool
@@ -81,7 +82,7 @@ def _esc(value: Any) -> str:
     return html.escape(_cell(value), quote=True)
 
 
-def _column(record: dict[str, Any]) -> tuple[Any, ...]:
+def _column(record: ListedRow | PageRow) -> tuple[Any, ...]:
     steps = record.get("steps") or []
     first = steps[0] if steps else None
     label = "session" if not steps else _steps(record)
@@ -93,7 +94,7 @@ def _column(record: dict[str, Any]) -> tuple[Any, ...]:
     return (key, str(region or "")), label
 
 
-def captures(data: dict[str, Any], root: str, page_dir: str) -> list[PageEntry]:
+def captures(data: Captures, root: str, page_dir: str) -> list[PageEntry]:
     """Every trace line and every capture that never closed, as page entries."""
     out = []
     # Paths are relative to root and stay inside it: one relpath serves every link.
@@ -269,12 +270,17 @@ def _attention(entries: list[PageEntry]) -> str:
             "<th>error</th><th>file</th></tr>\n" + "\n".join(rows) + "</table>")
 
 
-def _files(data: dict[str, Any]) -> str:
+#: The lists of files the page shows: (key in the listing, what they are).
+_FILES: tuple[tuple[Literal["missing", "unlisted", "leftovers", "writing"], str], ...] = (
+    ("missing", "named by a manifest, not on disk"),
+    ("unlisted", "on disk, named by no manifest"),
+    ("leftovers", "interrupted saves (safe to delete)"),
+    ("writing", "saves in progress"))
+
+
+def _files(data: Captures) -> str:
     parts = []
-    for key, what in (("missing", "named by a manifest, not on disk"),
-                      ("unlisted", "on disk, named by no manifest"),
-                      ("leftovers", "interrupted saves (safe to delete)"),
-                      ("writing", "saves in progress")):
+    for key, what in _FILES:
         items = data[key]
         if items:
             shown = "".join(f"<li>{_esc(p)}</li>" for p in items[:LIST_LIMIT])
@@ -303,7 +309,7 @@ table.ops td{border:0;padding:0 6px} summary{cursor:pointer}
     "tr.s-complete{background:none} tr.lost{background:#fde0e0}\n"
 
 
-def render(data: dict[str, Any], entries: list[PageEntry], ops: dict[int, Ops], *,
+def render(data: Captures, entries: list[PageEntry], ops: dict[int, Ops], *,
            title: str, notes: Sequence[str], extra: Sequence[str] = (),
            first: Sequence[str] = ()) -> str:
     """The whole page. ``extra``: more sections of HTML (escaped by whoever made them),

@@ -17,9 +17,9 @@ import concurrent.futures
 import contextlib
 import os
 import stat
-from collections.abc import Callable, Collection, Iterator
+from collections.abc import Callable, Collection, Iterator, Mapping
 from concurrent.futures.process import BrokenProcessPool
-from typing import Any
+from typing import Any, cast
 
 from policy_engine.analysis.answers import RunAnalysis, WindowAnalysis
 from policy_engine.analysis.chrome_trace import declared_size
@@ -30,7 +30,7 @@ from policy_engine.analysis.manifests import Scan, load_summary
 from policy_engine.analysis.matching import RankWork
 from policy_engine.analysis.spool import Places, RankView, Spool
 from policy_engine.analysis.stalls import read_stalls
-from policy_engine.analysis.summary import problem, summarize
+from policy_engine.analysis.summary import RankEntry, RankSummary, problem, summarize
 from policy_engine.analysis.timeline import Timeline
 from policy_engine.analysis.window import Figures
 from policy_engine.analysis.window_calls import WORK_RANKS, WindowCalls, digest, work_of
@@ -38,6 +38,7 @@ from policy_engine.analysis.windows import (
     Entry,
     Index,
     Source,
+    Window,
     absent,
     describe,
     from_folders,
@@ -72,8 +73,8 @@ def _steps_said(steps: list[int]) -> str:
     return ", ".join(said)
 
 
-def _chosen(windows: list[dict[str, Any]], role: str | None, step: int | None,
-            root: str) -> list[dict[str, Any]]:
+def _chosen(windows: list[Window], role: str | None, step: int | None,
+            root: str) -> list[Window]:
     if role is not None:
         roles = sorted({w["role"] for w in windows})
         # Every window that holds the role: its family's name, or a role taking part
@@ -94,7 +95,7 @@ def _chosen(windows: list[dict[str, Any]], role: str | None, step: int | None,
     return windows
 
 
-def _summary(path: str, cap: int | None = None) -> dict[str, Any]:
+def _summary(path: str, cap: int | None = None) -> RankSummary:
     """:func:`summarize` of one trace, or its rank's ``error`` when summarising it raises:
     a trace is untrusted, and one that trips a fault of the reader is that rank's problem
     (said with the exception's type and message), not the end of the whole command."""
@@ -108,7 +109,7 @@ def _summary(path: str, cap: int | None = None) -> dict[str, Any]:
 
 
 def summaries(files: list[str], jobs: int,
-              limits: tuple[int, int] | None = None) -> list[dict[str, Any]]:
+              limits: tuple[int, int] | None = None) -> list[RankSummary]:
     """:func:`summarize` of every file, in order, over ``jobs`` worker processes;
     ``limits``: the most text read of one trace and of all of them (bytes)."""
     with _Readers(jobs, limits) as readers:
@@ -178,7 +179,7 @@ class _Readers:
         if self.pool is not None:
             self.pool.shutdown(cancel_futures=True)
 
-    def map(self, files: list[str]) -> Iterator[dict[str, Any]]:
+    def map(self, files: list[str]) -> Iterator[RankSummary]:
         """:func:`_summary` of each file, in order, within the limits. A worker that dies
         (killed for its memory, say) loses the traces it held: they are read again one at
         a time, each in a worker of its own, so that only the trace that ends its worker
@@ -189,7 +190,7 @@ class _Readers:
         for cap in caps:
             yield {"error": cap} if isinstance(cap, str) else next(done)
 
-    def _map(self, files: list[str], caps: list[int | None]) -> Iterator[dict[str, Any]]:
+    def _map(self, files: list[str], caps: list[int | None]) -> Iterator[RankSummary]:
         if self.jobs <= 1 or len(files) <= 1:
             yield from map(_summary, files, caps)
             return
@@ -208,7 +209,7 @@ class _Readers:
             yield from map(_alone, files[done:], caps[done:])
 
 
-def _alone(path: str, cap: int | None) -> dict[str, Any]:
+def _alone(path: str, cap: int | None) -> RankSummary:
     """:func:`_summary` in a worker of its own; the trace is unreadable if it ends it."""
     with concurrent.futures.ProcessPoolExecutor(max_workers=1) as pool:
         try:
@@ -218,7 +219,7 @@ def _alone(path: str, cap: int | None) -> dict[str, Any]:
                              f"({type(err).__name__}: {err})"}
 
 
-def _expected(windows: list[dict[str, Any]]) -> dict[tuple[Any, Any], dict[str, set[int]]]:
+def _expected(windows: list[Window]) -> dict[tuple[Any, Any], dict[str, set[int]]]:
     """Per role (family) and region, and per role of it, every rank that recorded (or
     tried to record) a window holding that role: a window without one of them that holds
     one of its roles is missing that rank. (verl's rollout, on rank 0 only, expects no
@@ -238,7 +239,7 @@ def _expected(windows: list[dict[str, Any]]) -> dict[tuple[Any, Any], dict[str, 
 
 
 def _wanted(expected: dict[tuple[Any, Any], dict[str, set[int]]],
-            w: dict[str, Any]) -> Collection[int]:
+            w: Window) -> Collection[int]:
     """The ranks window ``w`` should have: a range where they run without a gap (a window
     of 100,000 ranks holds no set of them)."""
     by_role = expected.get((w["role"], w["region"]), {})
@@ -274,7 +275,7 @@ def _line_of(source: Source) -> SummaryLine | str:
 
 
 def _figures(line: SummaryLine, detail: bool, causes: bool = True
-             ) -> dict[str, Any] | str:
+             ) -> RankSummary | str:
     """The figures of a summary line, or why they cannot be used (``detail``: with its
     operators, checked; else without them, unless ``causes`` and it lists collective
     calls: a late rank's cause is read from its operators too)."""
@@ -286,7 +287,8 @@ def _figures(line: SummaryLine, detail: bool, causes: bool = True
     why = problem(found, ops=ops)
     if why is not None:
         return why
-    figures: dict[str, Any] = dict(found)
+    # problem() found it a summary's figures, each with its type
+    figures = cast(RankSummary, dict(found))
     if not ops:
         figures.pop("ops", None)
     return figures
@@ -294,7 +296,7 @@ def _figures(line: SummaryLine, detail: bool, causes: bool = True
 
 def _chosen_summary(entry: Entry, detail: bool, readable: Callable[[], bool],
                     causes: bool = True
-                    ) -> tuple[dict[str, Any] | None, str | None, list[tuple[str, str]]]:
+                    ) -> tuple[RankSummary | None, str | None, list[tuple[str, str]]]:
     """From the summary lines of one trace (one, as its rank writes them): the figures to
     use; why a complete summary is refused; and what the window's readiness says (code,
     message). A summary that cannot be used is passed over for the trace where it can be
@@ -312,7 +314,7 @@ def _chosen_summary(entry: Entry, detail: bool, readable: Callable[[], bool],
             refused = refused or line
         elif all((line.status, line.summary) != (x.status, x.summary) for x, _ in lines):
             lines.append((line, source))
-    usable: list[tuple[dict[str, Any], Source]] = []
+    usable: list[tuple[RankSummary, Source]] = []
     for line, source in lines:
         found = _figures(line, detail, causes)
         if isinstance(found, dict):
@@ -339,7 +341,7 @@ def _chosen_summary(entry: Entry, detail: bool, readable: Callable[[], bool],
 class _Window:
     """One window analysed: its ranks read, added to its figures and spooled."""
 
-    def __init__(self, w: dict[str, Any], want: Collection[int], spool: Spool, *,
+    def __init__(self, w: Window, want: Collection[int], spool: Spool, *,
                  manifests: bool, detail: bool, timeline: Timeline,
                  clocks: Clocks | None = None) -> None:
         self.w = w
@@ -347,6 +349,7 @@ class _Window:
         self.spool = spool
         self.manifests = manifests
         self.detail = detail
+        # window.py takes the window as an open dict until it takes a Window
         self.figures = Figures(w, want, detail=detail)
         self.figures.path_of = self._path_of
         # the calls laid on rank 0's clock by each rank's measured offset (its most
@@ -356,11 +359,12 @@ class _Window:
         self.places = Places()  # where each rank's line lies in the spool
         self.by_order: list[int] = []  # ranks numbered by their trace's place
 
-    def add(self, entry: Entry, index: int, summary: dict[str, Any]) -> None:
+    def add(self, entry: Entry, index: int, summary: RankSummary) -> None:
         rank = entry.rank
-        doc: dict[str, Any] = {"rank": rank, "path": entry.path, "status": entry.status}
+        doc: RankEntry = {"rank": rank, "path": entry.path, "status": entry.status}
         if not self.manifests:  # no manifest: the trace says its rank, or its name does
-            info = (summary.get("facts") or {}).get("distributed_info") or {}
+            facts = summary.get("facts")
+            info: Mapping[str, Any] = (facts.get("distributed_info") if facts else None) or {}
             if isinstance(info.get("rank"), int):
                 rank, doc["rank_from"] = info["rank"], "distributedInfo"
                 world = info.get("world_size")
@@ -373,7 +377,7 @@ class _Window:
                 self.by_order.append(index)
             doc["rank"] = rank
         self.timeline.add(self.w, rank, summary)
-        doc.update(summary)
+        doc.update(cast(RankEntry, summary))  # a summary's keys are its entry's (its base)
         doc = self.figures.add(doc)
         if not doc.get("error"):
             self.calls.add(doc["rank"], doc)
@@ -430,7 +434,7 @@ class _Window:
         # its figures from here on, not their places in the manifests)
         self.w["traces"] = []
 
-    def _doc_of(self, rank: Any) -> dict[str, Any] | None:
+    def _doc_of(self, rank: Any) -> RankEntry | None:
         """Rank ``rank``'s entry (the first written), read back."""
         place = next((p for p in self.places if p[0] == rank), None)
         return None if place is None else RankView(self.spool, [place])[0]
@@ -449,14 +453,18 @@ class _Window:
         for rank, why in self.calls.unreadable:
             self.figures.say("collectives_unreadable", f"rank {rank}: its collective calls "
                              f"cannot be read: {why}", rank)
-        figures = self.figures.finish()
-        figures["collectives"] = self.calls.result(
-            len(figures["step_times"]), own=self._work_of, others=self.figures.medians)
+        figures = self.figures
+        steps = figures.step_times()
         return WindowAnalysis(
             title=describe(w), role=w["role"], region=w["region"], steps=tuple(w["steps"]),
             cycle=w["cycle"], capture=w["capture"], world=w["world"], why=w["why"],
             limits=tuple(w["limits"]), dropped=tuple(w["dropped"]), other=tuple(w["other"]),
-            docs=RankView(self.spool, self.places), figures=self.figures, **figures,
+            docs=RankView(self.spool, self.places), figures=figures, step_times=steps,
+            regions=figures.region_rows(), breakdown=figures.breakdown(),
+            gpu_timeline=figures.gpu_timeline(), straggler=figures.straggler(steps),
+            readiness=figures.readiness(),
+            collectives=self.calls.result(len(steps), own=self._work_of,
+                                          others=figures.medians),
             not_analysed=w.get("not_analysed"),
             identity=(w.get("identity") or {}) if self.detail else None)
 

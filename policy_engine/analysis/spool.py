@@ -16,7 +16,10 @@ import tempfile
 import threading
 from array import array
 from collections.abc import Iterable, Iterator, Sequence
-from typing import IO, Any, overload
+from typing import IO, TYPE_CHECKING, Any, overload
+
+if TYPE_CHECKING:
+    from policy_engine.analysis.summary import RankEntry
 
 try:
     import orjson
@@ -60,7 +63,7 @@ class Spool:
         self._end = 0
         self._lock = threading.Lock()
 
-    def add(self, doc: dict[str, Any]) -> tuple[int, int]:
+    def add(self, doc: RankEntry) -> tuple[int, int]:
         """Write ``doc``; where it lies (offset, length)."""
         data = dumps(doc)
         with self._lock:
@@ -125,7 +128,7 @@ class Places:
         return out
 
 
-class RankView(Sequence[dict[str, Any]]):
+class RankView(Sequence["RankEntry"]):
     """A window's ranks, in rank order, read back from the spool: a sequence of the
     ranks' JSON objects (each read and parsed when asked for)."""
 
@@ -135,7 +138,7 @@ class RankView(Sequence[dict[str, Any]]):
                         ).in_rank_order()
 
     @classmethod
-    def of(cls, docs: list[dict[str, Any]]) -> RankView:
+    def of(cls, docs: list[RankEntry]) -> RankView:
         """A view of ``docs`` (held in a spool of their own)."""
         spool = Spool()
         return cls(spool, [(d.get("rank"), *spool.add(d)) for d in docs])
@@ -144,9 +147,9 @@ class RankView(Sequence[dict[str, Any]]):
         return len(self._places)
 
     @overload
-    def __getitem__(self, index: int) -> dict[str, Any]: ...
+    def __getitem__(self, index: int) -> RankEntry: ...
     @overload
-    def __getitem__(self, index: slice) -> list[dict[str, Any]]: ...
+    def __getitem__(self, index: slice) -> list[RankEntry]: ...
 
     def __getitem__(self, index: int | slice) -> Any:
         places = self._places
@@ -158,7 +161,7 @@ class RankView(Sequence[dict[str, Any]]):
             raise IndexError("rank view index out of range")
         return self._load(places[index])
 
-    def __iter__(self) -> Iterator[dict[str, Any]]:
+    def __iter__(self) -> Iterator[RankEntry]:
         for place in self._places:
             yield self._load(place)
 
@@ -168,9 +171,9 @@ class RankView(Sequence[dict[str, Any]]):
         for _rank, offset, length in self._places:
             yield self._spool.read(offset, length)  # type: ignore[union-attr]
 
-    def _load(self, place: tuple[Any, int, int]) -> dict[str, Any]:
+    def _load(self, place: tuple[Any, int, int]) -> RankEntry:
         assert self._spool is not None
-        found: dict[str, Any] = loads(self._spool.read(place[1], place[2]))
+        found: RankEntry = loads(self._spool.read(place[1], place[2]))
         return found
 
     def __eq__(self, other: object) -> bool:

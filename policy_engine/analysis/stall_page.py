@@ -10,7 +10,7 @@ from __future__ import annotations
 import html
 from typing import Any
 
-from policy_engine.analysis.stalls import read_stalls, stalls_text
+from policy_engine.analysis.stalls import RankState, read_stalls, stalls_text
 from policy_engine.errors import printable
 
 MAX_ROWS = 64
@@ -23,20 +23,20 @@ def _esc(value: Any) -> str:
     return html.escape(printable(str(value)), quote=True)
 
 
-def _row(r: dict[str, Any], late: set[int]) -> str:
-    call = r.get("collective") or {}
+def _row(r: RankState, late: set[int]) -> str:
+    call = r["collective"]
     inside = "-" if not call else (f"{call.get('name')} (group {call.get('group')}, call "
                                    f"{call.get('seq')})" + ("" if call.get("returned") is False
                                                            else ", returned"))
-    where = r.get("where") or {}
+    where = r["where"]
     at = f"{where.get('file')}:{where.get('line')} in {where.get('function')}" \
-        if "file" in where else "-"
+        if where and "file" in where else "-"
     state = f"cleared after {r['cleared']:.1f} s" if r.get("cleared") is not None else \
         (f"{r['running']:.1f} s" if r.get("running") is not None else "-")
     mark = ' class="late"' if r["rank"] in late else ""
     return (f"<tr{mark}><td>{_esc(r['rank'])}</td><td>{_esc(r.get('step'))}</td>"
             f"<td>{_esc(state)}</td><td>{_esc(inside)}</td><td>{_esc(at)}</td>"
-            f"<td><code>{_esc(where.get('code', ''))}</code></td></tr>")
+            f"<td><code>{_esc(where.get('code', '') if where else '')}</code></td></tr>")
 
 
 def section(root: str) -> str:

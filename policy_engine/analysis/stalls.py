@@ -29,8 +29,8 @@ import json
 import os
 import stat
 import time
-from collections.abc import Iterable
-from typing import Any
+from collections.abc import Iterable, Mapping
+from typing import Any, TypedDict, final
 
 import attrs
 
@@ -57,6 +57,143 @@ MAX_EPISODES = 8
 _FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 
 
+# -- the answer, as the JSON document says it ---------------------------------------------
+
+class FrameAt(TypedDict):
+    """A frame of a rank's training thread: where it is."""
+
+    file: str
+    line: int
+    function: str
+
+
+class _Thread(TypedDict):
+    thread: str  # the training thread's name
+
+
+class ThreadAt(_Thread, total=False):
+    """Where a rank's training thread is (:func:`_where`): its innermost frame of the
+    job's own code (else its innermost), and the innermost when that is elsewhere; no
+    frame where the thread had none."""
+
+    file: str
+    line: int
+    function: str
+    code: str  # the line's source
+    own: bool  # whether the frame is the job's own code
+    inside: FrameAt  # the innermost frame, where it is not the one above
+
+
+class SaidCall(TypedDict):
+    """A collective call as the answer says it (:func:`_said_call`)."""
+
+    name: str
+    group: str | None
+    desc: str | None  # the group's description
+    seq: int | None  # its number in the group
+    source: str  # flight_recorder, or stack
+
+
+class ReturnedCall(SaidCall):
+    """A rank's last collective call, and whether it returned."""
+
+    returned: bool | None
+
+
+class CodePlace(TypedDict):
+    """A line of the job's code, and the waiting ranks whose training thread is there."""
+
+    file: str
+    line: int
+    function: str
+    code: str
+    ranks: list[int]
+
+
+@final  # no other keys: ``_at`` tells it from a ThreadAt by ``inside``
+class WaitPlace(CodePlace):
+    """A :class:`CodePlace` with its ``file:line``."""
+
+    at: str
+
+
+# ``in`` is a keyword: the key is declared the functional way
+_InCall = TypedDict("_InCall", {"in": "SaidCall | None"})
+
+
+class NotReached(_InCall):
+    """A member of a call's group that is not in it (``in``: the other call it is in),
+    and where it is."""
+
+    rank: int
+    where: ThreadAt | None
+    last: ReturnedCall | None  # its last call, returned (when it is in none)
+    cleared: float | None  # seconds its step took, where it ended after all
+
+
+class WaitedCall(SaidCall):
+    """A call that ranks wait in, and the members of its group that are not in it."""
+
+    ranks: list[int]
+    where: list[WaitPlace]  # the first few places the waiting ranks are at
+    members: str | None  # the group's ranks as spans (None: unknown)
+    not_reached: list[NotReached]
+
+
+class RankState(TypedDict):
+    """A rank's record of the episode, as the answer says it."""
+
+    rank: int
+    pid: int
+    host: str
+    role: str
+    why: str  # stall, asked or hand (stall_record.WHYS)
+    step: int | None
+    in_step: bool
+    running: float | None  # seconds its step had run
+    limit: str  # the stall limit, in words
+    region: list[str]
+    inner_step: int | None
+    capture: Mapping[str, Any] | None  # the capture open (checked: a few fields)
+    collective: ReturnedCall | None
+    collectives_from: str  # where its calls come from, or why there are none
+    where: ThreadAt | None
+    cleared: float | None  # seconds its step took, where it ended after all
+    record: str  # its file, under stalls/
+
+
+class RollCallSaid(TypedDict):
+    """An episode's roll call: who asked, how long it waited, over what, and how many."""
+
+    by: int
+    seconds: float
+    channel: str
+    members: int
+
+
+class EpisodeAnswer(TypedDict):
+    """One stall episode, answered (:func:`_answer`)."""
+
+    episode: str | None
+    time: float  # its first record's (Unix seconds)
+    world: int | None
+    status: str  # stalled, cleared or asked
+    collectives: list[WaitedCall]
+    not_answering: list[int]  # ranks the roll call asked that did not answer
+    no_record: list[int]  # ranks of the world with no record
+    roll_call: RollCallSaid | None
+    ranks: list[RankState]
+
+
+class StallsAnswer(TypedDict):
+    """The stalls of a run, as ``analyze``'s document says them (:meth:`Stalls.to_json`)."""
+
+    episodes: list[EpisodeAnswer]  # the newest MAX_EPISODES
+    more_episodes: int  # older ones, counted
+    problems: list[str]
+    files: int
+
+
 @attrs.frozen
 class Episode:
     """One stall across the job: its records (one per process, the newest kept when a
@@ -68,7 +205,7 @@ class Episode:
     cleared: dict[str, Cleared]
     roll_call: RollCall | None
 
-    def answer(self) -> dict[str, Any]:
+    def answer(self) -> EpisodeAnswer:
         """The episode as the JSON document says it (see :func:`_answer`)."""
         return _answer(self)
 
@@ -82,7 +219,7 @@ class Stalls:
     problems: tuple[str, ...]
     files: int
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> StallsAnswer:
         return {"episodes": [e.answer() for e in self.episodes[:MAX_EPISODES]],
                 "more_episodes": max(0, len(self.episodes) - MAX_EPISODES),
                 "problems": list(self.problems[:64]), "files": self.files}
@@ -191,18 +328,18 @@ def _episodes(records: list[StallRecord], cleared: dict[str, Cleared],
     return tuple(sorted(out, key=lambda e: -e.first))
 
 
-def _where(r: StallRecord) -> dict[str, Any] | None:
+def _where(r: StallRecord) -> ThreadAt | None:
     """Where a rank's training thread is: its innermost frame of the job's own code (and
     the innermost frame, when that is elsewhere)."""
     thread = r.training()
     if thread is None:
         return None
     own, inner = thread.innermost(own=True), thread.innermost()
-    out: dict[str, Any] = {"thread": thread.name}
+    out: ThreadAt = {"thread": thread.name}
     shown = own or inner  # no frame of the job's own: where it is, whoever's code
     if shown is not None:
-        out.update(file=shown.file, line=shown.line, function=shown.function,
-                   code=shown.code, own=shown.own)
+        out["file"], out["line"], out["function"] = shown.file, shown.line, shown.function
+        out["code"], out["own"] = shown.code, shown.own
     if inner is not None and inner is not shown:
         out["inside"] = {"file": inner.file, "line": inner.line, "function": inner.function}
     return out
@@ -225,12 +362,12 @@ def _members(records: Iterable[StallRecord], group: str | None) -> set[int] | No
     return None
 
 
-def _said_call(call: Call) -> dict[str, Any]:
+def _said_call(call: Call) -> SaidCall:
     return {"name": call.name, "group": call.group, "desc": call.desc, "seq": call.seq,
             "source": call.source}
 
 
-def _answer(e: Episode) -> dict[str, Any]:
+def _answer(e: Episode) -> EpisodeAnswer:
     records = e.records
     by_rank = {r.rank: r for r in records}
     world = max((r.world for r in records), default=0)
@@ -239,13 +376,13 @@ def _answer(e: Episode) -> dict[str, Any]:
         call = _waiting(r)
         if call is not None and r.name not in e.cleared:
             waits.setdefault(call.key(), []).append(r)
-    collectives = []
+    collectives: list[WaitedCall] = []
     for _key, waiting in sorted(waits.items(), key=lambda kv: (-len(kv[1]), str(kv[0]))):
         call = _waiting(waiting[0])
         assert call is not None
         members = _members(records, call.group)
         expected = members if members is not None else set(range(world))
-        absent = []
+        absent: list[NotReached] = []
         for rank in sorted(expected - {r.rank for r in waiting}):
             late = by_rank.get(rank)
             if late is None:
@@ -255,10 +392,10 @@ def _answer(e: Episode) -> dict[str, Any]:
             absent.append({
                 "rank": rank, "where": _where(late),
                 "in": None if other is None else _said_call(other),
-                "last": None if last is None or other is not None else dict(
-                    _said_call(last), returned=last.returned),
+                "last": None if last is None or other is not None else {
+                    **_said_call(last), "returned": last.returned},
                 "cleared": e.cleared[late.name].seconds if late.name in e.cleared else None})
-        places: dict[str, dict[str, Any]] = {}
+        places: dict[str, CodePlace] = {}
         for r in waiting:
             w = _where(r)
             if w is not None and "file" in w:
@@ -276,15 +413,15 @@ def _answer(e: Episode) -> dict[str, Any]:
         if roll is not None else []
     answered = {r.rank for r in records}
     no_record = sorted(set(range(world)) - answered - set(silent)) if world else []
-    ranks = []
+    ranks: list[RankState] = []
     for r in records:
         c = e.cleared.get(r.name)
         ranks.append({"rank": r.rank, "pid": r.pid, "host": r.host, "role": r.role,
                       "why": r.why, "step": r.step, "in_step": r.in_step,
                       "running": r.running, "limit": r.limit_said, "region": list(r.region),
                       "inner_step": r.inner_step, "capture": r.capture,
-                      "collective": None if r.collective is None else dict(
-                          _said_call(r.collective), returned=r.collective.returned),
+                      "collective": None if r.collective is None else {
+                          **_said_call(r.collective), "returned": r.collective.returned},
                       "collectives_from": r.collectives, "where": _where(r),
                       "cleared": None if c is None else c.seconds, "record": r.name})
     stepping = [r for r in records if r.in_step]
@@ -300,19 +437,21 @@ def _answer(e: Episode) -> dict[str, Any]:
             "ranks": ranks}
 
 
-def _at(where: dict[str, Any] | None) -> str:
+def _at(where: ThreadAt | WaitPlace | None) -> str:
     if not where:
         return "where unknown (its training thread was not found)"
     if "file" not in where:
         return f"where unknown (thread {where.get('thread')!r} had no Python frame)"
     code = f": {where['code']}" if where.get("code") else ""
-    inside = where.get("inside")
-    deeper = f" (inside {inside['function']} at {os.path.basename(inside['file'])}:" \
-             f"{inside['line']})" if inside else ""
+    deeper = ""
+    if "inside" in where:  # a thread's innermost frame, where it is not the one shown
+        inside = where["inside"]
+        deeper = f" (inside {inside['function']} at {os.path.basename(inside['file'])}:" \
+                 f"{inside['line']})"
     return f"at {where['file']}:{where['line']} in {where['function']}{code}{deeper}"
 
 
-def _call_words(call: dict[str, Any]) -> str:
+def _call_words(call: SaidCall) -> str:
     group = call.get("group")
     if group is None:
         return f"{call['name']} (group and number unknown: from its stack)"
@@ -320,13 +459,15 @@ def _call_words(call: dict[str, Any]) -> str:
     return f"{call['name']} (group {group}{desc}, call {call.get('seq')})"
 
 
-def stalls_text(found: dict[str, Any]) -> list[str]:
+def stalls_text(found: StallsAnswer) -> list[str]:
     """The stalls part of ``analyze``'s text: the newest episode in full, first."""
     lines: list[str] = []
     for n, e in enumerate(found["episodes"]):
         head = {"stalled": "STALL", "cleared": "stall (cleared)",
                 "asked": "stall records asked for by hand"}[e["status"]]
-        steps = sorted({r["step"] for r in e["ranks"] if r["in_step"]})
+        # a record may say it is in its step and name none (null): no step to show
+        steps = sorted({step for r in e["ranks"] if r["in_step"]
+                        and (step := r["step"]) is not None})
         at = f" at step {', '.join(map(str, steps[:8]))}" if steps else ""
         limits = sorted({r["limit"] for r in e["ranks"] if r["why"] == "stall"})
         past = f" (past {limits[0]})" if len(limits) == 1 else ""
@@ -360,14 +501,16 @@ def stalls_text(found: dict[str, Any]) -> list[str]:
         if not e["collectives"]:
             for r in e["ranks"][:16]:
                 state = f"cleared after {r['cleared']:.1f} s" if r["cleared"] is not None \
-                    else "in a collective" if (r["collective"] or {}).get("returned") is False \
+                    else "in a collective" if (call := r["collective"]) is not None \
+                    and call["returned"] is False \
                     else "not in a collective"
                 lines.append(f"  rank {r['rank']} step {r['step']}: {state}: {_at(r['where'])}")
         if e["not_answering"]:
-            roll = e["roll_call"] or {}
+            roll = e["roll_call"]
+            seconds, channel = (0.0, "channel") if roll is None else (roll["seconds"],
+                                                                      roll["channel"])
             lines.append(f"  NOT ANSWERING: rank(s) {rank_spans(e['not_answering'])} "
-                         f"(no answer within {roll.get('seconds', 0):.0f} s over the job's "
-                         f"{roll.get('channel', 'channel')})")
+                         f"(no answer within {seconds:.0f} s over the job's {channel})")
         if e["no_record"]:
             lines.append(f"  no record from rank(s) {rank_spans(e['no_record'])} (they do "
                          "not watch for stalls, or did not answer)")

@@ -15,9 +15,14 @@ else takes them from here:
   (:class:`policy_engine.analysis.answers.RankAnalysis`);
 - the schema's step rows and totals (``schemas/analysis.schema.json``) are
   :func:`with_figures` of it: ``python -m policy_engine.analysis.step_figures`` writes
-  them, and a test holds the file to this declaration.
+  them, and a test holds the file to this declaration;
+- the type checker needs the names spelled: :data:`Figure` (a name) and
+  :class:`FigureRow` (a summary's step row, ``summary.StepRow``, and a rank's totals are
+  JSON of this shape) spell them, and importing this module checks both against the
+  class.
 
-A new figure is one field here and its computation in ``breakdown``.
+A new figure is one field here (and its name in ``Figure`` and ``FigureRow``) and its
+computation in ``breakdown``.
 """
 
 from __future__ import annotations
@@ -27,7 +32,7 @@ import json
 import os
 import sys
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Literal, TypedDict, get_args
 
 import attrs
 
@@ -70,12 +75,41 @@ class StepFigures:
         return cls(row.get("step"), **{name: row[name] for name in FIGURES})
 
 
+#: A figure's name: a key of a summary's step row (``summary.StepRow``) and of a rank's
+#: totals; the fields above, in order (checked below).
+Figure = Literal["time_us", "span_us", "compute_us", "comm_us", "overlap_us", "other_us",
+                 "idle_us"]
 #: The figures of a step, in the order a summary writes them.
-FIGURES: tuple[str, ...] = tuple(f.name for f in attrs.fields(StepFigures)
-                                 if f.name != "step")
+FIGURES: tuple[Figure, ...] = get_args(Figure)
+if tuple(f.name for f in attrs.fields(StepFigures) if f.name != "step") != FIGURES:
+    raise TypeError("step_figures.Figure does not name StepFigures' fields in order")
 
 
-def _properties() -> dict[str, dict[str, Any]]:
+class FigureRow(TypedDict):
+    """The figures as JSON, in µs: a summary's step row holds them
+    (``summary.StepRow``), a rank's totals are them summed (``window.totals``)."""
+
+    time_us: float
+    span_us: float
+    compute_us: float
+    comm_us: float
+    overlap_us: float
+    other_us: float
+    idle_us: float
+
+
+if tuple(FigureRow.__annotations__) != FIGURES:
+    raise TypeError("step_figures.FigureRow does not name FIGURES in order")
+
+
+class FigureProperty(TypedDict):
+    """A step figure's property in the analysis schema (made by :func:`with_figures`)."""
+
+    type: str
+    description: str
+
+
+def _properties() -> dict[str, FigureProperty]:
     return {f.name: {"type": "number", "description": f.metadata[ABOUT]}
             for f in attrs.fields(StepFigures) if f.name != "step"}
 

@@ -34,9 +34,12 @@ import signal
 import sys
 import threading
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from policy_engine.analysis.collective_form import shrink
+
+if TYPE_CHECKING:  # the runtime imports this module for its limits: not the reader
+    from policy_engine.analysis.summary import RankSummary, StepRow
 
 USAGE = ("usage: python -m policy_engine.analysis.summarize_main PATH [--parent PID] "
          "[--trim-bytes N] [--max-bytes N] [--memory-bytes N]")
@@ -55,6 +58,15 @@ MEMORY_BYTES = 512 << 20
 MARGIN = 64 << 20
 _ENVELOPE = 1 << 10  # room for {"summary": ..., "trimmed": "..."} around the summary
 _OPTIONS = ("--parent", "--trim-bytes", "--max-bytes", "--memory-bytes")
+
+
+class WorkerLine(TypedDict, total=False):
+    """The one line the worker prints (made by :func:`main`): ``summary`` (with
+    ``trimmed`` saying what was left out of it), or ``error``."""
+
+    summary: RankSummary
+    trimmed: str
+    error: str
 
 
 def _watch(parent: int | None, most: int | None) -> None:
@@ -87,8 +99,8 @@ def _size(value: Any) -> int:
     return len(json.dumps(value))
 
 
-def fit(summary: dict[str, Any], trim_bytes: int = MAX_SUMMARY_BYTES,
-        max_bytes: int = MAX_KEPT_BYTES) -> dict[str, Any]:
+def fit(summary: RankSummary, trim_bytes: int = MAX_SUMMARY_BYTES,
+        max_bytes: int = MAX_KEPT_BYTES) -> WorkerLine:
     """What the worker prints of ``summary``: whole, trimmed, or an error when even its
     bare figures are past ``max_bytes``."""
     size = _size(summary)
@@ -102,23 +114,23 @@ def fit(summary: dict[str, Any], trim_bytes: int = MAX_SUMMARY_BYTES,
             each = max(_size(calls) // listed, 1)
             keep = max((trim_bytes - without) // each - 1, 0)
             if keep < listed:
-                summary = dict(summary, collectives=shrink(calls, keep))
+                summary = {**summary, "collectives": shrink(calls, keep)}
                 if _size(summary) <= trim_bytes:
                     return {"summary": summary, "trimmed": (
                         f"the summary was {size} bytes, over {trim_bytes >> 10} KiB: "
                         f"collective calls past the first {keep} were folded")}
-    trimmed = dict(summary)
+    trimmed = summary.copy()
     regions = summary.get("regions")
     if isinstance(regions, dict):  # the longest regions first (analysis.summary)
         trimmed["regions"] = dict(list(regions.items())[:TRIM_REGIONS])
     facts = summary.get("facts")
     if isinstance(facts, dict):
-        trimmed["facts"] = facts = dict(facts, hta_unrecognised=[], looks_like_comm=[])
+        trimmed["facts"] = facts = {**facts, "hta_unrecognised": [], "looks_like_comm": []}
     ops = summary.get("ops")
     if isinstance(ops, dict) and isinstance(ops.get("top"), list):  # the most time first
         top = ops["top"]
-        trimmed["ops"] = dict(ops, top=top[:TRIM_OPS],
-                              left_out=int(ops.get("left_out") or 0) + len(top[TRIM_OPS:]))
+        trimmed["ops"] = {**ops, "top": top[:TRIM_OPS],
+                          "left_out": int(ops.get("left_out") or 0) + len(top[TRIM_OPS:])}
     said = (f"the summary was {size} bytes, over {trim_bytes >> 10} KiB: regions beyond "
             f"the top {TRIM_REGIONS}, operators beyond the top {TRIM_OPS} and the facts' "
             "name lists were left out")
@@ -128,7 +140,7 @@ def fit(summary: dict[str, Any], trim_bytes: int = MAX_SUMMARY_BYTES,
         keep = _steps_that_fit(trimmed, steps, room)
         trimmed["steps"] = steps[:keep]
         left_out = len(steps) - keep + int(facts.get("steps_left_out") or 0)
-        trimmed["facts"] = dict(facts, steps_left_out=left_out)
+        trimmed["facts"] = {**facts, "steps_left_out": left_out}
         said += f"; steps past the first {keep} were left out ({left_out} in all)"
     left = _size(trimmed)
     if left > room:
@@ -137,10 +149,10 @@ def fit(summary: dict[str, Any], trim_bytes: int = MAX_SUMMARY_BYTES,
     return {"summary": trimmed, "trimmed": said}
 
 
-def _steps_that_fit(trimmed: dict[str, Any], steps: list[Any], room: int) -> int:
+def _steps_that_fit(trimmed: RankSummary, steps: list[StepRow], room: int) -> int:
     """How many of the first steps fit in ``room`` with the rest of the summary."""
-    left = room - _size(dict(trimmed, steps=[], facts=dict(trimmed["facts"],
-                                                           steps_left_out=len(steps))))
+    left = room - _size({**trimmed, "steps": [], "facts": {**trimmed["facts"],
+                                                           "steps_left_out": len(steps)}})
     keep = 0
     for row in steps:
         left -= _size(row) + 2  # and the ", " before the next
@@ -150,7 +162,7 @@ def _steps_that_fit(trimmed: dict[str, Any], steps: list[Any], room: int) -> int
     return keep
 
 
-def _line(found: dict[str, Any], max_bytes: int) -> str:
+def _line(found: WorkerLine, max_bytes: int) -> str:
     try:
         text = json.dumps(found, allow_nan=False)
     except (TypeError, ValueError) as err:
@@ -201,7 +213,7 @@ def main(argv: list[str] | None = None) -> int:
         threading.Thread(target=_watch, args=(parent, most), daemon=True).start()
     from policy_engine.analysis.summary import summarize
 
-    found: dict[str, Any] = {}
+    found: WorkerLine = {}
     try:
         summary = summarize(path)
         found = {"error": summary["error"]} if "error" in summary else \

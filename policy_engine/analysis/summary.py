@@ -25,12 +25,14 @@ from __future__ import annotations
 import heapq
 import os
 import re
-from typing import Any
+from collections.abc import Mapping
+from typing import Any, Literal, TypedDict, cast, get_args
 
 from policy_engine.analysis import phases as _phases
-from policy_engine.analysis.chrome_trace import TraceError, TraceReader
+from policy_engine.analysis.ascend import Overlap
+from policy_engine.analysis.chrome_trace import TraceError, TraceEvent, TraceReader
 from policy_engine.analysis.collectives import Collectives
-from policy_engine.analysis.device_view import DeviceView
+from policy_engine.analysis.device_view import DeviceView, GpuTimeline, HtaBreakdown
 from policy_engine.analysis.intervals import (
     EMPTY,
     Merged,
@@ -40,7 +42,7 @@ from policy_engine.analysis.intervals import (
     intersect,
     union,
 )
-from policy_engine.analysis.step_figures import FIGURES
+from policy_engine.analysis.step_figures import FIGURES, FigureRow
 
 STEP = re.compile(r"ProfilerStep\s*#\s*(\d+)$")
 #: A step number has at most this many digits (any count of steps fits in 64 bits); a
@@ -84,6 +86,116 @@ MAX_KINDS = 65536
 _NUMBER = (int, float)
 
 
+class _StepRowBase(FigureRow):
+    """A step row's number and figures (made by :func:`summarize`)."""
+
+    step: int | None  # N of ProfilerStep#N; None: the whole trace, which has none
+
+
+class StepRow(_StepRowBase, total=False):
+    """One ``ProfilerStep`` of a rank: a row of a summary's ``steps`` (made by
+    :func:`summarize` and ``npu_summary.summarize_npu``)."""
+
+    gpu_timeline: GpuTimeline | None  # the step's device view; absent on a CPU trace
+
+
+class RegionTime(TypedDict):
+    """A region's calls and time in one trace: a value of a summary's ``regions`` (made by
+    :func:`summarize`)."""
+
+    count: int
+    time_us: float
+
+
+class OpRow(TypedDict):
+    """An operator or kernel name's calls and time: a row of a summary's ``ops.top`` (made
+    by :func:`summarize`)."""
+
+    cat: str
+    name: str
+    calls: int
+    time_us: float  # inside its calls, nested calls included
+
+
+class OpsTable(TypedDict):
+    """A summary's ``ops`` (made by :func:`summarize`): the names with the most time, and
+    how many were not timed."""
+
+    top: list[OpRow]
+    left_out: int  # calls of names past MAX_OPS (or the trimmed rows' count)
+
+
+class DistributedInfo(TypedDict):
+    """What a trace's ``distributedInfo`` says of its rank (made by :func:`_distributed`;
+    values as the trace has them: checked where they are used)."""
+
+    rank: Any
+    world_size: Any
+    backend: Any
+
+
+class _FactsBase(TypedDict):
+    """The counts and names every summary's ``facts`` holds (made by :func:`summarize`)."""
+
+    events: int
+    profiler_steps: int  # ProfilerStep rows in the trace, listed or not
+    kernels: int  # device events (an NPU's tasks)
+    comm_kernels: int
+    cpu_comm_ops: int
+    distributed_info: DistributedInfo | None
+    hta_unrecognised: list[str]  # collective kernels HTA does not count as communication
+    looks_like_comm: list[str]  # kernels no pattern takes that look like collectives
+    regions_left_out: int
+
+
+class Facts(_FactsBase, total=False):
+    """A summary's ``facts``: what the readiness checks need (made by :func:`summarize`)."""
+
+    steps_left_out: int  # ProfilerStep rows past the steps listed
+
+
+class AscendFigures(TypedDict):
+    """An NPU summary's ``ascend`` (made by ``npu_summary.summarize_npu``): msprof's
+    figures, ours and its Overlap Analysis lanes read back."""
+
+    overlap: Overlap | None
+    lanes: Overlap | None
+
+
+class RankSummary(TypedDict, total=False):
+    """One rank's trace summed up: what :func:`summarize` returns (and a manifest's
+    ``summary`` line holds); only ``error`` when the trace cannot be read, else the rest
+    (``ascend`` an NPU's only; one read back may lack ``ops`` and ``phases``)."""
+
+    error: str
+    bytes: int | None  # the trace file's size (None or absent in one read back)
+    basis: str  # one of BASES
+    steps: list[StepRow]
+    gpu_timeline: GpuTimeline | None
+    hta: HtaBreakdown | None
+    device_error: str | None  # why the device view gave up (its figures None)
+    ascend: AscendFigures  # an NPU's summary only
+    # collective_form's record (Collectives.result; read from a manifest, it is checked
+    # where it is read: window_calls); in a window's rank entry, its digest
+    collectives: Any
+    regions: dict[str, RegionTime]
+    phases: _phases.PhasesRecord | None  # what phases.Phases.result makes
+    ops: OpsTable
+    facts: Facts
+
+
+class RankEntry(RankSummary, total=False):
+    """A rank of a window as its ``ranks`` list shows it: its summary (or ``error``) with
+    where it came from (made by run.py's window, ``window.Figures.add`` and
+    ``window.Figures.left_out``)."""
+
+    rank: Any  # its rank; where none is known, its trace's place in the folder
+    path: str | None
+    status: Any  # its manifest's capture status, as recorded
+    rank_from: str  # without manifests: "distributedInfo", "name" or "order"
+    total: FigureRow  # its steps summed (:func:`totals`)
+
+
 def _kind(cat: str, name: str) -> int:
     if cat == "kernel":
         return _K_COMM if KERNEL_COMM.match(name) else _K_COMP
@@ -123,7 +235,7 @@ class _Pass:
         self.names: dict[tuple[str, str], list[float]] = {}
         self.names_left_out = 0
 
-    def event(self, e: dict[str, Any]) -> None:
+    def event(self, e: TraceEvent) -> None:
         if e.get("ph") != "X":
             return
         ts: Any = e.get("ts")
@@ -194,7 +306,7 @@ def _r(value: float) -> float:
 
 
 def _steps(steps: list[tuple[int, float, float]], parts: tuple[Merged, Merged, Merged],
-           device: dict[int | None, Any]) -> list[dict[str, Any]]:
+           device: dict[int | None, GpuTimeline | None]) -> list[StepRow]:
     """Each ProfilerStep's step view (its wall time on the host, and what the device, or
     on the CPU the host's operators, did within it) and its device view (``device``: the
     step's ``gpu_timeline`` by its number); one step (None) for the whole trace when
@@ -204,30 +316,32 @@ def _steps(steps: list[tuple[int, float, float]], parts: tuple[Merged, Merged, M
         whole = bounds(union(compute, comm, other))
         if whole is None:
             return []
-        row: dict[str, Any] = {"step": None, "time_us": _r(whole[1] - whole[0]),
-                               **breakdown(compute, comm, other, *whole)}
+        # breakdown() gives the other figures (span_us to idle_us: intervals.py)
+        row = cast(StepRow, {"step": None, "time_us": _r(whole[1] - whole[0]),
+                             **breakdown(compute, comm, other, *whole)})
         if device:
             row["gpu_timeline"] = device.get(None)
         return [row]
     rows = []
     joint = (intersect(compute, comm), union(compute, comm, other))  # once, not per step
     for number, start, end in sorted(steps, key=lambda s: s[1]):
-        row = {"step": number, "time_us": _r(end - start),
-               **breakdown(compute, comm, other, start, end, joint)}
+        row = cast(StepRow, {"step": number, "time_us": _r(end - start),  # as above
+                             **breakdown(compute, comm, other, start, end, joint)})
         if device:
             row["gpu_timeline"] = device.get(number)
         rows.append(row)
     return rows
 
 
-def _distributed(meta: dict[str, Any]) -> dict[str, Any] | None:
+def _distributed(meta: Mapping[str, Any]) -> DistributedInfo | None:
     info = meta.get("distributedInfo")
     if not isinstance(info, dict):
         return None
-    return {k: info.get(k) for k in ("rank", "world_size", "backend")}
+    return {"rank": info.get("rank"), "world_size": info.get("world_size"),
+            "backend": info.get("backend")}
 
 
-def summarize(path: str, *, max_bytes: int | None = None) -> dict[str, Any]:
+def summarize(path: str, *, max_bytes: int | None = None) -> RankSummary:
     """The summary of the trace at ``path``; ``{"error": ...}`` when it cannot be read
     (or holds more than ``max_bytes`` of text).
     An Ascend capture (a ``*_ascend_pt`` folder, or its ``trace_view.json``) is read by
@@ -235,7 +349,9 @@ def summarize(path: str, *, max_bytes: int | None = None) -> dict[str, Any]:
     if os.path.isdir(path) or os.path.basename(path) == "trace_view.json":
         from policy_engine.analysis.npu_summary import summarize_npu
 
-        return summarize_npu(path, max_bytes=max_bytes)
+        # the same document, made there (npu_summary cannot import this module's shapes:
+        # this module imports it)
+        return cast(RankSummary, summarize_npu(path, max_bytes=max_bytes))
     p, view, calls, phases = _Pass(), DeviceView(), Collectives(), _phases.Phases()
     try:
         size = os.path.getsize(path)
@@ -261,13 +377,26 @@ def summarize(path: str, *, max_bytes: int | None = None) -> dict[str, Any]:
         parts = (p.k_comp.merged(), p.k_comm.merged(), p.k_other.merged())
     else:
         parts = (p.ops.merged(), p.comm.merged(), EMPTY)
-    device_steps: dict[int | None, Any] = {
+    device_steps: dict[int | None, GpuTimeline | None] = {
         row["step"]: row["gpu_timeline"] for row in found["steps"]} if gpu else {}
     if gpu and not p.steps:  # the trace is one step: its device view is the trace's
         device_steps[None] = found["gpu_timeline"]
     steps = _steps(p.listed(), parts, device_steps)
     regions = sorted(p.regions.items(), key=lambda kv: (-kv[1][1], kv[0]))[:TOP_REGIONS]
     ops = sorted(p.names.items(), key=lambda kv: (-kv[1][1], kv[0]))[:TOP_OPS]
+    facts: Facts = {
+        "events": count,
+        "profiler_steps": p.step_count,
+        "kernels": kernels,
+        "comm_kernels": p.k_comm.count,
+        "cpu_comm_ops": p.comm.count,
+        "distributed_info": _distributed(meta),
+        "hta_unrecognised": sorted(p.hta_missed),
+        "looks_like_comm": sorted(p.looks_comm),
+        "regions_left_out": p.regions_left_out,
+    }
+    if p.step_count > len(steps):
+        facts["steps_left_out"] = p.step_count - len(steps)
     return {
         "bytes": size,
         "basis": "gpu" if gpu else "cpu",
@@ -282,19 +411,7 @@ def summarize(path: str, *, max_bytes: int | None = None) -> dict[str, Any]:
         "ops": {"top": [{"cat": cat, "name": name, "calls": int(n), "time_us": _r(t)}
                         for (cat, name), (n, t) in ops],
                 "left_out": p.names_left_out},
-        "facts": {
-            "events": count,
-            "profiler_steps": p.step_count,
-            "kernels": kernels,
-            "comm_kernels": p.k_comm.count,
-            "cpu_comm_ops": p.comm.count,
-            "distributed_info": _distributed(meta),
-            "hta_unrecognised": sorted(p.hta_missed),
-            "looks_like_comm": sorted(p.looks_comm),
-            "regions_left_out": p.regions_left_out,
-            **({"steps_left_out": p.step_count - len(steps)}
-               if p.step_count > len(steps) else {}),
-        },
+        "facts": facts,
     }
 
 
@@ -302,7 +419,7 @@ def summarize(path: str, *, max_bytes: int | None = None) -> dict[str, Any]:
 
 _STEP_KEYS = FIGURES  # each a number from 0 (step_figures.py declares them)
 #: The parts of a step that lie within its span (its ``time_us`` is the host's own).
-_SPAN_PARTS = ("compute_us", "comm_us", "overlap_us", "other_us", "idle_us")
+_SPAN_PARTS = tuple(k for k in FIGURES if k not in ("time_us", "span_us"))
 _COUNTS = ("events", "profiler_steps", "kernels", "comm_kernels", "cpu_comm_ops",
            "regions_left_out")
 #: A summary read from a manifest holds at most this many steps and names.
@@ -352,7 +469,7 @@ def _step_problem(i: int, row: Any, cpu: bool) -> str | None:
     return None if why is None else f"step {i}: {why}"
 
 
-def _parts_problem(row: dict[str, Any], span: float) -> str | None:
+def _parts_problem(row: Any, span: float) -> str | None:
     """Why a breakdown (a step's, or the device's over ``span``) is not one
     :func:`_breakdown` can make: a part longer than the span, overlap longer than compute
     or communication, or parts that do not sum to the span; within rounding (each figure
@@ -372,9 +489,12 @@ def _parts_problem(row: dict[str, Any], span: float) -> str | None:
 
 #: A summary's bases: GPU kernels, the host's operators, an Ascend NPU's tasks.
 BASES = ("cpu", "gpu", "npu")
-#: The keys of TraceLens's ``gpu_timeline`` (device_view.GpuTimeline), in µs.
-TIMELINE = ("computation_us", "exposed_comm_us", "exposed_memcpy_us", "busy_us", "idle_us",
-            "total_us")
+#: A key of TraceLens's ``gpu_timeline`` (device_view.GpuTimeline), in µs.
+TimelineFigure = Literal["computation_us", "exposed_comm_us", "exposed_memcpy_us", "busy_us",
+                         "idle_us", "total_us"]
+TIMELINE: tuple[TimelineFigure, ...] = get_args(TimelineFigure)
+if tuple(GpuTimeline.__annotations__) != TIMELINE:
+    raise TypeError("summary.TimelineFigure does not name device_view.GpuTimeline's keys")
 _HTA_TIMES = ("idle_us", "compute_us", "non_compute_us", "kernel_us", "comm_us",
               "overlap_us")
 

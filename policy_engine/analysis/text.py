@@ -6,7 +6,7 @@ ranks and the slowest ranks, so the text stays short at thousands of ranks.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from policy_engine.analysis.stalls import stalls_text
@@ -14,6 +14,10 @@ from policy_engine.errors import printable
 
 if TYPE_CHECKING:
     from policy_engine.analysis.answers import RunAnalysis, WindowAnalysis
+    from policy_engine.analysis.hta import HtaAnswer
+    from policy_engine.analysis.summary import TimelineFigure
+    from policy_engine.analysis.window import RankTotals
+    from policy_engine.analysis.windows import Dropped, Limit, OtherTrace, SlowStep, WindowWhy
 
 RANK_ROWS = 16
 SLOWEST = 5
@@ -30,26 +34,26 @@ def _spread(s: dict[str, float] | None) -> str:
     return "-" if s is None else f"{ms(s['min'])} / {ms(s['median'])} / {ms(s['max'])}"
 
 
-def why(window: dict[str, Any]) -> str:
-    """Why the window's capture exists, in words (and any rank's other reason)."""
-    found = window.get("why")
+def why(found: WindowWhy | None) -> str:
+    """Why a window's capture exists (its ``why``), in words (and any rank's other
+    reason)."""
     if not found:
         return "found on disk (no manifest)"
-    said = _trigger(found)
-    others = [f"rank {a['rank']}: {_trigger(a)}" for a in found.get("also") or []]
+    said = _trigger(found["trigger"], found.get("request"), found.get("slow") or [])
+    others = [f"rank {a['rank']}: {_trigger(a['trigger'], a.get('request'))}"
+              for a in found.get("also") or []]
     return said + (f" ({'; '.join(others)})" if others else "")
 
 
-def _trigger(found: dict[str, Any]) -> str:
-    trigger = found["trigger"]
+def _trigger(trigger: str, request: Any, slow: Sequence[SlowStep] = ()) -> str:
+    """A trigger in words: with its request, or the slow steps behind it."""
     if trigger == "plan":
         return "the policy's plan"
     if trigger == "on_demand":
-        return f"on demand (request {found.get('request') or '?'})"
+        return f"on demand (request {request or '?'})"
     if trigger == "signal":
         return "a signal (SIGUSR2)"
     if trigger == "slow_step":
-        slow = found.get("slow") or []
         said = "; ".join(
             f"rank {s.get('rank')} took {s.get('seconds')} s at step {s.get('step')} "
             f"(median {s.get('median')} s)" for s in slow[:4])
@@ -57,15 +61,18 @@ def _trigger(found: dict[str, Any]) -> str:
     return str(trigger)
 
 
-def notes(window: dict[str, Any]) -> list[str]:
-    """Limits reached and backends that wrote nothing in this window."""
-    out = [f"limit: {x['why']}" for x in window.get("limits") or []]
-    dropped: dict[tuple[str, str], list[Any]] = {}
-    for d in window.get("dropped") or []:
-        dropped.setdefault((str(d.get("backend") or "?"), str(d["why"])), []).append(d["rank"])
+def notes(limits: Iterable[Limit] | None, dropped: Iterable[Dropped] | None,
+          other: Iterable[OtherTrace] | None) -> list[str]:
+    """Limits reached and backends that wrote nothing in a window (its ``limits``,
+    ``dropped`` and ``other``)."""
+    out = [f"limit: {x['why']}" for x in limits or []]
+    wrote_none: dict[tuple[str, str], list[Any]] = {}
+    for d in dropped or []:
+        wrote_none.setdefault((str(d.get("backend") or "?"), str(d["why"])),
+                              []).append(d["rank"])
     out += [f"backend {b} wrote nothing on rank(s) {_ranks(r)}: {w}"
-            for (b, w), r in dropped.items()]
-    others = sorted({str(o.get("backend")) for o in window.get("other") or []})
+            for (b, w), r in wrote_none.items()]
+    others = sorted({str(o.get("backend")) for o in other or []})
     if others:
         out.append(f"not analysed (not torch traces): {', '.join(others)}")
     return out
@@ -78,15 +85,15 @@ def _ranks(ranks: list[Any]) -> str:
     return ", ".join(map(str, ints)) or "?"
 
 
-def rank_rows(w: WindowAnalysis) -> list[tuple[Any, str, dict[str, Any]]]:
+def rank_rows(w: WindowAnalysis) -> list[tuple[Any, str, RankTotals]]:
     """(rank, basis, totals) of the readable ranks, in rank order."""
     if w.figures is None:
         return []
     return sorted(w.figures.rows(), key=lambda r: (not isinstance(r[0], int), r[0] or 0))
 
 
-def _rank_rows(read: list[tuple[Any, str, dict[str, Any]]], straggler: Any) -> list[str]:
-    rows: Iterable[tuple[Any, str, dict[str, Any]]] = read
+def _rank_rows(read: list[tuple[Any, str, RankTotals]], straggler: Any) -> list[str]:
+    rows: Iterable[tuple[Any, str, RankTotals]] = read
     if len(read) > RANK_ROWS:
         rows = sorted(read, key=lambda r: -r[2]["compute_us"])[:SLOWEST]
     rows = list(rows)
@@ -108,10 +115,10 @@ def _rank_rows(read: list[tuple[Any, str, dict[str, Any]]], straggler: Any) -> l
 
 
 def window_text(window: WindowAnalysis) -> list[str]:
-    w = {**window.head(), **window.tail()}
-    lines = [f"== {w['title']}: {len(window.docs)} rank(s); captured because of {why(w)}"]
-    lines += [f"  note: {n}" for n in notes(w)]
-    s = w.get("straggler")
+    w = window
+    lines = [f"== {w.title}: {len(w.docs)} rank(s); captured because of {why(w.why)}"]
+    lines += [f"  note: {n}" for n in notes(w.limits, w.dropped, w.other)]
+    s = w.straggler
     if s:
         others = s.get("others_wait_us") or {}
         lines.append(
@@ -119,13 +126,13 @@ def window_text(window: WindowAnalysis) -> list[str]:
             f"arrives {ms(s['late_us'])} ms after the median rank; it waits "
             f"{ms(s['wait_us'])} ms in collectives, the others {ms(others.get('median'))} ms "
             f"(median)")
-    elif any(step["collectives"] for step in w["step_times"]):
+    elif any(step["collectives"] for step in w.step_times):
         lines.append("  no straggler: no rank is consistently the one the others wait for")
-    device = any(step.get("gpu_timeline") for step in w["step_times"])
-    if w["step_times"]:
+    device = any(step.get("gpu_timeline") for step in w.step_times)
+    if w.step_times:
         lines.append("  profiler step   time ms min / median / max     comm ms median   "
                      + ("device total / idle ms   " if device else "") + "straggler")
-        for step in w["step_times"]:
+        for step in w.step_times:
             name = "whole trace" if step["step"] is None else str(step["step"])
             late = (f"rank {step['straggler']} (+{ms(step['late_us'])} ms)"
                     if step["straggler"] is not None else "-")
@@ -135,23 +142,22 @@ def window_text(window: WindowAnalysis) -> list[str]:
                 if device else ""
             lines.append(f"  {name:<15} {_spread(step['time_us']):<31} {ms(comm):<16} "
                          + (f"{on_device:<25}" if device else "") + late)
-    lines += device_lines(w.get("gpu_timeline"), len(window.docs))
-    b = w.get("breakdown")
+    lines += device_lines(w.gpu_timeline, len(w.docs))
+    b = w.breakdown
     read = rank_rows(window)
     if b and len(read) > RANK_ROWS:
         for key in ("compute_us", "comm_us", "idle_us"):
             lines.append(f"  {key[:-3]:<8} across ranks (ms): {_spread(b[key])}")
     lines += _rank_rows(read, s["rank"] if s else None)
-    lines += calls_text(w.get("collectives"))
-    for region in w["regions"][:5]:
+    lines += calls_text(w.collectives)
+    for region in w.regions[:5]:
         lines.append(f"  region {region['name']}: {_spread(region['time_us'])} ms "
                      f"over {region['ranks']} rank(s)")
-    for r in w["readiness"]:
+    for r in w.readiness:
         who = f" (ranks {_ranks(r['ranks'])})" if r["ranks"] else ""
         lines.append(f"  readiness: {r['code']}: {r['message']}{who}")
-    hta = w.get("hta")
-    if hta:
-        lines += ["  " + line for line in hta_text(hta)]
+    if w.hta:
+        lines += ["  " + line for line in hta_text(w.hta)]
     return lines
 
 
@@ -159,7 +165,7 @@ def _gbps(value: float | None) -> str:
     return "-" if value is None else f"{value:.3g} GB/s"
 
 
-def calls_text(found: dict[str, Any] | None) -> list[str]:
+def calls_text(found: Mapping[str, Any] | None) -> list[str]:
     """A window's collective calls matched across its ranks, in words: the late rank and
     why, each rank's wait and transfer, the groups by bus bandwidth."""
     if not found:
@@ -203,8 +209,9 @@ def calls_text(found: dict[str, Any] | None) -> list[str]:
     return lines
 
 
-def _median(found: dict[str, Any] | None, key: str) -> str:
-    spread = (found or {}).get(key)
+def _median(found: Mapping[TimelineFigure, Mapping[str, float] | None] | None,
+            key: TimelineFigure) -> str:
+    spread = found.get(key) if found else None
     return ms(spread["median"]) if spread else "-"
 
 
@@ -215,19 +222,21 @@ VIEWS = ("step view: a step's wall time on the host and what the device did in i
          "docs/analysis.md#definitions")
 
 
-def device_lines(timeline: dict[str, Any] | None, ranks: int) -> list[str]:
+def device_lines(timeline: Mapping[TimelineFigure, Mapping[str, float] | None] | None,
+                 ranks: int) -> list[str]:
     """The device view of a window across its ranks, and what it means."""
     if not timeline:
         return []
-    said = ", ".join(f"{label} {_median(timeline, key)}" for key, label in (
+    labels: tuple[tuple[TimelineFigure, str], ...] = (
         ("computation_us", "computation"), ("exposed_comm_us", "exposed comm"),
         ("exposed_memcpy_us", "exposed memcpy"), ("busy_us", "busy"), ("idle_us", "idle"),
-        ("total_us", "total")))
+        ("total_us", "total"))
+    said = ", ".join(f"{label} {_median(timeline, key)}" for key, label in labels)
     across = " (median across ranks)" if ranks > 1 else ""
     return [f"  device view, whole trace{across}, ms: {said}", f"  ({VIEWS})"]
 
 
-def hta_text(hta: dict[str, Any]) -> list[str]:
+def hta_text(hta: HtaAnswer) -> list[str]:
     if hta.get("error"):
         return [f"HTA: {hta['error']}"]
     lines = ["HTA temporal breakdown (ms): rank  compute  non-compute  idle  "

@@ -29,11 +29,13 @@ a step of 100,000 ranks is a few rows, and memory is bounded by :data:`MAX_STEPS
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypedDict
 
-from policy_engine.analysis.clocks import Clocks
+from policy_engine.analysis.clocks import Clocks, ClockStatus
 from policy_engine.analysis.format import rank_spans
 from policy_engine.analysis.intervals import Merged, Spans, intersect, length
+from policy_engine.analysis.summary import RankSummary
+from policy_engine.analysis.windows import Window
 
 #: Steps kept (the first in step order); rows per role and step; ranks listed per row.
 MAX_STEPS = 1000
@@ -50,6 +52,105 @@ LISTED_SHARE = 0.005
 #: of the other's, or this share of the row's span, or twice their clock's uncertainty.
 TOL_US = 1000.0
 TOL_SHARE = 0.02
+
+
+class PhaseBar(TypedDict):
+    """A phase of a timeline row (made by :func:`_row_json`); times in µs from the
+    step's start."""
+
+    name: str
+    start_us: float
+    end_us: float
+    share: float  # of the step's span
+    lead_us: float  # the collective or transfer it begins with
+    tail_us: float  # the one it ends with
+
+
+class WaitSpell(TypedDict):
+    """Where a timeline row waits, and for which phase of which role (made by
+    :func:`_row_json`); times in µs from the step's start."""
+
+    start_us: float
+    end_us: float
+    for_role: str
+    phase: str
+
+
+class TimelineRow(TypedDict):
+    """Ranks of one role whose phases agree, in one step (made by :func:`_row_json`)."""
+
+    role: str
+    ranks: str  # rank spans, "0-3,8"
+    rank_count: int
+    colocated: bool  # roles sharing the ranks ("actor+rollout")
+    span: list[float]  # [start, end] of its ranks' captures, from the step's start
+    phases: list[PhaseBar]
+    waiting: list[WaitSpell]
+    busy_us: float
+    wait_us: float
+    idle_us: float
+    uncertainty_us: float
+    implicit: bool  # no region marked: the capture itself is its one phase
+
+
+class StepWait(TypedDict):
+    """One role's ranks waiting for another role's phase in a step (made by
+    :meth:`Timeline._step`)."""
+
+    role: str
+    ranks: str
+    for_role: str
+    for_ranks: str
+    phase: str
+    wait_us: float
+    share: float  # of the step's span
+    text: str
+
+
+class CriticalPhase(TypedDict):
+    """A phase on a step's critical path (made by :func:`_critical`)."""
+
+    role: str
+    ranks: str
+    phase: str
+    start_us: float
+    end_us: float
+
+
+class TimelineStep(TypedDict):
+    """One training step (or a capture of merged steps) laid out (made by
+    :meth:`Timeline._step`)."""
+
+    step: int | None  # None: merged steps (``steps`` lists them)
+    steps: list[int]
+    title: str
+    start_us: float  # on the job's clock
+    span_us: float
+    uncertainty_us: float
+    rows: list[TimelineRow]
+    waits: list[StepWait]
+    critical_path: list[CriticalPhase]
+    missing: list[str]  # roles with phases in other steps, none in this one
+    notes: list[str]
+
+
+class TimelineDoc(TypedDict):
+    """The step timeline (made by :meth:`Timeline.finish`; the analysis schema's
+    ``timeline``)."""
+
+    clock: ClockStatus
+    steps: list[TimelineStep]
+    notes: list[str]
+
+
+class _Waiting(TypedDict):
+    """A row's waiting in a step (made by :func:`_waits`)."""
+
+    by: dict[tuple[str, str], tuple[float, set[int]]]  # (role, phase) -> (µs, rows)
+    spells: list[tuple[float, float, tuple[str, str]]]
+    wait: float
+    idle: float
+    busy: float
 
 
 def _r(value: float) -> float:
@@ -138,7 +239,7 @@ class Timeline:
         self.unphased = 0  # ranks whose summaries list no phases (an older runtime)
         self.nested = 0
 
-    def add(self, window: dict[str, Any], rank: Any, summary: dict[str, Any]) -> None:
+    def add(self, window: Window, rank: Any, summary: RankSummary) -> None:
         """One rank's summary (its figures, checked) in ``window``."""
         steps = tuple(s for s in window.get("steps") or () if isinstance(s, int))
         if not steps or "error" in summary:
@@ -167,7 +268,7 @@ class Timeline:
             if depth:
                 self.nested += 1
                 continue
-            names.append(record["names"][index])
+            names.append(record["names"][int(index)])  # an int, checked where read
             times.append((start + shift, end + shift, lead, tail))
         lo, hi = record["span"][0] + shift, record["span"][1] + shift
         implicit = not names
@@ -192,14 +293,14 @@ class Timeline:
             step.left_out += 1
 
     # -- the answers ------------------------------------------------------------------
-    def finish(self) -> dict[str, Any]:
+    def finish(self) -> TimelineDoc:
         """The timeline's JSON object (``schemas/analysis.schema.json``, ``timeline``)."""
         labels: dict[str, set[tuple[int, ...]]] = {}
         for key, step in self.steps.items():
             for label in step.rows:
                 labels.setdefault(label, set()).add(key)
         out = [self._step(step, labels) for _key, step in sorted(self.steps.items())]
-        clock = self.clocks.status(self.ranks) if self.clocks is not None else {
+        clock: ClockStatus = self.clocks.status(self.ranks) if self.clocks is not None else {
             "basis": "own", "reference": None, "channel": [], "unmeasured": "",
             "text": "each rank on its own clock (the measured offsets not applied)"}
         notes = []
@@ -214,14 +315,15 @@ class Timeline:
                          "row shows its outermost phases)")
         return {"clock": clock, "steps": out, "notes": notes}
 
-    def _step(self, step: _Step, labels: dict[str, set[tuple[int, ...]]]) -> dict[str, Any]:
+    def _step(self, step: _Step, labels: dict[str, set[tuple[int, ...]]]) -> TimelineStep:
         rows = [r for label in sorted(step.rows) for r in step.rows[label]]
         lo = min(r.lo for r in rows)
         hi = max(r.hi for r in rows)
         span = max(hi - lo, 0.0)
         name = f"step {step.key[0]}" if len(step.key) == 1 else \
             f"steps {step.key[0]}-{step.key[-1]}"
-        waits, drawn = [], []
+        waits: list[StepWait] = []
+        drawn = []
         busy_of: list[Merged] = [r.phases() for r in rows]
         for i, row in enumerate(rows):
             others = [(j, k) for j, o in enumerate(rows) if o.label != row.label
@@ -260,7 +362,7 @@ class Timeline:
 
 
 def _waits(row: _Row, busy: Merged, rows: list[_Row],
-           others: list[tuple[int, int]]) -> dict[str, Any]:
+           others: list[tuple[int, int]]) -> _Waiting:
     """A row's waiting: its gaps and its phases' collective edges where another role runs
     a phase, attributed to the one that covers most of each; the rest of its gaps idle."""
     other_spans = Spans()
@@ -346,15 +448,15 @@ def _gaps(busy: Merged, lo: float, hi: float) -> list[tuple[float, float]]:
     return [(s, e) for s, e in out if e > s]
 
 
-def _row_json(row: _Row, busy: Merged, found: dict[str, Any], lo: float,
-              span: float) -> dict[str, Any]:
-    phases = []
+def _row_json(row: _Row, busy: Merged, found: _Waiting, lo: float,
+              span: float) -> TimelineRow:
+    phases: list[PhaseBar] = []
     for name, s, e, lead, tail in zip(row.names, row.starts, row.ends, row.leads, row.tails,
                                       strict=True):
         phases.append({"name": name, "start_us": _r(s - lo), "end_us": _r(e - lo),
                        "share": _r((e - s) / span) if span else 0.0,
                        "lead_us": _r(lead), "tail_us": _r(tail)})
-    waits = [{"start_us": _r(s - lo), "end_us": _r(e - lo), "for_role": label,
+    waits: list[WaitSpell] = [{"start_us": _r(s - lo), "end_us": _r(e - lo), "for_role": label,
               "phase": phase} for s, e, (label, phase) in found["spells"]]
     return {"role": row.label, "ranks": rank_spans(row.ranks, sep=","),
             "rank_count": row.count, "colocated": "+" in row.label,
@@ -364,7 +466,7 @@ def _row_json(row: _Row, busy: Merged, found: dict[str, Any], lo: float,
             "implicit": row.implicit}
 
 
-def _critical(rows: list[_Row], lo: float) -> list[dict[str, Any]]:
+def _critical(rows: list[_Row], lo: float) -> list[CriticalPhase]:
     """The chain of phases that bounds the step, first to last."""
     nodes = [(j, k) for j, r in enumerate(rows) for k in range(len(r.names))]
     if not nodes:
@@ -399,7 +501,7 @@ def _critical(rows: list[_Row], lo: float) -> list[dict[str, Any]]:
              "end_us": _r(rows[j].ends[k] - lo)} for j, k in path]
 
 
-def text(timeline: dict[str, Any]) -> list[str]:
+def text(timeline: TimelineDoc) -> list[str]:
     """The timeline as lines of text (``policy-engine timeline``)."""
     lines = [f"clock: {timeline['clock']['text']}"]
     for step in timeline["steps"]:

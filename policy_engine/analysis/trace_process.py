@@ -8,10 +8,10 @@ it refuses the trace rather than hold millions of them.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Iterator, Mapping
+from typing import Any, Literal, TypedDict
 
-from policy_engine.analysis.chrome_trace import TraceError
+from policy_engine.analysis.chrome_trace import TraceError, TraceEvent
 from policy_engine.errors import is_int
 
 #: The most threads (distinct pid and tid pairs) and processes one input trace may have;
@@ -21,9 +21,47 @@ MAX_THREADS = 65536
 
 #: Phases whose ``id`` ties events together (flows, async slices, objects).
 _ID_PHASES = frozenset("stfbenSTpFNOD")
-_PROCESS_META = {"process_name": "name", "process_labels": "labels",
-                 "process_sort_index": "sort_index"}
-_THREAD_META = {"thread_name": "name", "thread_sort_index": "sort_index"}
+_ProcessMeta = Literal["process_name", "process_labels", "process_sort_index"]
+_ThreadMeta = Literal["thread_name", "thread_sort_index"]
+#: The metadata events that name and place processes and threads: the arg each gives.
+_PROCESS_META: dict[_ProcessMeta, str] = {
+    "process_name": "name", "process_labels": "labels", "process_sort_index": "sort_index"}
+_THREAD_META: dict[_ThreadMeta, str] = {"thread_name": "name",
+                                        "thread_sort_index": "sort_index"}
+
+
+class _ProcessNames(TypedDict, total=False):
+    """An input process's names as its metadata events give them, held back by ``event``."""
+
+    # the arg each event gives (untrusted): ``metadata`` names and orders threads by them
+
+    process_name: Any
+    process_labels: Any
+    process_sort_index: Any
+
+
+class _ThreadNames(TypedDict, total=False):
+    """An input thread's name and place as its metadata events give them, held back."""
+
+    thread_name: Any
+    thread_sort_index: Any
+
+
+class _MetadataKeys(TypedDict):
+    """The keys every :class:`MetadataEvent` has."""
+
+    ph: str  # "M"
+    name: str  # process_name, process_sort_index, process_labels, thread_name...
+    pid: int
+    # {"name": ...}, {"sort_index": ...} or {"labels": ...}; a process's name also
+    # carries the description its caller gives (merge.py: rank, role, trace...)
+    args: Mapping[str, Any]
+
+
+class MetadataEvent(_MetadataKeys, total=False):
+    """A metadata event naming or placing the merged process or a thread, from ``metadata``."""
+
+    tid: int  # a thread's (absent: the process's)
 
 
 def _key(value: Any) -> Any:
@@ -70,10 +108,10 @@ class ProcessMap:
         self._tids = tids
         self._main = main
         self._threads: dict[tuple[Any, Any], int] = {}
-        self._procs: dict[Any, dict[str, Any]] = {}
-        self._names: dict[int, dict[str, Any]] = {}
+        self._procs: dict[Any, _ProcessNames] = {}
+        self._names: dict[int, _ThreadNames] = {}
 
-    def event(self, event: dict[str, Any]) -> dict[str, Any] | None:
+    def event(self, event: TraceEvent) -> TraceEvent | None:
         """``event`` rewritten in place, or None for a name held back."""
         pid = _key(event.get("pid"))
         if self._main is None and pid is not None:
@@ -135,11 +173,11 @@ class ProcessMap:
             return f"0x{number + self._id_base:x}" if number >= 0 else value
         return value
 
-    def metadata(self, name: str, sort_index: int, args: dict[str, Any],
-                 labels: str = "") -> list[dict[str, Any]]:
+    def metadata(self, name: str, sort_index: int, args: Mapping[str, Any],
+                 labels: str = "") -> list[MetadataEvent]:
         """The process's name, labels and place, and a name and place for each thread."""
         pid = self.pid
-        out: list[dict[str, Any]] = [
+        out: list[MetadataEvent] = [
             {"ph": "M", "name": "process_name", "pid": pid, "args": {"name": name, **args}},
             {"ph": "M", "name": "process_sort_index", "pid": pid,
              "args": {"sort_index": sort_index}}]

@@ -24,11 +24,20 @@ import math
 import statistics
 from array import array
 from collections.abc import Callable, Collection, Iterable, Iterator
-from typing import Any
+from typing import Any, TypedDict, cast
 
+from policy_engine.analysis.device_view import GpuTimeline
 from policy_engine.analysis.matching import RankWork
-from policy_engine.analysis.step_figures import FIGURES
-from policy_engine.analysis.summary import BASES
+from policy_engine.analysis.step_figures import FIGURES, Figure, FigureRow
+from policy_engine.analysis.summary import (
+    BASES,
+    TIMELINE,
+    Facts,
+    RankEntry,
+    StepRow,
+    TimelineFigure,
+)
+from policy_engine.analysis.windows import USED_FIRST, Window
 
 #: A step's straggler arrives at least this share of the median step time after the
 #: median rank...
@@ -50,10 +59,61 @@ MAX_NAMES = 4096
 MAX_LISTED = 64
 #: Distinct reasons a rank could not be read, listed per window (the rest are counted).
 MAX_REASONS = 64
-#: Why one of a rank's traces in a window is used over the others.
-USED_FIRST = "complete before partial, then the first recorded"
 #: Each basis a summary names, as one string (a window of 100,000 ranks names one).
 _BASES = {basis: basis for basis in BASES}
+
+
+class RankTotals(FigureRow):
+    """A readable rank's totals and its device view over its whole trace (what
+    :meth:`Figures.rows` yields)."""
+
+    gpu_timeline: GpuTimeline | None
+
+
+class _StepStraggler(TypedDict):
+    """A step's straggler and how late it arrived (:meth:`_Step.straggler`)."""
+
+    straggler: Any  # its rank, or None: no rank is named
+    late_us: float | None
+
+
+class StepTimes(_StepStraggler):
+    """One ProfilerStep across a window's ranks: a row of its ``step_times`` (made by
+    :meth:`_Step.figures`); each figure's min, median and max over the ranks."""
+
+    step: int | None
+    ranks: int
+    time_us: dict[str, float] | None
+    comm_us: dict[str, float] | None
+    collectives: bool  # some rank spent time in collectives
+    gpu_timeline: dict[TimelineFigure, dict[str, float] | None] | None
+
+
+class RegionRow(TypedDict):
+    """A region's time across a window's ranks (made by :meth:`Figures.region_rows`)."""
+
+    name: str
+    ranks: int
+    time_us: dict[str, float] | None  # min, median and max over the ranks
+
+
+class Straggler(TypedDict):
+    """A window's straggler (made by :meth:`Figures.straggler`)."""
+
+    rank: Any
+    steps: list[int | None]  # the steps it is the straggler of
+    of_steps: int  # the steps that hold collectives
+    late_us: float
+    wait_us: float | None  # its own time in collectives
+    others_wait_us: dict[str, float] | None
+
+
+class ReadinessNote(TypedDict):
+    """What a window lacks for which analysis (made by :meth:`Figures.readiness`)."""
+
+    code: str
+    message: str
+    ranks: list[int]
 
 
 def spread(values: Iterable[float]) -> dict[str, float] | None:
@@ -64,16 +124,17 @@ def spread(values: Iterable[float]) -> dict[str, float] | None:
     return {"min": found[0], "median": round(statistics.median(found), 3), "max": found[-1]}
 
 
-def totals(steps: list[dict[str, Any]]) -> dict[str, float]:
+def totals(steps: list[StepRow]) -> FigureRow:
     """A rank's steps summed."""
     out = dict.fromkeys(TOTALS, 0.0)
     for row in steps:
         for key in out:
             out[key] += row.get(key) or 0.0
-    return {k: round(v, 3) for k, v in out.items()}
+    # a value for each figure (TOTALS)
+    return cast(FigureRow, {k: round(v, 3) for k, v in out.items()})
 
 
-def without_trailing(steps: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def without_trailing(steps: list[StepRow]) -> list[StepRow]:
     """A rank's steps less an empty last one (:data:`TRAILING`); with fewer than three
     there is no median to tell it by, and all are kept."""
     steps = list(steps)
@@ -84,18 +145,13 @@ def without_trailing(steps: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return steps
 
 
-def compared_steps(steps: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], int]:
+def compared_steps(steps: list[StepRow]) -> tuple[list[StepRow], int]:
     """The steps ``compare`` takes its samples from (less the trailing one, and the first
     where there are more: it carries the profiler's start and every first run), and how
     many steps the rank's region and operator totals cover (its steps less the trailing
     one)."""
     steps = without_trailing(steps)
     return (steps[1:] if len(steps) >= 2 else steps), len(steps)
-
-
-#: The keys of TraceLens's ``gpu_timeline`` (the device view), in µs.
-TIMELINE = ("computation_us", "exposed_comm_us", "exposed_memcpy_us", "busy_us", "idle_us",
-            "total_us")
 
 
 class _Device:
@@ -108,7 +164,7 @@ class _Device:
         self.columns = {key: array("d") for key in TIMELINE}
         self.count = 0
 
-    def add(self, found: dict[str, float] | None) -> None:
+    def add(self, found: GpuTimeline | None) -> None:
         if found is None:
             for key in TIMELINE:
                 self.columns[key].append(math.nan)
@@ -117,14 +173,14 @@ class _Device:
         for key in TIMELINE:
             self.columns[key].append(found[key])
 
-    def get(self, i: int) -> dict[str, float] | None:
+    def get(self, i: int) -> GpuTimeline | None:
         """The ``i``-th rank's figures (None: it has none)."""
         total = self.columns["total_us"][i]
         if math.isnan(total):
             return None
-        return {key: self.columns[key][i] for key in TIMELINE}
+        return cast(GpuTimeline, {key: self.columns[key][i] for key in TIMELINE})  # each
 
-    def spreads(self) -> dict[str, Any] | None:
+    def spreads(self) -> dict[TimelineFigure, dict[str, float] | None] | None:
         """Each figure's min, median and max across the ranks (None: no device work)."""
         if not self.count:
             return None
@@ -143,19 +199,19 @@ class _Step:
         self.time, self.comm, self.compute = array("d"), array("d"), array("d")
         self.device = _Device()
 
-    def add(self, rank: Any, row: dict[str, Any]) -> None:
+    def add(self, rank: Any, row: StepRow) -> None:
         self.ranks.append(rank)
         self.time.append(row["time_us"])
         self.comm.append(row["comm_us"])
         self.compute.append(row["compute_us"])
         self.device.add(row.get("gpu_timeline"))
 
-    def figures(self, step: Any) -> dict[str, Any]:
+    def figures(self, step: int | None) -> StepTimes:
         return {"step": step, "ranks": len(self.ranks), "time_us": spread(self.time),
                 "comm_us": spread(self.comm), "collectives": max(self.comm) > 0,
                 **self.straggler(), "gpu_timeline": self.device.spreads()}
 
-    def straggler(self) -> dict[str, Any]:
+    def straggler(self) -> _StepStraggler:
         """The straggler of this step."""
         waits = self.comm
         if len(self.ranks) < 2 or max(waits) <= 0:
@@ -197,7 +253,7 @@ class _Compared:
         self.basis: set[str] = set()
         self.no_steps: list[Any] = []
 
-    def add(self, doc: dict[str, Any]) -> None:
+    def add(self, doc: RankEntry) -> None:
         steps, counted = compared_steps(doc["steps"])
         if not steps:
             self.no_steps.append(doc["rank"])
@@ -219,7 +275,8 @@ class _Compared:
         per = max(counted, 1)
         for name, region in (doc.get("regions") or {}).items():
             self._name(self.regions, (name, "region"), region["time_us"] / per)
-        for op in (doc.get("ops") or {}).get("top") or ():
+        ops = doc.get("ops")
+        for op in (ops.get("top") if ops else None) or ():
             self._name(self.ops, (op["name"], op["cat"]), op["time_us"] / per)
 
     def _name(self, into: dict[tuple[str, str], float], key: tuple[str, str],
@@ -247,9 +304,9 @@ class Figures:
     """The figures of one window, gathered one rank at a time (:meth:`add`), then
     :meth:`finish`. ``detail``: also what ``compare`` reads (:class:`_Compared`)."""
 
-    def __init__(self, window: dict[str, Any], expected: Collection[int], *,
+    def __init__(self, window: Window, expected: Collection[int], *,
                  detail: bool) -> None:
-        self.window = window
+        self.window: Window | None = window  # None once lightened
         self.expected = expected
         self.steps: dict[Any, _Step] = {}
         self.regions: dict[str, array[float]] = {}
@@ -280,7 +337,7 @@ class Figures:
 
     # -- adding ranks ----------------------------------------------------------------
 
-    def add(self, doc: dict[str, Any]) -> dict[str, Any]:
+    def add(self, doc: RankEntry) -> RankEntry:
         """A rank of the window: ``doc`` is its summary with ``rank``, ``path`` and
         ``status``, or with ``error`` saying why it has none. Returns it as the window's
         ``ranks`` list shows it (``total`` added, or ``error`` for a rank seen before)."""
@@ -323,7 +380,7 @@ class Figures:
             self.compared.add(doc)
         return doc
 
-    def left_out(self, doc: dict[str, Any], used: Any, message: str) -> dict[str, Any]:
+    def left_out(self, doc: RankEntry, used: Any, message: str) -> RankEntry:
         """A trace of a rank whose other trace ``used`` is analysed instead: said in the
         readiness (``message``), in no figure. Returns its entry in ``ranks``."""
         self.count += 1
@@ -347,7 +404,7 @@ class Figures:
         else:
             self.reasons_left_out += 1
 
-    def _facts(self, rank: Any, facts: dict[str, Any]) -> None:
+    def _facts(self, rank: Any, facts: Facts) -> None:
         if not facts["profiler_steps"]:
             self.no_steps.append(rank)
         if facts["kernels"]:
@@ -372,7 +429,7 @@ class Figures:
     def lighten(self) -> None:
         """Keep only what the comparison of two runs reads (``compared``, the ranks and
         why any were unreadable), once the window's figures are finished."""
-        self.window = {}
+        self.window = None
         self.steps, self.regions = {}, {}
         self.seen = set()
         self.basis = []
@@ -387,7 +444,7 @@ class Figures:
                                  for name, times in self.regions.items()},
                         idle_us=statistics.median(idle) if idle else None)
 
-    def rows(self, *, by_rank: bool = False) -> Iterator[tuple[Any, str, dict[str, Any]]]:
+    def rows(self, *, by_rank: bool = False) -> Iterator[tuple[Any, str, RankTotals]]:
         """(rank, basis, totals) of every readable rank, in the order added (``by_rank``:
         in rank order, ranks that are no number last); the totals hold the rank's device
         view too (``gpu_timeline``, None without one)."""
@@ -398,32 +455,33 @@ class Figures:
                                                  ranks[i] or 0))
         for i in order:
             rank = ranks[i]
-            totals: dict[str, Any] = {k: self.columns[k][i] for k in TOTALS}
+            # a value for each figure (TOTALS), then its device view
+            totals = cast(RankTotals, {k: self.columns[k][i] for k in TOTALS})
             totals["gpu_timeline"] = self.device.get(i)
             yield rank, self.basis[i], totals
 
-    def finish(self) -> dict[str, Any]:
-        """The window's figures: ``step_times``, ``regions``, ``breakdown``,
-        ``straggler``, ``readiness``."""
-        steps = [self.steps[s].figures(s) for s in
-                 sorted(self.steps, key=lambda s: (s is None, s if s is not None else 0))]
-        return {
-            "step_times": steps,
-            "regions": self._regions(),
-            "breakdown": {key: spread(self.columns[key]) for key in TOTALS}
-            if self.ranks else None,
-            "gpu_timeline": self.device.spreads(),
-            "straggler": self._straggler(steps),
-            "readiness": self._readiness(),
-        }
+    # The window's figures, once every rank is added: what a WindowAnalysis holds.
 
-    def _regions(self) -> list[dict[str, Any]]:
+    def step_times(self) -> list[StepTimes]:
+        """Each ProfilerStep across the ranks, in step order (the whole trace last)."""
+        return [self.steps[s].figures(s) for s in
+                sorted(self.steps, key=lambda s: (s is None, s if s is not None else 0))]
+
+    def breakdown(self) -> dict[Figure, dict[str, float] | None] | None:
+        """Each figure of the ranks' totals spread across the ranks (None: no rank)."""
+        return {key: spread(self.columns[key]) for key in TOTALS} if self.ranks else None
+
+    def gpu_timeline(self) -> dict[TimelineFigure, dict[str, float] | None] | None:
+        """The device view of the ranks' whole traces, spread across the ranks."""
+        return self.device.spreads()
+
+    def region_rows(self) -> list[RegionRow]:
         medians = {name: statistics.median(t) for name, t in self.regions.items()}
         order = sorted(medians, key=lambda name: (-medians[name], name))[:16]
         return [{"name": name, "ranks": len(self.regions[name]),
                  "time_us": spread(self.regions[name])} for name in order]
 
-    def _straggler(self, steps: list[dict[str, Any]]) -> dict[str, Any] | None:
+    def straggler(self, steps: list[StepTimes]) -> Straggler | None:
         """The window's straggler: the same rank in more than half of the steps that hold
         collectives, with how late it arrives and how long it and the others wait."""
         bound = [s for s in steps if s["collectives"]]
@@ -438,19 +496,20 @@ class Figures:
         own = [w for r, w in zip(self.ranks, waits, strict=True) if r == rank]
         others = [w for r, w in zip(self.ranks, waits, strict=True) if r != rank]
         return {"rank": rank, "steps": [s["step"] for s in mine], "of_steps": len(bound),
-                "late_us": round(statistics.median(s["late_us"] for s in mine), 3),
+                # a step that names a straggler says how late it was
+                "late_us": round(statistics.median(cast(float, s["late_us"]) for s in mine), 3),
                 "wait_us": own[-1] if own else None, "others_wait_us": spread(others)}
 
-    def _readiness(self) -> list[dict[str, Any]]:
+    def readiness(self) -> list[ReadinessNote]:
         """What the window lacks for which analysis, said plainly."""
-        out: list[dict[str, Any]] = []
+        out: list[ReadinessNote] = []
 
         def add(code: str, message: str, who: Iterable[Any] = ()) -> None:
             out.append({"code": code, "message": message, "ranks": sorted(
                 {r for r in who if isinstance(r, int)})})
 
         window = self.window
-        if window.get("not_analysed"):
+        if window is not None and window.get("not_analysed"):
             return out
         present = {r for r in self.ranks if isinstance(r, int)}
         missing = [r for r in self.expected if r not in present]
@@ -474,7 +533,7 @@ class Figures:
             add("unreadable", f"{self.reasons_left_out} more rank(s) cannot be read, for "
                 f"reasons beyond the first {MAX_REASONS}")
         if not self.ranks:
-            if not self.count and window.get("other"):
+            if not self.count and window is not None and window.get("other"):
                 kinds = sorted({str(o.get("backend")) for o in window["other"]})
                 add("no_torch_traces", f"no torch trace in this window (only "
                     f"{', '.join(kinds)} files): nothing to analyse here")

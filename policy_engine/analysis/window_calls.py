@@ -15,17 +15,32 @@ calls (:func:`digest`): the calls themselves are the window's, matched.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypedDict
 
 from policy_engine.analysis.collective_form import FormError, read
 from policy_engine.analysis.matching import Matcher, RankWork
+from policy_engine.analysis.matching_form import Matching
+from policy_engine.analysis.summary import RankSummary
 
 #: Windows of more ranks than this give the cause from regions only (each rank's operators
 #: would cost a few kilobytes of the window's memory).
 WORK_RANKS = 4096
 
 
-def digest(found: Any) -> dict[str, Any] | None:
+class CallsDigest(TypedDict):
+    """What a rank's entry in a window says of its collective calls (made by
+    :func:`digest`); the first four as its record has them (read, not checked)."""
+
+    source: Any  # where the calls were read from ("nccl", "gloo"...)
+    clock: Any  # "device" or "host"
+    numbered: Any  # how calls are numbered in their group ("order"...)
+    total: Any  # calls in the trace, listed or folded
+    listed: int
+    capped: bool
+    groups: int
+
+
+def digest(found: Any) -> CallsDigest | None:
     """What a rank's entry says of its calls (its summary's record without the calls)."""
     if not isinstance(found, dict):
         return None
@@ -37,13 +52,14 @@ def digest(found: Any) -> dict[str, Any] | None:
             "groups": len(found.get("groups") or ())}
 
 
-def work_of(summary: dict[str, Any], ops: bool = True) -> RankWork:
+def work_of(summary: RankSummary, ops: bool = True) -> RankWork:
     """A rank's figures the cause of its lateness is read from."""
     regions = {name: float(r["time_us"]) for name, r in
                (summary.get("regions") or {}).items()}
     times: dict[str, float] = {}
     if ops:
-        for op in (summary.get("ops") or {}).get("top") or ():
+        found = summary.get("ops")
+        for op in (found.get("top") if found else None) or ():
             times[op["name"]] = times.get(op["name"], 0.0) + float(op["time_us"])
     timeline = summary.get("gpu_timeline")
     idle = float(timeline["idle_us"]) if isinstance(timeline, dict) else None
@@ -59,7 +75,7 @@ class WindowCalls:
         self.ranks = 0
         self.unreadable: list[tuple[Any, str]] = []
 
-    def add(self, rank: Any, summary: dict[str, Any]) -> None:
+    def add(self, rank: Any, summary: RankSummary) -> None:
         """Rank ``rank``'s summary (checked): its calls, and its figures for the cause."""
         found = summary.get("collectives")
         if found is None or not isinstance(rank, int):
@@ -80,7 +96,7 @@ class WindowCalls:
                 self.work[rank] = work_of(summary)
 
     def result(self, steps: int, *, own: Callable[[int], RankWork | None],
-               others: Callable[[], RankWork]) -> dict[str, Any] | None:
+               others: Callable[[], RankWork]) -> Matching | None:
         """The window's matching (JSON-ready), or None when no rank listed a call. In a
         window past WORK_RANKS ranks the cause holds the late rank's figures (``own``,
         read back) against the other ranks' medians (``others``)."""
@@ -90,7 +106,7 @@ class WindowCalls:
         if work is None:  # find the late rank first (the matching is kept), then why
             late = self.matcher.result({}, steps=steps or None)["late"].get("rank")
             mine = own(late) if late is not None else None
-            work = {} if mine is None else {late: mine, -1: others()}
+            work = {} if mine is None or late is None else {late: mine, -1: others()}
         found = self.matcher.result(work, steps=steps or None)
         found["calls"]["table"] = self.matcher.calls()
         return found

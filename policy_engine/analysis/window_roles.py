@@ -19,9 +19,10 @@ from typing import Any, Protocol
 
 
 class Record(Protocol):
-    """A trace line as these functions read it: a dict, or anything with its ``get``."""
+    """A trace line as these functions read it: a dict (a TypedDict too), or anything
+    with its ``get`` of one key."""
 
-    def get(self, key: str, default: Any = ..., /) -> Any: ...
+    def get(self, key: str, /) -> Any: ...
 
 
 def _names(value: Any) -> list[str]:

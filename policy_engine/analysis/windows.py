@@ -21,19 +21,20 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any, NamedTuple
+from typing import Any, Literal, NamedTuple, TypedDict, cast
 
 from policy_engine.analysis import folders
 from policy_engine.analysis.clocks import Clocks
 from policy_engine.analysis.manifests import (
+    LineRecord,
     ManifestProblem,
     Place,
     Scan,
+    line_record,
     process_of,
     read_lines,
 )
 from policy_engine.analysis.spool import dumps_sorted
-from policy_engine.analysis.window import USED_FIRST
 from policy_engine.analysis.window_roles import (
     ASCEND_SUFFIX,
     is_analysed,
@@ -42,6 +43,9 @@ from policy_engine.analysis.window_roles import (
 )
 from policy_engine.errors import is_int
 from policy_engine.files.records import ABSENT, Line, Status, SummaryLine, from_json
+
+#: Why one of a rank's traces in a window is used over the others.
+USED_FIRST = "complete before partial, then the first recorded"
 
 _ALSO = 16  # ranks listed whose capture has another trigger than the window's first
 #: The notes kept from all the manifests (limits reached, trigger requests missed...);
@@ -67,6 +71,120 @@ class Entry(NamedTuple):
     file: str | None
     status: Any
     summary: Source | tuple[Source, ...] | None
+
+
+# -- what a window holds ------------------------------------------------------------------
+
+class SlowStep(TypedDict):
+    """A rank's slow step behind a ``slow_step`` capture (its note in the manifest)."""
+
+    rank: int | None
+    step: Any
+    seconds: float | None
+    median: Any  # the rank's median step, in seconds
+
+
+class OtherTrigger(TypedDict):
+    """A rank whose capture of a window's steps has another trigger than the window's."""
+
+    rank: int | None
+    trigger: str
+    request: str | None
+
+
+class _Trigger(TypedDict):
+    trigger: str  # plan, on_demand, signal, slow_step (as the trace line says)
+    request: str | None  # the on-demand request's id
+
+
+class WindowWhy(_Trigger, total=False):
+    """Why a window's capture exists: its first trace line's trigger (:func:`_why`)."""
+
+    slow: list[SlowStep]  # a slow_step capture's: the slow steps behind it
+    also: list[OtherTrigger]  # ranks with another trigger (the first few)
+
+
+class Limit(TypedDict):
+    """A ``limits`` budget a capture of the window spent (its close line's ``limit``)."""
+
+    rank: int | None
+    why: str
+
+
+class Dropped(TypedDict):
+    """A trace line of the window with no file to read: failed, or naming none."""
+
+    rank: int | None
+    backend: Any  # as the trace line says it (unchecked)
+    why: str  # its error, or "no file written"
+
+
+class OtherTrace(TypedDict):
+    """A trace of the window that ``analyze`` does not read (not a torch trace)."""
+
+    rank: int | None
+    backend: Any  # as the trace line says it (unchecked)
+    path: str | None  # relative to the folder analysed
+
+
+class Skipped(TypedDict):
+    """A torch trace of the window that cannot be read, and why."""
+
+    rank: int | None
+    path: str | None  # relative to the folder analysed
+    why: str
+
+
+class Identity(TypedDict, total=False):
+    """How a window's traces were recorded, as its ranks' trace lines say (each value as
+    seen on any rank, the first few): for the comparison of two runs."""
+
+    policy_hash: list[Any]
+    policy_content_hash: list[Any]
+    torch: list[Any]
+    recorded: list[Any]
+    mesh: dict[str, int]  # the size of each mesh dimension the ranks' coordinates show
+
+
+class _Window(TypedDict):
+    role: str  # its roles (``actor+ref``); a folder's path without manifests
+    region: str | None
+    steps: list[int | str]  # the outer steps captured (none: a whole session)
+    cycle: int | None
+    capture: int  # which capture of these steps (a region or rerun captured them again)
+    world: int | None
+    why: WindowWhy | None  # None: a folder without manifests
+    traces: list[Entry]
+    skipped: list[Skipped]
+    limits: list[Limit]
+    dropped: list[Dropped]
+    other: list[OtherTrace]
+
+
+class Window(_Window, total=False):
+    """A capture window: every rank's trace of the same steps, made by
+    :func:`from_manifests` (or :func:`from_folders`, one per folder of traces)."""
+
+    twice: list[tuple[Entry, str]]  # a rank's other traces, and why each is left out
+    holds: list[str]  # the roles taking part on any of its ranks (manifests only)
+    # each rank's roles (manifests only; run.py lets go of it once read)
+    holders: dict[int, tuple[str, ...]]
+    identity: Identity  # how it was recorded (manifests only)
+    not_analysed: str  # why it is not analysed (run.analyze_run: over --max-traces)
+    # internal to the grouping (from_manifests), gone once it is done: the roles of the
+    # rank placed last, and the identities seen
+    _last: tuple[str, ...]
+    identities: set[tuple[Any, ...]]
+
+
+class LooseNote(TypedDict):
+    """A note of the manifests that belongs to no window: a ``limits`` budget spent, a
+    trigger request missed (:func:`from_manifests`)."""
+
+    role: str | None
+    rank: int | None
+    note: str | None
+    message: str
 
 
 class _Trace(NamedTuple):
@@ -101,7 +219,7 @@ class _Trace(NamedTuple):
         return default if value is None else value
 
 
-def describe(window: dict[str, Any]) -> str:
+def describe(window: Window) -> str:
     """``trainer, region update, step 3, cycle 0`` for messages and headings."""
     parts = [window["role"]]
     if window.get("region") is not None:
@@ -116,10 +234,10 @@ def describe(window: dict[str, Any]) -> str:
     return ", ".join(parts)
 
 
-def _why(first: _Trace, notes: list[dict[str, Any]]) -> dict[str, Any]:
+def _why(first: _Trace, notes: list[LineRecord]) -> WindowWhy:
     """The trigger of a window's capture, with its request or the slow step behind it."""
     trigger = str(first.trigger or "plan")
-    why: dict[str, Any] = {"trigger": trigger, "request": first.request}
+    why: WindowWhy = {"trigger": trigger, "request": first.request}
     if trigger == "slow_step":
         steps = set(first.steps or ())
         slow = [n for n in notes if n.get("note") == "slow_step"
@@ -137,9 +255,13 @@ def _ints(value: Any) -> set[int]:
     return {v for v in value if isinstance(v, int)}
 
 
+# The keys of IDENTITY a window's identity lists as they are (the coordinates, last, give
+# its mesh).
+_RECORDED: tuple[Literal["policy_hash", "policy_content_hash", "torch", "recorded"], ...] = (
+    "policy_hash", "policy_content_hash", "torch", "recorded")
 #: What a trace line says of how it was recorded, gathered per window for the comparison
 #: of two runs (each value as seen on any rank: a window normally has one of each).
-IDENTITY = ("policy_hash", "policy_content_hash", "torch", "recorded", "coords")
+IDENTITY = (*_RECORDED, "coords")
 
 
 def _json_key(value: Any) -> Any:
@@ -213,7 +335,7 @@ class Index:
         self.first = 0  # where its trace lines begin in ``traces``
         self.limits: dict[str, str] = {}  # its close lines' limits, by capture
         self.summaries: dict[Any, Source | tuple[Source, ...]] = {}  # its, by path
-        self.notes: dict[str, list[dict[str, Any]]] = {}
+        self.notes: dict[str, list[LineRecord]] = {}
         self.notes_left_out = 0
         self.notes_kept = 0
         self.folders: dict[str, str] = {}
@@ -248,7 +370,7 @@ class Index:
                 self.clocks.add(line)
             elif self.notes_kept < MAX_NOTES:
                 self.notes_kept += 1
-                self.notes.setdefault(str(_get(line.role)), []).append(line.to_json())
+                self.notes.setdefault(str(_get(line.role)), []).append(line_record(line))
             else:
                 self.notes_left_out += 1
 
@@ -314,7 +436,7 @@ def read_index(root: str, *, from_traces: bool = False, scan: Scan | None = None
 
 def from_manifests(root: str, *, from_traces: bool = False, scan: Scan | None = None,
                    index: Index | None = None
-                   ) -> tuple[list[dict[str, Any]], list[str], list[dict[str, Any]]]:
+                   ) -> tuple[list[Window], list[str], list[LooseNote]]:
     """The windows under ``root`` (oldest first), problems with the manifests, and notes
     that belong to no window (a ``limits`` budget spent, a trigger request missed). A
     trace whose rank wrote its summary to the manifest carries it (``summary``: where the
@@ -327,7 +449,7 @@ def from_manifests(root: str, *, from_traces: bool = False, scan: Scan | None = 
                 for p in index.problems]
     traces: list[_Trace] = index.traces
     traces.sort(key=lambda r: r.start if isinstance(r.start, (int, float)) else 0)
-    found: dict[tuple[Any, ...], dict[str, Any]] = {}
+    found: dict[tuple[Any, ...], Window] = {}
     notes = index.notes
     for t, wkey in zip(traces, window_keys(traces), strict=True):
         name, _region, steps, _cycle, nth = wkey
@@ -352,10 +474,11 @@ def from_manifests(root: str, *, from_traces: bool = False, scan: Scan | None = 
                 window["holders"][t.rank] = index.share(tuple(dict.fromkeys(
                     (*held, *taking_part))))
         _place(window, t, root, index)
-    loose = [{"role": n.get("role"), "rank": n.get("rank"), "note": n.get("note"),
-              "message": _loose(n)} for role in sorted(notes) for n in notes[role]
-             if n.get("note") == "limit" or (n.get("note") == "trigger"
-                                             and n.get("status") == "missed")]
+    loose: list[LooseNote] = [
+        {"role": n.get("role"), "rank": n.get("rank"), "note": n.get("note"),
+         "message": _loose(n)} for role in sorted(notes) for n in notes[role]
+        if n.get("note") == "limit" or (n.get("note") == "trigger"
+                                        and n.get("status") == "missed")]
     if index.notes_left_out:
         problems.append(f"the manifests hold more than {MAX_NOTES} notes: "
                         f"{index.notes_left_out} more were not read")
@@ -368,7 +491,7 @@ def from_manifests(root: str, *, from_traces: bool = False, scan: Scan | None = 
     return list(found.values()), problems, loose
 
 
-def _one_per_rank(window: dict[str, Any]) -> list[tuple[Entry, str]]:
+def _one_per_rank(window: Window) -> list[tuple[Entry, str]]:
     """A rank with several traces in the window (two trace lines name it) keeps one: a
     complete one rather than a partial one, else the first recorded. The others leave
     ``traces``; returned, each with what the window's readiness says of it."""
@@ -400,13 +523,13 @@ def _one_per_rank(window: dict[str, Any]) -> list[tuple[Entry, str]]:
     return out
 
 
-def _loose(note: dict[str, Any]) -> str:
+def _loose(note: LineRecord) -> str:
     if note.get("note") == "limit":
         return str(note.get("message") or "a limit was reached")
     return f"trigger request {note.get('request')} missed at step {note.get('at')}"
 
 
-def _place(window: dict[str, Any], r: _Trace, root: str, index: Index) -> None:
+def _place(window: Window, r: _Trace, root: str, index: Index) -> None:
     """One trace line into its window: a trace to read (or its summary, read later), or
     a note saying why not."""
     path = r.path
@@ -421,7 +544,8 @@ def _place(window: dict[str, Any], r: _Trace, root: str, index: Index) -> None:
     if r.identity not in window.setdefault("identities", set()):  # not as another rank's
         window["identities"].add(r.identity)
         _identify(window.setdefault("identity", {}), r)
-    why = window["why"]
+    # a window of the manifests has its first trace line's trigger (from_manifests)
+    why = cast(WindowWhy, window["why"])
     trigger = str(r.trigger or "plan")
     if (trigger, r.request) != (why["trigger"], why.get("request")):
         # a rank whose capture of these steps has another reason (bounded: the first few)
@@ -448,8 +572,8 @@ def _place(window: dict[str, Any], r: _Trace, root: str, index: Index) -> None:
         window["traces"].append(Entry(rank, rel, full, r.status, None))
 
 
-def _identify(identity: dict[str, Any], r: _Trace) -> None:
-    for key, value in zip(IDENTITY[:-1], r.identity[:-1], strict=True):
+def _identify(identity: Identity, r: _Trace) -> None:
+    for key, value in zip(_RECORDED, r.identity[:-1], strict=True):
         if value is not None:
             value = _from_key(value)
             seen = identity.setdefault(key, [])
@@ -486,12 +610,15 @@ def inside(path: str, root: str) -> bool:
     return os.path.commonpath([top, os.path.realpath(path)]) == top
 
 
-def from_folders(root: str) -> tuple[list[dict[str, Any]], list[str]]:
+def from_folders(root: str) -> tuple[list[Window], list[str]]:
     """Without manifests: each folder holding traces is one window, whatever its files
     are named (:mod:`~policy_engine.analysis.folders`); and notes on the files passed
     over."""
-    return folders.from_folders(
+    found, notes = folders.from_folders(
         root, lambda rank, rel, full: Entry(rank, rel, full, None, None))
+    return [{"role": name, "region": None, "steps": [], "cycle": None, "capture": 1,
+             "world": None, "why": None, "traces": traces, "skipped": [], "limits": [],
+             "dropped": [], "other": [], "twice": []} for name, traces in found], notes
 
 
 __all__ = ["IDENTITY", "Entry", "Index", "describe", "from_folders", "from_manifests",

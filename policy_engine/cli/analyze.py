@@ -59,7 +59,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         if args.hta:
             if hta_bridge.available():
-                result = hta_bridge.attach(result, args.dir)
+                result = result.with_hta(args.dir)
             else:
                 print(f"policy-engine analyze: warning: --hta: HTA is not installed "
                       f"({hta_bridge.INSTALL})", file=sys.stderr)

@@ -56,7 +56,7 @@ def run(args: argparse.Namespace) -> int:
     result = compare_runs(args.base, args.new, role=args.role, steps=args.step,
                           jobs=args.jobs or default_jobs(), from_traces=args.from_traces)
     if args.format == "json":
-        print_json(result)
+        print_json(result.to_json())
     else:
         print(render(result))
     return 0

@@ -59,6 +59,6 @@ def run(args: argparse.Namespace) -> int:
             _emit(f"{word}: {cell(path)} ({why})")
     for bad in data["bad_lines"]:
         _emit(f"bad manifest line: {cell(bad['manifest'])}:{bad['line']}: {cell(bad['why'])}")
-    for bad in data["unreadable"]:
-        _emit(f"unreadable: {cell(bad['path'])}: {cell(bad['why'])}")
+    for unreadable in data["unreadable"]:
+        _emit(f"unreadable: {cell(unreadable['path'])}: {cell(unreadable['why'])}")
     return 0

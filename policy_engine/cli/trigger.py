@@ -22,7 +22,7 @@ from typing import Any
 
 import yaml
 
-from policy_engine.analysis.manifests import closed_steps, scan_manifests
+from policy_engine.analysis.manifests import ManifestRecord, closed_steps, scan_manifests
 from policy_engine.cli import trigger_stall, trigger_store
 from policy_engine.cli.usage import UsageError
 from policy_engine.files.publish import UnsafePathError, open_folder
@@ -126,7 +126,7 @@ def _ranks(text: str | None) -> Any:
 class _Process:
     """One process's answer to the request, and its captures of the role."""
 
-    def __init__(self, note: dict[str, Any]) -> None:
+    def __init__(self, note: ManifestRecord) -> None:
         self.note = note
         self.status = note.get("status")
         first, last = note.get("first"), note.get("last")
@@ -202,7 +202,7 @@ def _answers(output_dir: str, rid: str, role: str) -> dict[Any, _Process]:
             continue
         if event == "note" and record.get("note") == "limit" and record.get("role") == role:
             process.limited = True
-        elif event == "open" and role in (record.get("roles") or [record.get("role")]):
+        elif event == "open" and role in (record.get("roles") or (record.get("role"),)):
             capture = dict(record)
             process.captures[record.get("capture")] = capture
             by_id[(record.get("_manifest"), record.get("capture"))] = capture

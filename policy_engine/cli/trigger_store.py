@@ -9,6 +9,7 @@ import os
 import socket
 import sys
 import time
+from collections.abc import Mapping
 from typing import Any
 
 from policy_engine.cli.usage import UsageError
@@ -182,7 +183,7 @@ def post(found: tuple[str, JobChannel], *, role: str, ranks: Any, step: int | No
     return request, listeners
 
 
-def say(answer: dict[str, Any]) -> str:
+def say(answer: Mapping[str, Any]) -> str:
     """One answer (a manifest note or a store answer) as the line `--wait` prints."""
     what = answer.get("message")
     if answer.get("status") == "accepted":
