@@ -7,7 +7,10 @@ Usage: collectives_worker.py POLICY MODE SLOW FACTOR WORK_MS STEPS INNER
 MODE ``one``: one all-reduce over the world per inner step. MODE ``two``: a 2x2 mesh, tensor
 parallel pairs (0, 1) and (2, 3) all-reduce first, then data parallel pairs (0, 2) and
 (1, 3). Work is measured in time, not in operations: however loaded the machine, the slow
-rank reaches each all-reduce that much later.
+rank reaches each all-reduce that much later. Each operation is a 256x256 product (about a
+millisecond), so that a fast machine does not fill the slow rank's trace with hundreds of
+thousands of tiny ones: its summary must be made within the few seconds a process gets at
+exit (runtime/process/summaries.py ``EXIT_WAIT``), or its line says ``cut``.
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ def main() -> None:
         groups = [dist.group.WORLD]
     work = float(work_ms) / 1000 * (float(factor) if rank == int(slow) else 1.0)
     prof = profile_session(load_policy(policy), "trainer")
-    spare = torch.randn(64, 64) / 8
+    spare = torch.randn(256, 256) / 16
     grads = [torch.ones(4096 * (i + 1)) for i in range(len(groups))]
     for step in range(1, int(steps) + 1):
         with prof.training_step(step):
