@@ -67,15 +67,15 @@ def test_sixty_percent_more_work_in_few_steps_is_never_no_change(
     """8 steps a window (7 compared) are as few as the test decides on: each window is
     slower, or says it cannot tell; the windows of the role that can tell are not turned
     to no change by those that cannot. A window called slower measured much of the 60%;
-    one that cannot tell measured it growing at least (on a loaded machine the steps of
-    one run spread by half again, and the median of 7 took +12.7% of it once)."""
+    one that cannot tell says what its steps could call, whatever change it measured: on
+    a loaded machine the medians of 7 steps took +12.7% of the 60% once and -4.2% another
+    time (one run's own windows 20% apart), which is why it cannot tell."""
     windows = _windows(straggler_jobs["few"], straggler_jobs["some"])
     for w in windows:
         assert w["verdict"] in ("slower", "inconclusive"), w["why"]
         if w["verdict"] == "slower":
             assert w["test"]["change"] > 0.2, w["why"]
         else:
-            assert w["test"]["change"] > 0, w["why"]
             _says_what_it_could_tell(w)
 
 
