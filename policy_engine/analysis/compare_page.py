@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from policy_engine.analysis.compare import PARTS, compare_runs
+from policy_engine.analysis.compare_text import signed
 from policy_engine.analysis.comparison import GateTest, Moved, WindowComparison
 from policy_engine.analysis.errors import AnalysisError
 from policy_engine.analysis.report_analysis import _esc
@@ -21,16 +22,12 @@ _STYLE = ("<style>.comparison .slower{color:#8b0000;font-weight:bold}"
           ".comparison td,.comparison th{padding:1px 8px}</style>")
 
 
-def _signed(us: float | None) -> str:
-    return "-" if us is None else ("+" if us >= 0 else "-") + ms(abs(us))
-
-
 def _rows(rows: Sequence[Moved], what: str) -> str:
     moved = [r for r in rows[:ROWS] if r.change_us]
     if not moved:
         return ""
     body = "".join(f"<tr><td>{_esc(r.name[:120])}</td><td>{_esc(ms(r.base_us))}</td>"
-                   f"<td>{_esc(ms(r.new_us))}</td><td>{_esc(_signed(r.change_us))}</td>"
+                   f"<td>{_esc(ms(r.new_us))}</td><td>{_esc(signed(r.change_us))}</td>"
                    "</tr>" for r in moved)
     return (f"<table><tr><th>{what} (ms per step, over the whole capture: its first step "
             "included)</th><th>base</th><th>new</th>"
@@ -73,8 +70,8 @@ def window_html(w: WindowComparison) -> str:
     if t is not None and parts is not None:
         out.append(f"<p>Median step: {_esc(ms(t.base_median_us))} ms &rarr; "
                    f"{_esc(ms(t.new_median_us))} ms. Mean step "
-                   f"{_esc(_signed(t.change_us))} ms = " + ", ".join(
-                       f"{word} {_esc(_signed(parts[key]))}" for key, word in PARTS)
+                   f"{_esc(signed(t.change_us))} ms = " + ", ".join(
+                       f"{word} {_esc(signed(parts[key]))}" for key, word in PARTS)
                    + ".</p>")
     out.append(_rows(w.regions, "region") + _rows(w.operators, "operator"))
     s = w.straggler
@@ -85,7 +82,7 @@ def window_html(w: WindowComparison) -> str:
     if calls is not None:
         said = "; ".join(
             f"{word} {_esc(ms(c.base))} &rarr; {_esc(ms(c.new))} ms"
-            + (f" ({_esc(_signed(c.change))})" if c.change is not None else "")
+            + (f" ({_esc(signed(c.change))})" if c.change is not None else "")
             for c, word in ((calls.wait_us, "wait for the last arrival"),
                             (calls.transfer_us, "transfer")))
         out.append(f"<p>Collectives, per step (mean over ranks): {said}.</p>")

@@ -19,7 +19,8 @@ LEFT_OUT = 5
 ROWS, NAME = 5, 80
 
 
-def _signed(us: float | None) -> str:
+def signed(us: float | None) -> str:
+    """A change in milliseconds with its sign (``-`` for none)."""
     if us is None:
         return "-"
     return ("+" if us >= 0 else "-") + ms(abs(us))
@@ -46,18 +47,18 @@ def _window(w: WindowComparison) -> list[str]:
     if t is not None and w.parts is not None:
         change = t.new_median_us - t.base_median_us
         lines.append(f"  step time (median, ms): {ms(t.base_median_us)} -> "
-                     f"{ms(t.new_median_us)}, {_signed(change)}"
+                     f"{ms(t.new_median_us)}, {signed(change)}"
                      f"{_share(t.base_median_us, change)}")
         parts = w.parts
-        lines.append(f"  mean step {_signed(t.change_us)} ms = " + ", ".join(
-            f"{word} {_signed(parts[key])}" for key, word in PARTS))
+        lines.append(f"  mean step {signed(t.change_us)} ms = " + ", ".join(
+            f"{word} {signed(parts[key])}" for key, word in PARTS))
     for title, moved in (("regions", w.regions), ("operators", w.operators)):
         rows = [r for r in moved[:ROWS] if r.change_us]
         if rows:
             lines.append(f"  {title} that moved most (ms per step, over the whole capture: "
                          "its first step included):")
             lines += [f"    {printable(r.name, NAME)}: {ms(r.base_us)} -> "
-                      f"{ms(r.new_us)} ({_signed(r.change_us)})" for r in rows]
+                      f"{ms(r.new_us)} ({signed(r.change_us)})" for r in rows]
     s = w.straggler
     if s.changed:
         lines.append(f"  straggler: {_rank(s.base)} -> {_rank(s.new)}")
@@ -69,7 +70,7 @@ def _window(w: WindowComparison) -> list[str]:
         for c, word in ((calls.wait_us, "wait for the last arrival"),
                         (calls.transfer_us, "transfer")):
             said.append(f"{word} {ms(c.base)} -> {ms(c.new)}"
-                        + (f" ({_signed(c.change)})" if c.change is not None else ""))
+                        + (f" ({signed(c.change)})" if c.change is not None else ""))
         lines.append(f"  collectives (ms per step, mean over ranks): {'; '.join(said)}")
         late = calls.late_rank
         if late.changed:
